@@ -1,0 +1,125 @@
+// The Backend contract: a backend owns device memory (weights, KV cache, activations) and
+// implements the ops of a Llama forward over one flat batch. The model (engine/model) composes
+// the ops; the runner fills StepInputs. The CPU backend (fp32) is the reference every other
+// backend is tested against.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/core/dtype.h"
+#include "engine/core/host_tensor.h"
+
+namespace arbor {
+
+// A non-owning 2-D view of backend memory: [rows, cols] row-major. Activations are
+// [num_tokens, features]; weights are [out_features, in_features].
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t numel() const { return rows * cols; }
+};
+
+// Geometry of the paged KV cache. Per layer K and V: [num_blocks, block_size, num_kv_heads,
+// head_dim]. A slot is block_id * block_size + offset.
+struct KvCacheShape {
+  int64_t num_layers = 0;
+  int64_t num_blocks = 0;
+  int64_t block_size = 16;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+// Host-side description of one forward step over a flat batch of R requests and N tokens.
+// Request r owns query rows [qo_indptr[r], qo_indptr[r+1]) (T_r rows). Its keys are the
+// committed prefix (logical indices [0, committed_len[r])), visible to every query row, followed
+// by its T_r new tokens at logical indices committed_len[r] + t. Logical index j lives in slot
+// block_tables[r * max_blocks_per_request + j / block_size] * block_size + j % block_size.
+// Row i of the request sees new token t iff bit t of its packed mask row is set; a request with
+// no mask words (mask_indptr[r] == mask_indptr[r+1]) is causal (t <= i): plain decode (T=1)
+// and prefill chunks. A tree's mask row i has bit j set iff j == i or j is an ancestor of i.
+struct StepInputs {
+  std::vector<int32_t> token_ids;     // [N]
+  std::vector<int32_t> positions;     // [N] RoPE position (committed_len + depth for trees)
+  std::vector<int64_t> slot_mapping;  // [N] slot receiving each token's K/V
+  std::vector<int32_t> qo_indptr;     // [R + 1]
+  std::vector<int32_t> committed_len; // [R]
+  std::vector<int32_t> block_tables;  // [R, max_blocks_per_request], -1 padded
+  int32_t max_blocks_per_request = 0;
+  std::vector<uint32_t> tree_mask;    // packed rows: request r has T_r rows of ceil(T_r/32) words
+  std::vector<int32_t> mask_indptr;   // [R + 1] word offsets into tree_mask
+  std::vector<int32_t> logits_rows;   // [M] flat rows whose logits are wanted, ascending
+
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t num_requests() const {
+    return qo_indptr.empty() ? 0 : static_cast<int32_t>(qo_indptr.size()) - 1;
+  }
+  // Throws kInvalidArgument naming the inconsistent field (sizes, ranges, table too short).
+  void validate(const KvCacheShape& kv) const;
+};
+
+struct RopeParams {
+  int64_t head_dim = 0;
+  double theta = 10000.0;
+  std::string scaling = "none";  // none | linear | llama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+};
+
+// Inverse frequencies for RoPE ([head_dim / 2]), with llama3 / linear scaling applied.
+std::vector<double> rope_inv_freq(const RopeParams& p);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // --- memory -------------------------------------------------------------------------------
+  // Copies a host fp32 weight to backend memory (converted to the backend's weight dtype); the
+  // backend keeps it alive until destruction.
+  virtual Tensor upload_weight(const HostTensor& w) = 0;
+  // Scratch activations, valid until the next reset_scratch() (called once per step).
+  virtual Tensor scratch(int64_t rows, int64_t cols) = 0;
+  virtual void reset_scratch() = 0;
+  virtual void download(const Tensor& src, float* dst) = 0;  // [rows * cols] fp32 host
+  virtual void upload(const float* src, const Tensor& dst) = 0;
+  virtual void allocate_kv(const KvCacheShape& shape) = 0;
+  virtual const KvCacheShape& kv_shape() const = 0;
+  // Per-step metadata (ids, positions, slots, tables, masks); ops below read it.
+  virtual void set_step(const StepInputs& step) = 0;
+
+  // --- ops (shapes in rows x cols) ------------------------------------------------------------
+  // out[N, hidden] = table[token_ids[n]]
+  virtual void embedding(const Tensor& table, const Tensor& out) = 0;
+  // out = x * rsqrt(mean(x^2) + eps) * weight, per row; weight [1, cols] or [cols, 1]
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) = 0;
+  // out[N, out] = x[N, in] @ w[out, in]^T (+ bias[out] when bias.data != nullptr)
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) = 0;
+  // out = a + b (elementwise; out may alias a)
+  virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out[N, F] = silu(gate[N, F]) * up[N, F]
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  // In place, rotate-halves (HF) RoPE at step positions: q [N, Hq*D], k [N, Hkv*D].
+  virtual void rope(const Tensor& q, const Tensor& k, const RopeParams& p) = 0;
+  // Writes k, v [N, Hkv*D] into layer's cache at the step's slot_mapping.
+  virtual void write_kv(int64_t layer, const Tensor& k, const Tensor& v) = 0;
+  // out[N, Hq*D] = softmax(q k^T / sqrt(D), tree/causal mask over the paged prefix) v
+  virtual void paged_tree_attention(int64_t layer, const Tensor& q, int64_t num_heads,
+                                    const Tensor& out) = 0;
+  // out[M, cols] = x[logits_rows[m]]
+  virtual void gather_logit_rows(const Tensor& x, const Tensor& out) = 0;
+  // KV compaction: for every layer, cache[dst_slots[i]] = cache[src_slots[i]] (K and V). The
+  // copies are done as if simultaneously (sources read before any destination is written).
+  virtual void copy_kv(const std::vector<int64_t>& src_slots,
+                       const std::vector<int64_t>& dst_slots) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads = 0);
+
+}  // namespace arbor

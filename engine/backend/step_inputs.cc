@@ -1,0 +1,98 @@
+#include "engine/backend/backend.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "engine/core/error.h"
+
+namespace arbor {
+
+namespace {
+[[noreturn]] void bad_step(const std::string& msg) {
+  throw_error(ErrorCode::kInvalidArgument, "invalid step: " + msg);
+}
+}  // namespace
+
+void StepInputs::validate(const KvCacheShape& kv) const {
+  const size_t n = token_ids.size();
+  if (positions.size() != n || slot_mapping.size() != n)
+    bad_step("token_ids has " + std::to_string(n) + " entries but positions has " +
+             std::to_string(positions.size()) + " and slot_mapping " +
+             std::to_string(slot_mapping.size()));
+  const int32_t r = num_requests();
+  if (r <= 0) bad_step("qo_indptr must have at least 2 entries");
+  if (qo_indptr[0] != 0 || qo_indptr[r] != static_cast<int32_t>(n))
+    bad_step("qo_indptr must start at 0 and end at num_tokens " + std::to_string(n));
+  if (committed_len.size() != static_cast<size_t>(r))
+    bad_step("committed_len has " + std::to_string(committed_len.size()) + " entries, expected " +
+             std::to_string(r));
+  if (mask_indptr.size() != static_cast<size_t>(r) + 1)
+    bad_step("mask_indptr has " + std::to_string(mask_indptr.size()) + " entries, expected " +
+             std::to_string(r + 1));
+  if (block_tables.size() != static_cast<size_t>(r) * static_cast<size_t>(max_blocks_per_request))
+    bad_step("block_tables has " + std::to_string(block_tables.size()) + " entries, expected " +
+             std::to_string(r) + " x " + std::to_string(max_blocks_per_request));
+  const int64_t total_slots = kv.num_blocks * kv.block_size;
+  for (int32_t q = 0; q < r; ++q) {
+    const int32_t t = qo_indptr[q + 1] - qo_indptr[q];
+    if (t <= 0) bad_step("request " + std::to_string(q) + " has no query rows");
+    const int64_t kv_len = static_cast<int64_t>(committed_len[q]) + t;
+    const int64_t blocks_needed = (kv_len + kv.block_size - 1) / kv.block_size;
+    if (blocks_needed > max_blocks_per_request)
+      bad_step("request " + std::to_string(q) + " needs " + std::to_string(blocks_needed) +
+               " blocks for " + std::to_string(kv_len) + " keys but the block table holds " +
+               std::to_string(max_blocks_per_request));
+    for (int64_t b = 0; b < blocks_needed; ++b) {
+      const int32_t id = block_tables[static_cast<size_t>(q) * max_blocks_per_request + b];
+      if (id < 0 || id >= kv.num_blocks)
+        bad_step("request " + std::to_string(q) + " block table entry " + std::to_string(b) +
+                 " is " + std::to_string(id) + ", cache has " + std::to_string(kv.num_blocks) +
+                 " blocks");
+    }
+    const int32_t words = mask_indptr[q + 1] - mask_indptr[q];
+    const int32_t expect = t * ((t + 31) / 32);
+    if (words != 0 && words != expect)
+      bad_step("request " + std::to_string(q) + " has " + std::to_string(words) +
+               " mask words, expected 0 (causal) or " + std::to_string(expect));
+  }
+  if (mask_indptr[r] > static_cast<int32_t>(tree_mask.size()))
+    bad_step("mask_indptr ends at " + std::to_string(mask_indptr[r]) + " but tree_mask has " +
+             std::to_string(tree_mask.size()) + " words");
+  for (size_t i = 0; i < n; ++i)
+    if (slot_mapping[i] < 0 || slot_mapping[i] >= total_slots)
+      bad_step("slot_mapping[" + std::to_string(i) + "] = " + std::to_string(slot_mapping[i]) +
+               " is outside the cache's " + std::to_string(total_slots) + " slots");
+  for (size_t i = 0; i < logits_rows.size(); ++i)
+    if (logits_rows[i] < 0 || logits_rows[i] >= static_cast<int32_t>(n))
+      bad_step("logits_rows[" + std::to_string(i) + "] = " + std::to_string(logits_rows[i]) +
+               " is outside the batch's " + std::to_string(n) + " rows");
+}
+
+std::vector<double> rope_inv_freq(const RopeParams& p) {
+  const int64_t half = p.head_dim / 2;
+  std::vector<double> inv(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv[i] = 1.0 / std::pow(p.theta, static_cast<double>(2 * i) / static_cast<double>(p.head_dim));
+  if (p.scaling == "linear") {
+    for (double& f : inv) f /= p.factor;
+  } else if (p.scaling == "llama3") {
+    // Llama 3.1: long wavelengths are scaled by 1/factor, short ones kept, the band between
+    // interpolated (transformers' _compute_llama3_parameters).
+    const double low_wavelen = p.original_max_position / p.low_freq_factor;
+    const double high_wavelen = p.original_max_position / p.high_freq_factor;
+    for (double& f : inv) {
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen < high_wavelen) continue;
+      if (wavelen > low_wavelen) {
+        f = f / p.factor;
+      } else {
+        const double smooth = (p.original_max_position / wavelen - p.low_freq_factor) /
+                              (p.high_freq_factor - p.low_freq_factor);
+        f = (1 - smooth) * f / p.factor + smooth * f;
+      }
+    }
+  }
+  return inv;
+}
+
+}  // namespace arbor
