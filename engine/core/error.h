@@ -29,12 +29,24 @@ class Error : public std::runtime_error {
 };
 
 [[noreturn]] void throw_error(ErrorCode code, const std::string& message);
-[[noreturn]] void check_failed(const char* expr, const char* file, int line, const std::string& msg);
+[[noreturn]] void check_failed(const char* expr, const char* file, int line,
+                               const std::string& msg);
+
+namespace detail {
+inline std::string check_message() {
+  return {};
+}
+inline std::string check_message(const std::string& m) {
+  return m;
+}
+}  // namespace detail
 
 }  // namespace arbor
 
 // Invariant check inside the engine: a failure is a bug, reported as kInternal with location.
-#define ARBOR_CHECK(cond, ...)                                                   \
-  do {                                                                           \
-    if (!(cond)) ::arbor::check_failed(#cond, __FILE__, __LINE__, "" __VA_ARGS__); \
+#define ARBOR_CHECK(cond, ...)                                            \
+  do {                                                                    \
+    if (!(cond))                                                          \
+      ::arbor::check_failed(#cond, __FILE__, __LINE__,                    \
+                            ::arbor::detail::check_message(__VA_ARGS__)); \
   } while (0)

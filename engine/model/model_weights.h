@@ -11,21 +11,21 @@
 namespace arbor {
 
 struct LayerWeights {
-  HostTensor attn_norm;  // [hidden]
-  HostTensor wq;         // [num_heads * head_dim, hidden]
-  HostTensor wk;         // [num_kv_heads * head_dim, hidden]
-  HostTensor wv;         // [num_kv_heads * head_dim, hidden]
+  HostTensor attn_norm;   // [hidden]
+  HostTensor wq;          // [num_heads * head_dim, hidden]
+  HostTensor wk;          // [num_kv_heads * head_dim, hidden]
+  HostTensor wv;          // [num_kv_heads * head_dim, hidden]
   HostTensor bq, bk, bv;  // [out] or empty when the model has no attention bias
-  HostTensor wo;         // [hidden, num_heads * head_dim]
-  HostTensor ffn_norm;   // [hidden]
-  HostTensor w_gate;     // [intermediate, hidden]
-  HostTensor w_up;       // [intermediate, hidden]
-  HostTensor w_down;     // [hidden, intermediate]
+  HostTensor wo;          // [hidden, num_heads * head_dim]
+  HostTensor ffn_norm;    // [hidden]
+  HostTensor w_gate;      // [intermediate, hidden]
+  HostTensor w_up;        // [intermediate, hidden]
+  HostTensor w_down;      // [hidden, intermediate]
 };
 
 struct ModelWeights {
   ModelConfig config;
-  HostTensor embed;       // [vocab, hidden]
+  HostTensor embed;  // [vocab, hidden]
   std::vector<LayerWeights> layers;
   HostTensor final_norm;  // [hidden]
   HostTensor lm_head;     // [vocab, hidden]; empty when config.tie_embeddings

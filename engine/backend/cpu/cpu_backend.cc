@@ -1,0 +1,286 @@
+#include "engine/backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/core/error.h"
+
+namespace arbor {
+
+namespace {
+
+float* f32(const Tensor& t) {
+  ARBOR_CHECK(t.dtype == DType::kF32, "cpu backend computes in f32");
+  return static_cast<float*>(t.data);
+}
+
+void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
+  ARBOR_CHECK(a.rows == b.rows && a.cols == b.cols, std::string(op) + ": shape mismatch [" +
+                                                        std::to_string(a.rows) + ", " +
+                                                        std::to_string(a.cols) + "] vs [" +
+                                                        std::to_string(b.rows) + ", " +
+                                                        std::to_string(b.cols) + "]");
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
+  return std::make_unique<CpuBackend>(num_threads);
+}
+
+CpuBackend::CpuBackend(int num_threads) {
+  if (num_threads > 0) openblas_set_num_threads(num_threads);
+}
+
+Tensor CpuBackend::upload_weight(const HostTensor& w) {
+  weights_.emplace_back(w.data);
+  Tensor t;
+  t.data = weights_.back().data();
+  t.rows = w.shape.empty() ? 0 : w.shape[0];
+  t.cols = w.shape.size() >= 2 ? w.numel() / std::max<int64_t>(t.rows, 1) : 1;
+  if (w.shape.size() == 1) {  // vectors are [1, n]
+    t.rows = 1;
+    t.cols = w.shape[0];
+  }
+  return t;
+}
+
+Tensor CpuBackend::scratch(int64_t rows, int64_t cols) {
+  scratch_.emplace_back(static_cast<size_t>(rows * cols));
+  return Tensor{scratch_.back().data(), DType::kF32, rows, cols};
+}
+
+void CpuBackend::reset_scratch() { scratch_.clear(); }
+
+void CpuBackend::download(const Tensor& src, float* dst) {
+  std::memcpy(dst, f32(src), sizeof(float) * src.numel());
+}
+
+void CpuBackend::upload(const float* src, const Tensor& dst) {
+  std::memcpy(f32(dst), src, sizeof(float) * dst.numel());
+}
+
+void CpuBackend::allocate_kv(const KvCacheShape& shape) {
+  kv_shape_ = shape;
+  const size_t n = static_cast<size_t>(shape.num_blocks * shape.block_size * shape.num_kv_heads *
+                                       shape.head_dim);
+  k_cache_.assign(shape.num_layers, std::vector<float>(n, 0.f));
+  v_cache_.assign(shape.num_layers, std::vector<float>(n, 0.f));
+}
+
+void CpuBackend::set_step(const StepInputs& step) {
+  step.validate(kv_shape_);
+  step_ = step;
+}
+
+void CpuBackend::embedding(const Tensor& table, const Tensor& out) {
+  const float* tab = f32(table);
+  float* o = f32(out);
+  ARBOR_CHECK(out.rows == step_.num_tokens() && out.cols == table.cols);
+  for (int64_t n = 0; n < out.rows; ++n) {
+    const int32_t id = step_.token_ids[n];
+    if (id < 0 || id >= table.rows)
+      throw_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
+                                                   " is outside the vocabulary of " +
+                                                   std::to_string(table.rows));
+    std::memcpy(o + n * out.cols, tab + static_cast<int64_t>(id) * table.cols,
+                sizeof(float) * out.cols);
+  }
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) {
+  check_same_shape(x, out, "rms_norm");
+  ARBOR_CHECK(weight.numel() == x.cols);
+  const float* w = f32(weight);
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const float* xi = f32(x) + r * x.cols;
+    float* oi = f32(out) + r * x.cols;
+    float ss = 0.f;
+    for (int64_t c = 0; c < x.cols; ++c) ss += xi[c] * xi[c];
+    // Same order of operations as transformers' LlamaRMSNorm in fp32.
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(x.cols) + static_cast<float>(eps));
+    for (int64_t c = 0; c < x.cols; ++c) oi[c] = w[c] * (xi[c] * inv);
+  }
+}
+
+void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  ARBOR_CHECK(x.cols == w.cols && out.rows == x.rows && out.cols == w.rows,
+              "linear: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "] w [" +
+                  std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]");
+  float* o = f32(out);
+  if (bias.data != nullptr) {
+    ARBOR_CHECK(bias.numel() == w.rows);
+    for (int64_t r = 0; r < out.rows; ++r) std::memcpy(o + r * out.cols, f32(bias), 4 * out.cols);
+  }
+  // out[N, O] = x[N, I] @ w[O, I]^T
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(x.rows),
+              static_cast<int>(w.rows), static_cast<int>(x.cols), 1.0f, f32(x),
+              static_cast<int>(x.cols), f32(w), static_cast<int>(w.cols),
+              bias.data != nullptr ? 1.0f : 0.0f, o, static_cast<int>(out.cols));
+}
+
+void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  check_same_shape(a, b, "add");
+  check_same_shape(a, out, "add");
+  const float* pa = f32(a);
+  const float* pb = f32(b);
+  float* po = f32(out);
+  for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] + pb[i];
+}
+
+void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  check_same_shape(gate, up, "silu_mul");
+  check_same_shape(gate, out, "silu_mul");
+  const float* g = f32(gate);
+  const float* u = f32(up);
+  float* o = f32(out);
+  for (int64_t i = 0; i < gate.numel(); ++i) o[i] = (g[i] / (1.0f + std::exp(-g[i]))) * u[i];
+}
+
+void CpuBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& p) {
+  const int64_t d = p.head_dim;
+  const int64_t half = d / 2;
+  ARBOR_CHECK(q.rows == step_.num_tokens() && k.rows == q.rows);
+  ARBOR_CHECK(q.cols % d == 0 && k.cols % d == 0);
+  // fp32 angles as transformers computes them (inv_freq in fp32, position * inv_freq in fp32).
+  const std::vector<double> inv_d = rope_inv_freq(p);
+  std::vector<float> inv(inv_d.begin(), inv_d.end());
+  std::vector<float> cos_v(half), sin_v(half);
+  auto rotate = [&](float* x, int64_t heads) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* xh = x + h * d;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x0 = xh[i];
+        const float x1 = xh[i + half];
+        xh[i] = x0 * cos_v[i] - x1 * sin_v[i];
+        xh[i + half] = x1 * cos_v[i] + x0 * sin_v[i];
+      }
+    }
+  };
+  for (int64_t n = 0; n < q.rows; ++n) {
+    const float pos = static_cast<float>(step_.positions[n]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = pos * inv[i];
+      cos_v[i] = std::cos(angle);
+      sin_v[i] = std::sin(angle);
+    }
+    rotate(f32(q) + n * q.cols, q.cols / d);
+    rotate(f32(k) + n * k.cols, k.cols / d);
+  }
+}
+
+void CpuBackend::write_kv(int64_t layer, const Tensor& k, const Tensor& v) {
+  const int64_t width = kv_shape_.num_kv_heads * kv_shape_.head_dim;
+  ARBOR_CHECK(k.cols == width && v.cols == width && k.rows == step_.num_tokens());
+  float* kc = k_cache_.at(layer).data();
+  float* vc = v_cache_.at(layer).data();
+  for (int64_t n = 0; n < k.rows; ++n) {
+    const int64_t slot = step_.slot_mapping[n];
+    std::memcpy(kc + slot * width, f32(k) + n * width, sizeof(float) * width);
+    std::memcpy(vc + slot * width, f32(v) + n * width, sizeof(float) * width);
+  }
+}
+
+void CpuBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t num_heads,
+                                      const Tensor& out) {
+  const int64_t d = kv_shape_.head_dim;
+  const int64_t hkv = kv_shape_.num_kv_heads;
+  const int64_t bs = kv_shape_.block_size;
+  const int64_t width = hkv * d;
+  ARBOR_CHECK(q.cols == num_heads * d && out.rows == q.rows && out.cols == q.cols);
+  ARBOR_CHECK(num_heads % hkv == 0);
+  const int64_t group = num_heads / hkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float* kc = k_cache_.at(layer).data();
+  const float* vc = v_cache_.at(layer).data();
+  std::vector<float> scores;
+  std::vector<int64_t> slots;
+  for (int32_t r = 0; r < step_.num_requests(); ++r) {
+    const int32_t q0 = step_.qo_indptr[r];
+    const int32_t t_len = step_.qo_indptr[r + 1] - q0;
+    const int64_t committed = step_.committed_len[r];
+    const int64_t kv_len = committed + t_len;
+    const int32_t* table = step_.block_tables.data() +
+                           static_cast<int64_t>(r) * step_.max_blocks_per_request;
+    slots.resize(kv_len);
+    for (int64_t j = 0; j < kv_len; ++j) slots[j] = table[j / bs] * bs + j % bs;
+    const bool causal = step_.mask_indptr[r] == step_.mask_indptr[r + 1];
+    const int32_t words = (t_len + 31) / 32;
+    const uint32_t* mask = step_.tree_mask.data() + step_.mask_indptr[r];
+    scores.resize(kv_len);
+    for (int32_t i = 0; i < t_len; ++i) {
+      auto visible = [&](int64_t j) {
+        if (j < committed) return true;
+        const int64_t t = j - committed;
+        if (causal) return t <= i;
+        return ((mask[static_cast<int64_t>(i) * words + t / 32] >> (t % 32)) & 1u) != 0;
+      };
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const float* qv = f32(q) + (q0 + i) * q.cols + h * d;
+        const int64_t kvh = h / group;
+        float max_score = -INFINITY;
+        for (int64_t j = 0; j < kv_len; ++j) {
+          if (!visible(j)) {
+            scores[j] = -INFINITY;
+            continue;
+          }
+          const float* kv = kc + slots[j] * width + kvh * d;
+          float s = 0.f;
+          for (int64_t c = 0; c < d; ++c) s += qv[c] * kv[c];
+          scores[j] = s * scale;
+          max_score = std::max(max_score, scores[j]);
+        }
+        float sum = 0.f;
+        for (int64_t j = 0; j < kv_len; ++j) {
+          scores[j] = std::isinf(scores[j]) ? 0.f : std::exp(scores[j] - max_score);
+          sum += scores[j];
+        }
+        float* o = f32(out) + (q0 + i) * out.cols + h * d;
+        std::fill(o, o + d, 0.f);
+        for (int64_t j = 0; j < kv_len; ++j) {
+          if (scores[j] == 0.f) continue;
+          const float p = scores[j] / sum;
+          const float* vv = vc + slots[j] * width + kvh * d;
+          for (int64_t c = 0; c < d; ++c) o[c] += p * vv[c];
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::gather_logit_rows(const Tensor& x, const Tensor& out) {
+  ARBOR_CHECK(out.rows == static_cast<int64_t>(step_.logits_rows.size()) && out.cols == x.cols);
+  for (int64_t m = 0; m < out.rows; ++m)
+    std::memcpy(f32(out) + m * out.cols, f32(x) + step_.logits_rows[m] * x.cols,
+                sizeof(float) * x.cols);
+}
+
+void CpuBackend::copy_kv(const std::vector<int64_t>& src_slots,
+                         const std::vector<int64_t>& dst_slots) {
+  if (src_slots.size() != dst_slots.size())
+    throw_error(ErrorCode::kInvalidArgument,
+                "copy_kv: " + std::to_string(src_slots.size()) + " source slots but " +
+                    std::to_string(dst_slots.size()) + " destination slots");
+  const int64_t width = kv_shape_.num_kv_heads * kv_shape_.head_dim;
+  const int64_t total = kv_shape_.num_blocks * kv_shape_.block_size;
+  for (size_t i = 0; i < src_slots.size(); ++i)
+    if (src_slots[i] < 0 || src_slots[i] >= total || dst_slots[i] < 0 || dst_slots[i] >= total)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "copy_kv: slot pair " + std::to_string(src_slots[i]) + " -> " +
+                      std::to_string(dst_slots[i]) + " is outside the cache's " +
+                      std::to_string(total) + " slots");
+  std::vector<float> staged(src_slots.size() * width);
+  for (auto* cache : {&k_cache_, &v_cache_}) {
+    for (auto& layer : *cache) {
+      for (size_t i = 0; i < src_slots.size(); ++i)
+        std::memcpy(staged.data() + i * width, layer.data() + src_slots[i] * width, 4 * width);
+      for (size_t i = 0; i < dst_slots.size(); ++i)
+        std::memcpy(layer.data() + dst_slots[i] * width, staged.data() + i * width, 4 * width);
+    }
+  }
+}
+
+}  // namespace arbor

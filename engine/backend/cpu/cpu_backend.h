@@ -1,0 +1,53 @@
+// The CPU reference backend: fp32 weights, activations and KV cache in host memory, GEMMs
+// through BLAS, everything else in plain loops that are obviously right. Every other backend
+// is tested against this one.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "engine/backend/backend.h"
+
+namespace arbor {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int num_threads);
+  std::string name() const override { return "cpu"; }
+
+  Tensor upload_weight(const HostTensor& w) override;
+  Tensor scratch(int64_t rows, int64_t cols) override;
+  void reset_scratch() override;
+  void download(const Tensor& src, float* dst) override;
+  void upload(const float* src, const Tensor& dst) override;
+  void allocate_kv(const KvCacheShape& shape) override;
+  const KvCacheShape& kv_shape() const override { return kv_shape_; }
+  void set_step(const StepInputs& step) override;
+
+  void embedding(const Tensor& table, const Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void rope(const Tensor& q, const Tensor& k, const RopeParams& p) override;
+  void write_kv(int64_t layer, const Tensor& k, const Tensor& v) override;
+  void paged_tree_attention(int64_t layer, const Tensor& q, int64_t num_heads,
+                            const Tensor& out) override;
+  void gather_logit_rows(const Tensor& x, const Tensor& out) override;
+  void copy_kv(const std::vector<int64_t>& src_slots,
+               const std::vector<int64_t>& dst_slots) override;
+
+  // Direct access for tests: [num_blocks * block_size, num_kv_heads * head_dim] per layer.
+  const std::vector<float>& k_cache(int64_t layer) const { return k_cache_.at(layer); }
+  const std::vector<float>& v_cache(int64_t layer) const { return v_cache_.at(layer); }
+
+ private:
+  std::deque<std::vector<float>> weights_;  // owned weight storage (stable addresses)
+  std::deque<std::vector<float>> scratch_;  // per-step activations
+  KvCacheShape kv_shape_;
+  std::vector<std::vector<float>> k_cache_, v_cache_;  // [layer][slot * Hkv * D]
+  StepInputs step_;
+};
+
+}  // namespace arbor

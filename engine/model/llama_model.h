@@ -1,0 +1,43 @@
+// The Llama-family forward pass (Llama 2/3, Mistral, Qwen2, SmolLM2) composed from Backend ops
+// over one flat batch: embeddings, N decoder layers (RMSNorm, QKV (+bias), RoPE at explicit
+// positions, KV write to slots, paged tree attention, O-proj, SwiGLU MLP), final norm, LM head
+// for the rows that need logits.
+#pragma once
+
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/model/model_weights.h"
+
+namespace arbor {
+
+struct ForwardOutput {
+  std::vector<float> logits;  // [M, vocab] host fp32, rows = step.logits_rows
+  std::vector<float> hidden;  // [M, hidden] final-norm hidden states (only if requested)
+};
+
+class LlamaModel {
+ public:
+  // Uploads the weights to the backend; `weights` may be released afterwards.
+  LlamaModel(Backend& backend, const ModelWeights& weights);
+
+  const ModelConfig& config() const { return config_; }
+  Backend& backend() { return backend_; }
+  // Cache geometry for this model with the given number of blocks.
+  KvCacheShape kv_shape(int64_t num_blocks, int64_t block_size) const;
+
+  // Runs one step. The backend's KV cache must already be allocated.
+  void forward(const StepInputs& step, ForwardOutput* out, bool want_hidden = false);
+
+ private:
+  struct Layer {
+    Tensor attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w_gate, w_up, w_down;
+  };
+  Backend& backend_;
+  ModelConfig config_;
+  RopeParams rope_;
+  Tensor embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace arbor
