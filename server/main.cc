@@ -1,2 +1,30 @@
+// `arbor`: the command line. Subcommands: generate (stream text from a model), bench (CPU/GPU
+// tokens per second). The network server joins here as `arbor serve`.
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
-int main() { std::puts("arbor"); return 0; }
+
+#include "engine/core/error.h"
+#include "server/cli_commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"arbor: speculative-decoding inference engine"};
+  app.require_subcommand(1);
+  arbor::GenerateOptions gen;
+  arbor::add_generate_command(app, &gen);
+  arbor::BenchOptions bench;
+  arbor::add_bench_command(app, &bench);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (app.got_subcommand("generate")) return arbor::run_generate(gen);
+    if (app.got_subcommand("bench")) return arbor::run_bench(bench);
+  } catch (const arbor::Error& e) {
+    std::fprintf(stderr, "error (%s): %s\n", arbor::error_code_name(e.code()), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -21,8 +21,7 @@ std::vector<int32_t> BatchBuilder::build(const KvCacheManager& kv,
   for (const StepItem& it : items) {
     const int32_t t = static_cast<int32_t>(it.tokens.size());
     const int32_t committed = kv.committed_len(it.seq);
-    ARBOR_CHECK(kv.reserved_len(it.seq) == t, "sequence " + std::to_string(it.seq) +
-                                                  " reserved " +
+    ARBOR_CHECK(kv.reserved_len(it.seq) == t, "sequence " + std::to_string(it.seq) + " reserved " +
                                                   std::to_string(kv.reserved_len(it.seq)) +
                                                   " tokens, step has " + std::to_string(t));
     const bool tree = !it.parents.empty();

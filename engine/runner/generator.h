@@ -1,0 +1,70 @@
+// The plain-decoding step loop: runs a set of requests to completion in shared flat steps
+// (chunked prefill and one-token decode of different requests in the same forward), with the
+// paged KV cache manager owning block tables, prefix sharing and preemption by recompute when
+// blocks run out. Speculation plugs into the same loop (a tree item instead of one token).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/kv_cache/kv_cache_manager.h"
+#include "engine/model/llama_model.h"
+#include "engine/sampling/sampler.h"
+
+namespace arbor {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // token ids, BOS included when wanted
+  SamplingParams sampling;
+  int32_t max_tokens = 128;             // generated tokens at most
+  bool ignore_eos = false;              // keep going past EOS (benchmarks)
+  std::vector<int32_t> stop_token_ids;  // ends the request besides the model's EOS
+};
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;       // generated ids (a stop token included)
+  std::string finish_reason;         // "stop" (EOS / stop id) or "length"
+  int32_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  int32_t preemptions = 0;
+};
+
+struct GeneratorConfig {
+  int32_t num_blocks = 256;       // KV cache blocks
+  int32_t block_size = 16;        // tokens per block
+  int32_t max_step_tokens = 512;  // token budget of one step (prefill chunking)
+  int32_t max_running = 64;       // requests decoding at once
+  bool prefix_caching = true;
+  void validate() const;
+};
+
+struct GeneratorStats {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;  // prompt tokens run through the model
+  int64_t decode_tokens = 0;   // tokens generated
+  double prefill_seconds = 0;  // wall time of steps that carried prefill only
+  double decode_seconds = 0;   // wall time of steps that carried decode only
+  double mixed_seconds = 0;    // steps with both
+};
+
+class Generator {
+ public:
+  Generator(LlamaModel& model, const GeneratorConfig& config);
+
+  // Called with (request index, token) as each token is produced.
+  using TokenCallback = std::function<void(size_t, int32_t)>;
+  std::vector<GenerationResult> run(const std::vector<GenerationRequest>& requests,
+                                    const TokenCallback& on_token = {});
+
+  const KvCacheManager& kv() const { return kv_; }
+  const GeneratorStats& stats() const { return stats_; }
+
+ private:
+  LlamaModel& model_;
+  GeneratorConfig config_;
+  KvCacheManager kv_;
+  GeneratorStats stats_;
+};
+
+}  // namespace arbor

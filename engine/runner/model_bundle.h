@@ -1,0 +1,26 @@
+// Loads what serving one model needs from a single path: the weights (any supported
+// checkpoint format) and the matching tokenizer (tokenizer.json beside an HF checkpoint, the
+// GGUF's own metadata, or a llama2.c tokenizer.bin beside the checkpoint).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/model/model_weights.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace arbor {
+
+struct ModelBundle {
+  ModelWeights weights;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+// tokenizer_path overrides the tokenizer location (needed for llama2.c checkpoints without a
+// tok*.bin / tokenizer.bin beside them). Throws arbor::Error naming the missing file.
+ModelBundle load_model_bundle(
+    const std::string& model_path, const std::string& tokenizer_path = "",
+    const std::function<void(const std::string& stage, double fraction)>& progress = {});
+
+}  // namespace arbor

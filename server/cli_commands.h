@@ -1,0 +1,43 @@
+// Options and entry points of the `arbor` subcommands.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "engine/sampling/sampling_params.h"
+
+namespace arbor {
+
+struct GenerateOptions {
+  std::string model;
+  std::string tokenizer;  // override (llama2.c checkpoints)
+  std::string prompt;
+  int32_t max_tokens = 128;
+  bool no_bos = false;
+  bool ignore_eos = false;
+  int32_t threads = 0;  // 0: BLAS default
+  int32_t kv_blocks = 256;
+  int32_t block_size = 16;
+  SamplingParams sampling;
+  int64_t seed = -1;  // -1: random
+};
+
+struct BenchOptions {
+  std::string model;
+  std::string tokenizer;
+  int32_t prompt_tokens = 128;
+  int32_t gen_tokens = 128;
+  std::string batches = "1";  // comma-separated batch sizes
+  int32_t repeats = 3;
+  int32_t threads = 0;
+  int32_t block_size = 16;
+};
+
+void add_generate_command(CLI::App& app, GenerateOptions* o);
+void add_bench_command(CLI::App& app, BenchOptions* o);
+int run_generate(const GenerateOptions& o);
+int run_bench(const BenchOptions& o);
+
+}  // namespace arbor
