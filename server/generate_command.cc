@@ -2,6 +2,7 @@
 // produced (incremental detokenization), and reports prefill and decode tokens per second.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -72,6 +73,7 @@ int run_generate(const GenerateOptions& o) {
   req.sampling = sampling;
   req.max_tokens = o.max_tokens;
   req.ignore_eos = o.ignore_eos;
+  if (!o.ignore_eos) req.stop_token_ids = bundle.stop_token_ids;
 
   GeneratorConfig gc;
   gc.num_blocks = o.kv_blocks;
@@ -82,7 +84,9 @@ int run_generate(const GenerateOptions& o) {
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   const auto results = gen.run({req}, [&](size_t, int32_t id) {
-    if (id == tok.eos_id() && !o.ignore_eos) return;
+    if (!o.ignore_eos && std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), id) !=
+                             req.stop_token_ids.end())
+      return;
     const std::string text = decoder.push(id);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);

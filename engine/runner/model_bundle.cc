@@ -1,6 +1,8 @@
 #include "engine/runner/model_bundle.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include "engine/core/error.h"
 #include "engine/model/gguf_file.h"
@@ -32,6 +34,39 @@ std::string find_llama2c_tokenizer(const std::string& model_path) {
                   ": expected tokenizer.bin or tok*.bin beside it, or pass --tokenizer");
 }
 
+void add_unique(std::vector<int32_t>* v, int64_t id) {
+  if (id < 0) return;
+  if (std::find(v->begin(), v->end(), id) == v->end()) v->push_back(static_cast<int32_t>(id));
+}
+
+std::vector<int32_t> default_stop_ids(const std::string& model_path, CheckpointFormat format,
+                                      const Tokenizer& tok, int32_t config_eos) {
+  std::vector<int32_t> ids;
+  add_unique(&ids, config_eos);
+  add_unique(&ids, tok.eos_id());
+  if (format == CheckpointFormat::kLlama2c) {
+    add_unique(&ids, tok.bos_id());
+  } else if (format == CheckpointFormat::kGguf) {
+    const nlohmann::json& md = GgufFile::open(model_path).metadata();
+    for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+      if (md.contains(key) && md[key].is_number_integer()) add_unique(&ids, md[key].get<int64_t>());
+  } else {
+    const fs::path gen = fs::path(model_path) / "generation_config.json";
+    if (fs::exists(gen)) {
+      std::ifstream f(gen);
+      const nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("eos_token_id")) {
+        const nlohmann::json& e = j["eos_token_id"];
+        if (e.is_number_integer()) add_unique(&ids, e.get<int64_t>());
+        if (e.is_array())
+          for (const auto& x : e)
+            if (x.is_number_integer()) add_unique(&ids, x.get<int64_t>());
+      }
+    }
+  }
+  return ids;
+}
+
 }  // namespace
 
 ModelBundle load_model_bundle(
@@ -52,6 +87,8 @@ ModelBundle load_model_bundle(
                                              std::to_string(b.tokenizer->vocab_size()) +
                                              " tokens but the model's vocabulary is " +
                                              std::to_string(b.weights.config.vocab_size));
+  b.stop_token_ids = default_stop_ids(model_path, detect_checkpoint_format(model_path),
+                                      *b.tokenizer, b.weights.config.eos_token_id);
   return b;
 }
 

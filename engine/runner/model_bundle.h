@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/model/model_weights.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -15,6 +16,9 @@ namespace arbor {
 struct ModelBundle {
   ModelWeights weights;
   std::unique_ptr<Tokenizer> tokenizer;
+  // Tokens that end a generation by default: EOS, plus generation_config.json's eos list (HF),
+  // the end-of-turn token (GGUF), or BOS for llama2.c story models (run.c stops there).
+  std::vector<int32_t> stop_token_ids;
 };
 
 // tokenizer_path overrides the tokenizer location (needed for llama2.c checkpoints without a
