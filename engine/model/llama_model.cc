@@ -47,7 +47,7 @@ KvCacheShape LlamaModel::kv_shape(int64_t num_blocks, int64_t block_size) const 
   return s;
 }
 
-void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, bool want_hidden) {
+void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, const ForwardRequest& want) {
   Backend& b = backend_;
   b.set_step(step);
   b.reset_scratch();
@@ -67,7 +67,21 @@ void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, bool want_h
   Tensor proj = b.scratch(n, hidden);
   Tensor gate = b.scratch(n, config_.intermediate_size);
   Tensor up = b.scratch(n, config_.intermediate_size);
+  out->captured.assign(want.capture_layers.size(), {});
+  auto capture = [&](size_t layer_input) {
+    for (size_t c = 0; c < want.capture_layers.size(); ++c) {
+      if (want.capture_layers[c] != static_cast<int32_t>(layer_input)) continue;
+      out->captured[c].resize(static_cast<size_t>(n * hidden));
+      b.download(x, out->captured[c].data());
+    }
+  };
+  for (int32_t c : want.capture_layers)
+    if (c < 0 || c > config_.num_layers)
+      throw_error(ErrorCode::kInvalidArgument, "capture layer " + std::to_string(c) +
+                                                   " outside [0, " +
+                                                   std::to_string(config_.num_layers) + "]");
   for (size_t li = 0; li < layers_.size(); ++li) {
+    capture(li);
     const Layer& l = layers_[li];
     b.rms_norm(x, l.attn_norm, eps, normed);
     b.linear(normed, l.wq, l.bq, q);
@@ -85,7 +99,15 @@ void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, bool want_h
     b.linear(gate, l.w_down, Tensor{}, proj);
     b.add(x, proj, x);
   }
+  capture(layers_.size());
+  if (want.final_hidden) {
+    Tensor all_normed = b.scratch(n, hidden);
+    b.rms_norm(x, final_norm_, eps, all_normed);
+    out->hidden.resize(static_cast<size_t>(n * hidden));
+    b.download(all_normed, out->hidden.data());
+  }
   const int64_t m = static_cast<int64_t>(step.logits_rows.size());
+  out->logits.clear();
   if (m == 0) return;
   Tensor rows = b.scratch(m, hidden);
   b.gather_logit_rows(x, rows);
@@ -95,10 +117,6 @@ void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, bool want_h
   b.linear(rows_normed, lm_head_, Tensor{}, logits);
   out->logits.resize(static_cast<size_t>(m * config_.vocab_size));
   b.download(logits, out->logits.data());
-  if (want_hidden) {
-    out->hidden.resize(static_cast<size_t>(m * hidden));
-    b.download(rows_normed, out->hidden.data());
-  }
 }
 
 }  // namespace arbor

@@ -11,9 +11,17 @@
 
 namespace arbor {
 
+// What a step should return besides the logits of step.logits_rows.
+struct ForwardRequest {
+  bool final_hidden = false;            // final-norm hidden state of every row (Medusa, EAGLE)
+  std::vector<int32_t> capture_layers;  // residual stream at the input of these layers, every
+                                        // row (EAGLE-3's low/mid/high features); L = after all
+};
+
 struct ForwardOutput {
   std::vector<float> logits;  // [M, vocab] host fp32, rows = step.logits_rows
-  std::vector<float> hidden;  // [M, hidden] final-norm hidden states (only if requested)
+  std::vector<float> hidden;  // [N, hidden] final-norm hidden states of all rows (if requested)
+  std::vector<std::vector<float>> captured;  // per capture_layers entry: [N, hidden]
 };
 
 class LlamaModel {
@@ -27,7 +35,7 @@ class LlamaModel {
   KvCacheShape kv_shape(int64_t num_blocks, int64_t block_size) const;
 
   // Runs one step. The backend's KV cache must already be allocated.
-  void forward(const StepInputs& step, ForwardOutput* out, bool want_hidden = false);
+  void forward(const StepInputs& step, ForwardOutput* out, const ForwardRequest& want = {});
 
  private:
   struct Layer {

@@ -9,15 +9,15 @@ namespace arbor {
 void validate_tree_parents(const std::vector<int32_t>& parent) {
   if (parent.empty()) throw_error(ErrorCode::kInvalidArgument, "tree has no nodes");
   if (parent[0] != -1)
-    throw_error(ErrorCode::kInvalidArgument,
-                "tree node 0 must be the root (parent -1), found parent " +
-                    std::to_string(parent[0]));
+    throw_error(
+        ErrorCode::kInvalidArgument,
+        "tree node 0 must be the root (parent -1), found parent " + std::to_string(parent[0]));
   for (size_t i = 1; i < parent.size(); ++i)
     if (parent[i] < 0 || parent[i] >= static_cast<int32_t>(i))
       throw_error(ErrorCode::kInvalidArgument,
                   "tree node " + std::to_string(i) + " has parent " + std::to_string(parent[i]) +
-                      "; parents must precede their children (0 <= parent < " +
-                      std::to_string(i) + ")");
+                      "; parents must precede their children (0 <= parent < " + std::to_string(i) +
+                      ")");
 }
 
 std::vector<int32_t> tree_depths(const std::vector<int32_t>& parent) {

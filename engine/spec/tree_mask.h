@@ -19,6 +19,8 @@ std::vector<int32_t> tree_depths(const std::vector<int32_t>& parent);
 // [T, ceil(T/32)] packed rows.
 std::vector<uint32_t> pack_ancestor_mask(const std::vector<int32_t>& parent);
 
-inline int32_t mask_words(int32_t tree_size) { return (tree_size + 31) / 32; }
+inline int32_t mask_words(int32_t tree_size) {
+  return (tree_size + 31) / 32;
+}
 
 }  // namespace arbor

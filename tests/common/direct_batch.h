@@ -63,8 +63,7 @@ class DirectBatch {
       for (size_t i = 0; i < c.tokens.size(); ++i) {
         const int64_t logical = q.committed + static_cast<int64_t>(i);
         s.token_ids.push_back(c.tokens[i]);
-        s.positions.push_back(
-            static_cast<int32_t>(tree ? q.committed + depth[i] : logical));
+        s.positions.push_back(static_cast<int32_t>(tree ? q.committed + depth[i] : logical));
         s.slot_mapping.push_back(q.blocks[logical / block_size_] * block_size_ +
                                  logical % block_size_);
         if (c.want_all_logits || i + 1 == c.tokens.size())

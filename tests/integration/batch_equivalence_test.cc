@@ -153,9 +153,8 @@ TEST_P(FlatBatch, TreeNodesEqualTheirCausalPaths) {
       std::vector<int32_t> seq = prefixes[i];
       for (auto it = path.rbegin(); it != path.rend(); ++it) seq.push_back(tokens[i][*it]);
       const std::vector<float> ref = alone(seq);
-      const double err =
-          rel_diff(out.logits.data() + row * vocab_, ref.data() + (seq.size() - 1) * vocab_,
-                   vocab_);
+      const double err = rel_diff(out.logits.data() + row * vocab_,
+                                  ref.data() + (seq.size() - 1) * vocab_, vocab_);
       worst = std::max(worst, err);
       EXPECT_LE(err, 1e-5) << "request " << i << " node " << n;
     }
@@ -167,8 +166,7 @@ TEST_P(FlatBatch, TreeNodesEqualTheirCausalPaths) {
   std::printf("%s: worst tree-vs-path relative error %.3g\n", GetParam().c_str(), worst);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, FlatBatch,
-                         ::testing::Values("stories260K", "llama_gqa", "qwen2"),
+INSTANTIATE_TEST_SUITE_P(Models, FlatBatch, ::testing::Values("stories260K", "llama_gqa", "qwen2"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

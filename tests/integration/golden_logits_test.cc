@@ -21,7 +21,9 @@ struct Case {
   std::string model_path;  // checkpoint
 };
 
-std::string data(const std::string& p) { return std::string(ARBOR_TEST_DATA_DIR) + "/" + p; }
+std::string data(const std::string& p) {
+  return std::string(ARBOR_TEST_DATA_DIR) + "/" + p;
+}
 
 std::vector<Case> cases() {
   return {

@@ -51,8 +51,8 @@ TEST(SmolLM2Golden, LogitsAndGreedyMatchTransformers) {
   }
   const auto last = g["last_logits"].get<std::vector<float>>();
   ASSERT_EQ(static_cast<int64_t>(last.size()), vocab);
-  worst = std::max(worst, testing::row_rel_error(out.logits.data() + (ids.size() - 1) * vocab,
-                                                 last));
+  worst =
+      std::max(worst, testing::row_rel_error(out.logits.data() + (ids.size() - 1) * vocab, last));
   std::printf("smollm2: worst relative logit error %.3g\n", worst);
   EXPECT_LE(worst, kRelTol);
 

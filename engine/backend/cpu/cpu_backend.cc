@@ -18,11 +18,10 @@ float* f32(const Tensor& t) {
 }
 
 void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
-  ARBOR_CHECK(a.rows == b.rows && a.cols == b.cols, std::string(op) + ": shape mismatch [" +
-                                                        std::to_string(a.rows) + ", " +
-                                                        std::to_string(a.cols) + "] vs [" +
-                                                        std::to_string(b.rows) + ", " +
-                                                        std::to_string(b.cols) + "]");
+  ARBOR_CHECK(a.rows == b.rows && a.cols == b.cols,
+              std::string(op) + ": shape mismatch [" + std::to_string(a.rows) + ", " +
+                  std::to_string(a.cols) + "] vs [" + std::to_string(b.rows) + ", " +
+                  std::to_string(b.cols) + "]");
 }
 
 }  // namespace
@@ -53,7 +52,9 @@ Tensor CpuBackend::scratch(int64_t rows, int64_t cols) {
   return Tensor{scratch_.back().data(), DType::kF32, rows, cols};
 }
 
-void CpuBackend::reset_scratch() { scratch_.clear(); }
+void CpuBackend::reset_scratch() {
+  scratch_.clear();
+}
 
 void CpuBackend::download(const Tensor& src, float* dst) {
   std::memcpy(dst, f32(src), sizeof(float) * src.numel());
@@ -203,8 +204,8 @@ void CpuBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t nu
     const int32_t t_len = step_.qo_indptr[r + 1] - q0;
     const int64_t committed = step_.committed_len[r];
     const int64_t kv_len = committed + t_len;
-    const int32_t* table = step_.block_tables.data() +
-                           static_cast<int64_t>(r) * step_.max_blocks_per_request;
+    const int32_t* table =
+        step_.block_tables.data() + static_cast<int64_t>(r) * step_.max_blocks_per_request;
     slots.resize(kv_len);
     for (int64_t j = 0; j < kv_len; ++j) slots[j] = table[j / bs] * bs + j % bs;
     const bool causal = step_.mask_indptr[r] == step_.mask_indptr[r + 1];
