@@ -79,7 +79,7 @@ int run_generate(const GenerateOptions& o) {
   gc.num_blocks = o.kv_blocks;
   gc.block_size = o.block_size;
   Generator gen(*model, gc);
-  IncrementalDecoder decoder(tok);
+  IncrementalDecoder decoder(tok, /*skip_special=*/true, /*at_text_start=*/o.prompt.empty());
   std::fputs(o.prompt.c_str(), stdout);
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
