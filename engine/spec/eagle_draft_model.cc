@@ -1,0 +1,281 @@
+#include "engine/spec/eagle_draft_model.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/core/error.h"
+#include "engine/spec/proposer_math.h"
+
+namespace arbor {
+
+namespace {
+
+// Columns [begin, begin + width) of a [rows, cols] matrix.
+HostTensor columns(const HostTensor& w, int64_t begin, int64_t width) {
+  ARBOR_CHECK(w.shape.size() == 2 && begin + width <= w.shape[1]);
+  HostTensor out({w.shape[0], width});
+  for (int64_t r = 0; r < w.shape[0]; ++r)
+    std::memcpy(out.ptr() + r * width, w.ptr() + r * w.shape[1] + begin, sizeof(float) * width);
+  return out;
+}
+
+}  // namespace
+
+EagleDraftModel::EagleDraftModel(std::unique_ptr<Backend> backend, const EagleWeights& w,
+                                 const HostTensor& target_embed, const HostTensor& target_lm_head,
+                                 const KvCacheConfig& kv)
+    : backend_(std::move(backend)), config_(w.config), kv_(kv), d2t_(w.d2t) {
+  ARBOR_CHECK(backend_ != nullptr);
+  const EagleDraftConfig& c = config_;
+  const int64_t h = c.hidden_size;
+  const std::string who = std::string(eagle_version_name(c.version)) + " draft " + w.source;
+  auto mismatch = [&](const std::string& what, const std::vector<int64_t>& want,
+                      const std::vector<int64_t>& found) {
+    throw_error(ErrorCode::kInvalidArgument, who + ": " + what + " has shape " + shape_str(found) +
+                                                 ", the draft expects " + shape_str(want));
+  };
+  const std::vector<int64_t> embed_shape = {c.vocab_size, h};
+  if (w.embed.empty() && target_embed.shape != embed_shape)
+    mismatch("the target's embedding", embed_shape, target_embed.shape);
+  if (!eagle3() && target_lm_head.shape != embed_shape)
+    mismatch("the target's LM head", embed_shape, target_lm_head.shape);
+
+  Backend& b = *backend_;
+  rope_.head_dim = c.head_dim;
+  rope_.theta = c.rope_theta;
+  if (c.rope_linear_factor != 1.0) {
+    rope_.scaling = "linear";
+    rope_.factor = c.rope_linear_factor;
+  }
+  KvCacheShape shape;
+  shape.num_layers = 1;
+  shape.num_blocks = kv.num_blocks;
+  shape.block_size = kv.block_size;
+  shape.num_kv_heads = c.num_kv_heads;
+  shape.head_dim = c.head_dim;
+  b.allocate_kv(shape);
+
+  auto opt = [&](const HostTensor& t) { return t.empty() ? Tensor{} : b.upload_weight(t); };
+  embed_ = b.upload_weight(w.embed.empty() ? target_embed : w.embed);
+  if (eagle3()) {
+    fc_ = b.upload_weight(w.fc);
+    input_norm_ = b.upload_weight(w.input_norm);
+    hidden_norm_ = b.upload_weight(w.hidden_norm);
+    wq_ = b.upload_weight(columns(w.wq, 0, h));
+    wk_ = b.upload_weight(columns(w.wk, 0, h));
+    wv_ = b.upload_weight(columns(w.wv, 0, h));
+    wq_h_ = b.upload_weight(columns(w.wq, h, h));
+    wk_h_ = b.upload_weight(columns(w.wk, h, h));
+    wv_h_ = b.upload_weight(columns(w.wv, h, h));
+    norm_ = b.upload_weight(w.norm);
+    lm_head_ = b.upload_weight(w.lm_head);
+  } else {
+    fc_emb_ = b.upload_weight(columns(w.fc, 0, h));
+    fc_feat_ = b.upload_weight(columns(w.fc, h, h));
+    fc_bias_ = opt(w.fc_bias);
+    wq_ = b.upload_weight(w.wq);
+    wk_ = b.upload_weight(w.wk);
+    wv_ = b.upload_weight(w.wv);
+    lm_head_ = b.upload_weight(target_lm_head);
+  }
+  bq_ = opt(w.bq);
+  bk_ = opt(w.bk);
+  bv_ = opt(w.bv);
+  wo_ = b.upload_weight(w.wo);
+  post_norm_ = b.upload_weight(w.post_norm);
+  w_gate_ = b.upload_weight(w.w_gate);
+  w_up_ = b.upload_weight(w.w_up);
+  w_down_ = b.upload_weight(w.w_down);
+}
+
+int64_t EagleDraftModel::feature_width() const {
+  return eagle3() ? 3 * config_.target_hidden_size : config_.hidden_size;
+}
+
+int32_t EagleDraftModel::to_target(int32_t draft_id) const {
+  return d2t_.empty() ? draft_id : static_cast<int32_t>(draft_id + d2t_[draft_id]);
+}
+
+std::vector<int64_t> EagleDraftModel::reserve(SeqId seq, int32_t num_tokens, SlotCopies* copies) {
+  ReservePlan plan;
+  if (!kv_.reserve(seq, num_tokens, &plan))
+    throw_error(ErrorCode::kResourceExhausted,
+                "EAGLE draft KV cache is full (" + std::to_string(kv_.num_blocks()) +
+                    " blocks of " + std::to_string(kv_.block_size()) + " tokens, " +
+                    std::to_string(kv_.num_free_blocks()) + " free, " + std::to_string(num_tokens) +
+                    " tokens wanted): raise the draft KV blocks");
+  copies->src_slots.insert(copies->src_slots.end(), plan.copies.src_slots.begin(),
+                           plan.copies.src_slots.end());
+  copies->dst_slots.insert(copies->dst_slots.end(), plan.copies.dst_slots.begin(),
+                           plan.copies.dst_slots.end());
+  return plan.slots;
+}
+
+std::vector<float> EagleDraftModel::append(SeqId seq, std::span<const int32_t> tokens,
+                                           std::span<const float> features, int32_t position0) {
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  ARBOR_CHECK(static_cast<int64_t>(features.size()) == n * feature_width());
+  if (n == 0) return {};
+  SlotCopies copies;
+  std::vector<Row> rows = {{seq, {tokens.begin(), tokens.end()}, position0, {}}};
+  rows[0].slots = reserve(seq, n, &copies);
+  std::vector<float> out;
+  try {
+    if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
+    out = forward(rows, features, /*input_is_feature=*/true);
+  } catch (...) {
+    kv_.apply(kv_.plan_commit(seq, {}, {}));  // cancel the reservation
+    throw;
+  }
+  kv_.commit_all(seq, tokens);
+  return out;
+}
+
+std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
+                                           std::span<const int32_t> tokens,
+                                           std::span<const float> hidden, int32_t position,
+                                           std::vector<SeqId>* children) {
+  const size_t count = parents.size();
+  ARBOR_CHECK(tokens.size() == count &&
+              static_cast<int64_t>(hidden.size()) == static_cast<int64_t>(count) * hidden_size());
+  children->clear();
+  std::vector<Row> rows;
+  SlotCopies copies;
+  try {
+    for (size_t i = 0; i < count; ++i) {
+      const SeqId child = kv_.fork(parents[i]);
+      children->push_back(child);
+      rows.push_back({child, {tokens[i]}, position, reserve(child, 1, &copies)});
+    }
+    if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
+    std::vector<float> out = forward(rows, hidden, /*input_is_feature=*/false);
+    for (const Row& r : rows) kv_.commit_all(r.seq, r.tokens);
+    return out;
+  } catch (...) {
+    for (SeqId child : *children) kv_.free_sequence(child);
+    children->clear();
+    throw;
+  }
+}
+
+std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
+                                            std::span<const float> input, bool input_is_feature) {
+  StepInputs step;
+  step.qo_indptr.push_back(0);
+  step.mask_indptr.push_back(0);
+  int32_t max_blocks = 0;
+  for (const Row& r : rows)
+    max_blocks = std::max<int32_t>(max_blocks, static_cast<int32_t>(kv_.block_table(r.seq).size()));
+  step.max_blocks_per_request = max_blocks;
+  for (const Row& r : rows) {
+    for (size_t t = 0; t < r.tokens.size(); ++t) {
+      step.token_ids.push_back(r.tokens[t]);
+      step.positions.push_back(r.position0 + static_cast<int32_t>(t));
+      step.slot_mapping.push_back(r.slots[t]);
+    }
+    step.qo_indptr.push_back(step.num_tokens());
+    step.mask_indptr.push_back(0);
+    step.committed_len.push_back(kv_.committed_len(r.seq));
+    kv_.append_block_table(r.seq, max_blocks, &step.block_tables);
+  }
+
+  Backend& b = *backend_;
+  const EagleDraftConfig& c = config_;
+  b.set_step(step);
+  b.reset_scratch();
+  const int64_t n = step.num_tokens();
+  const int64_t h = c.hidden_size;
+  const int64_t q_width = c.num_heads * c.head_dim;
+  const int64_t kv_width = c.num_kv_heads * c.head_dim;
+  const double eps = c.rms_norm_eps;
+  const int64_t in_width = static_cast<int64_t>(input.size()) / std::max<int64_t>(n, 1);
+  ARBOR_CHECK(in_width * n == static_cast<int64_t>(input.size()));
+
+  Tensor emb = b.scratch(n, h);  // [N, h] token embeddings
+  b.embedding(embed_, emb);
+  Tensor in = b.scratch(n, in_width);  // [N, in_width] features or earlier outputs
+  b.upload(input.data(), in);
+  Tensor x = b.scratch(n, h);  // [N, h] residual stream
+  Tensor tmp = b.scratch(n, h);
+  Tensor q = b.scratch(n, q_width), k = b.scratch(n, kv_width), v = b.scratch(n, kv_width);
+  if (!eagle3()) {
+    // x = fc(concat(emb, feature)) = fc_emb emb + fc_feat feature (+ bias); no input_layernorm.
+    ARBOR_CHECK(in_width == h);
+    b.linear(emb, fc_emb_, fc_bias_, x);
+    b.linear(in, fc_feat_, Tensor{}, tmp);
+    b.add(x, tmp, x);
+    b.linear(x, wq_, bq_, q);
+    b.linear(x, wk_, bk_, k);
+    b.linear(x, wv_, bv_, v);
+  } else {
+    if (input_is_feature) {
+      ARBOR_CHECK(in_width == 3 * c.target_hidden_size);
+      b.linear(in, fc_, Tensor{}, x);
+    } else {
+      ARBOR_CHECK(in_width == h);  // earlier layer outputs enter without fc (cnets.py)
+      b.upload(input.data(), x);
+    }
+    // q/k/v read concat(input_layernorm(emb), hidden_norm(x)): split into two products.
+    Tensor e = b.scratch(n, h), g = b.scratch(n, h);
+    b.rms_norm(emb, input_norm_, eps, e);
+    b.rms_norm(x, hidden_norm_, eps, g);
+    Tensor part_q = b.scratch(n, q_width), part_kv = b.scratch(n, kv_width);
+    b.linear(e, wq_, bq_, q);
+    b.linear(g, wq_h_, Tensor{}, part_q);
+    b.add(q, part_q, q);
+    b.linear(e, wk_, bk_, k);
+    b.linear(g, wk_h_, Tensor{}, part_kv);
+    b.add(k, part_kv, k);
+    b.linear(e, wv_, bv_, v);
+    b.linear(g, wv_h_, Tensor{}, part_kv);
+    b.add(v, part_kv, v);
+  }
+  Tensor attn = b.scratch(n, q_width);
+  b.rope(q, k, rope_);
+  b.write_kv(0, k, v);
+  b.paged_tree_attention(0, q, c.num_heads, attn);
+  b.linear(attn, wo_, Tensor{}, tmp);
+  b.add(x, tmp, x);
+  Tensor normed = b.scratch(n, h);
+  Tensor gate = b.scratch(n, c.intermediate_size), up = b.scratch(n, c.intermediate_size);
+  b.rms_norm(x, post_norm_, eps, normed);
+  b.linear(normed, w_gate_, Tensor{}, gate);
+  b.linear(normed, w_up_, Tensor{}, up);
+  b.silu_mul(gate, up, gate);
+  b.linear(gate, w_down_, Tensor{}, tmp);
+  b.add(x, tmp, x);
+  std::vector<float> out(static_cast<size_t>(n * h));
+  b.download(x, out.data());
+  return out;
+}
+
+std::vector<float> EagleDraftModel::logits(std::span<const float> hidden, int64_t rows) {
+  const int64_t h = config_.hidden_size;
+  ARBOR_CHECK(static_cast<int64_t>(hidden.size()) == rows * h);
+  std::vector<float> out(static_cast<size_t>(rows * draft_vocab()));
+  if (rows == 0) return out;
+  Backend& b = *backend_;
+  b.reset_scratch();
+  Tensor x = b.scratch(rows, h);
+  b.upload(hidden.data(), x);
+  Tensor logits = b.scratch(rows, draft_vocab());
+  if (eagle3()) {
+    Tensor normed = b.scratch(rows, h);
+    b.rms_norm(x, norm_, config_.rms_norm_eps, normed);
+    b.linear(normed, lm_head_, Tensor{}, logits);
+  } else {
+    b.linear(x, lm_head_, Tensor{}, logits);
+  }
+  b.download(logits, out.data());
+  return out;
+}
+
+std::vector<float> EagleDraftModel::log_probs(std::span<const float> hidden, int64_t rows) {
+  std::vector<float> out = logits(hidden, rows);
+  const size_t v = static_cast<size_t>(draft_vocab());
+  for (int64_t r = 0; r < rows; ++r)
+    spec_math::log_softmax_inplace(std::span<float>(out.data() + r * v, v));
+  return out;
+}
+
+}  // namespace arbor

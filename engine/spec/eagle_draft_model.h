@@ -1,0 +1,91 @@
+// The EAGLE draft layer (EAGLE-1/2 or EAGLE-3) run on a Backend with its own one-layer paged KV
+// cache. A request's committed (token_{t+1}, feature_t) rows live in one sequence; tree expansion
+// forks a short-lived sequence per frontier node from its parent's (copy-on-write of the shared
+// last block), so each node attends to the committed prefix plus exactly its ancestors - the
+// tree mask of the official code - through ordinary causal decode rows.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/kv_cache/kv_cache_manager.h"
+#include "engine/spec/eagle_checkpoint.h"
+
+namespace arbor {
+
+class EagleDraftModel {
+ public:
+  // Uploads the draft weights to `backend` (which it then owns, with a KV cache of
+  // kv.num_blocks blocks), plus the target's embeddings target_embed [vocab, h] unless the
+  // checkpoint has its own, and for EAGLE-1/2 the target's LM head target_lm_head [vocab, h].
+  // kInvalidArgument naming both sizes when the target does not fit the draft.
+  EagleDraftModel(std::unique_ptr<Backend> backend, const EagleWeights& weights,
+                  const HostTensor& target_embed, const HostTensor& target_lm_head,
+                  const KvCacheConfig& kv);
+
+  const EagleDraftConfig& config() const { return config_; }
+  bool eagle3() const { return config_.version == EagleVersion::kEagle3; }
+  int64_t hidden_size() const { return config_.hidden_size; }
+  // Width of a committed row's feature: the target's final-norm hidden (EAGLE-1/2) or the
+  // concatenation of the three captured layers (EAGLE-3).
+  int64_t feature_width() const;
+  int64_t draft_vocab() const { return config_.draft_vocab_size; }
+  int32_t to_target(int32_t draft_id) const;
+
+  SeqId create_sequence() { return kv_.create_sequence().seq; }
+  void free_sequence(SeqId seq) { kv_.free_sequence(seq); }
+  int32_t length(SeqId seq) const { return kv_.committed_len(seq); }
+  const KvCacheManager& kv() const { return kv_; }
+
+  // Appends n committed rows to `seq` at RoPE positions position0 + i: row i reads tokens[i]
+  // (token_{t+1}) and features [n, feature_width()] row i (feature_t). Returns the layer outputs
+  // [n, hidden] host fp32 (the next features). kResourceExhausted when the KV pool is full.
+  std::vector<float> append(SeqId seq, std::span<const int32_t> tokens,
+                            std::span<const float> features, int32_t position0);
+
+  // One tree-expansion step: row i forks parents[i] and appends (tokens[i], hidden row i) at
+  // RoPE position `position`, where hidden [B, hidden] are earlier layer outputs (EAGLE-3 skips
+  // fc for them, as the official code does). children receives the B new sequences (the caller
+  // frees them). Returns the outputs [B, hidden].
+  std::vector<float> expand(std::span<const SeqId> parents, std::span<const int32_t> tokens,
+                            std::span<const float> hidden, int32_t position,
+                            std::vector<SeqId>* children);
+
+  // Draft logits of layer outputs hidden [rows, hidden]: the target's LM head (EAGLE-1/2, no
+  // final norm) or lm_head(norm(h)) (EAGLE-3). [rows, draft_vocab] host fp32.
+  std::vector<float> logits(std::span<const float> hidden, int64_t rows);
+  // log_softmax of logits(), per row.
+  std::vector<float> log_probs(std::span<const float> hidden, int64_t rows);
+
+ private:
+  struct Row {
+    SeqId seq;
+    std::vector<int32_t> tokens;
+    int32_t position0;
+    std::vector<int64_t> slots;
+  };
+  // Runs the layer over the reserved rows; `input` is [N, in_width] (features or hidden).
+  std::vector<float> forward(const std::vector<Row>& rows, std::span<const float> input,
+                             bool input_is_feature);
+  std::vector<int64_t> reserve(SeqId seq, int32_t num_tokens, SlotCopies* copies);
+
+  std::unique_ptr<Backend> backend_;
+  EagleDraftConfig config_;
+  KvCacheManager kv_;
+  RopeParams rope_;
+  std::vector<int64_t> d2t_;  // [draft_vocab] or empty
+  // Backend weights ([out, in] as Backend::linear takes them).
+  Tensor embed_;                       // [vocab, h]
+  Tensor fc_emb_, fc_feat_, fc_bias_;  // EAGLE-1/2: fc split into [h, h] halves (+ [h] bias)
+  Tensor fc_;                          // EAGLE-3: [h, 3 * target_h]
+  Tensor input_norm_, hidden_norm_;    // EAGLE-3 [h]
+  Tensor wq_, wk_, wv_;                // EAGLE-1/2: [out, h]; EAGLE-3: the halves reading emb
+  Tensor wq_h_, wk_h_, wv_h_;          // EAGLE-3: the halves reading hidden_norm(h)
+  Tensor bq_, bk_, bv_, wo_, post_norm_, w_gate_, w_up_, w_down_;
+  Tensor norm_, lm_head_;  // EAGLE-3 own; EAGLE-1/2: lm_head_ = target's
+};
+
+}  // namespace arbor

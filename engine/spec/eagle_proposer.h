@@ -1,0 +1,63 @@
+// The EAGLE proposer (EAGLE-1/2 and EAGLE-3 checkpoints): observe() feeds each committed position's
+// (feature_t, token_{t+1}) pair through the draft layer into its own paged KV cache; propose()
+// grows EAGLE-2's dynamic tree (eagle_tree.h) from the last committed row's output by running the
+// draft over each frontier. Proposals are deterministic top-k (q = one-hot), as in the official
+// code. Features: the target's final-norm hidden state (EAGLE-1/2) or its residual stream at the
+// inputs of capture_layers() (EAGLE-3).
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+
+#include "engine/model/model_weights.h"
+#include "engine/spec/eagle_draft_model.h"
+#include "engine/spec/eagle_tree.h"
+#include "engine/spec/feedback_tracker.h"
+#include "engine/spec/proposer.h"
+
+namespace arbor {
+
+struct EagleOptions {
+  DynamicTreeParams tree;  // total_tokens, depth, top_k (bounded per call by TreeBudget)
+  KvCacheConfig draft_kv = {2048, 16, false};  // the draft's own cache (no prefix caching)
+  int num_threads = 0;    // BLAS threads of the draft's CPU backend (0 = library default)
+  void validate() const;  // kInvalidArgument naming the field
+};
+
+class EagleProposer final : public Proposer {
+ public:
+  // `target` supplies the embeddings, the LM head (EAGLE-1/2) and the layer count (EAGLE-3
+  // capture layers). backend: where the draft runs (nullptr = a private CPU backend).
+  EagleProposer(const EagleWeights& weights, const ModelWeights& target,
+                const EagleOptions& options, std::unique_ptr<Backend> backend = nullptr);
+
+  std::string name() const override;
+  bool needs_hidden() const override { return !draft_.eagle3(); }
+  std::vector<int32_t> capture_layers() const override { return capture_layers_; }
+  void begin(RequestId request, std::span<const int32_t> prompt) override;
+  void observe(const TargetFeedback& feedback) override;
+  // At most min(total_tokens, budget.max_nodes) nodes and min(depth, budget.max_depth - 1) draft
+  // steps after the first (so depth <= budget.max_depth).
+  DraftTree propose(RequestId request, const TreeBudget& budget) override;
+  void end(RequestId request) override;
+
+  EagleDraftModel& draft() { return draft_; }
+  const EagleOptions& options() const { return options_; }
+
+ private:
+  struct RequestState {
+    SeqId seq = -1;                      // committed draft rows (-1 until the first feedback)
+    int32_t first_position = 0;          // position of the sequence's logical index 0
+    std::vector<float> pending_feature;  // feature of the last position while its next token is
+                                         // unknown (next_token == -1)
+    std::vector<float> last_output;      // [hidden] draft output of the last committed row
+  };
+
+  EagleOptions options_;
+  EagleDraftModel draft_;
+  std::vector<int32_t> capture_layers_;
+  FeedbackTracker tracker_;
+  std::unordered_map<RequestId, RequestState> requests_;
+};
+
+}  // namespace arbor

@@ -1,0 +1,45 @@
+// EAGLE-2's dynamic draft tree (SafeAILab/EAGLE, eagle/model/cnets.py topK_genrate), as pure
+// logic over a draft callback: the root's top_k children form the first frontier; each step runs
+// the draft once over the frontier, scores every child candidate by cumulative log-probability
+// (parent score + log p), and keeps the top_k best as the next frontier. After `depth` steps the
+// best total_tokens - 1 candidates become the tree. Ties prefer the earlier candidate, so a
+// node's ancestors (scores never lower, indices lower) are always kept; nodes are ordered by
+// candidate index, so parents precede children and siblings are in rank order.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "engine/spec/draft_tree.h"
+
+namespace arbor {
+
+struct DynamicTreeParams {
+  int32_t total_tokens = 60;  // tree nodes including the root
+  int32_t depth = 5;          // draft steps after the first; the tree is at most depth + 1 deep
+  int32_t top_k = 10;         // children tried per node and frontier width
+};
+
+// A node of the frontier handed to the draft: `parent_row` is its parent's row in the previous
+// expand() call (-1 for the root's children), `token` its target-vocabulary id.
+struct FrontierNode {
+  int32_t parent_row = -1;
+  int32_t token = -1;
+};
+
+// Runs the draft over one frontier (step 1 = the root's children) and returns each node's
+// log-probabilities over the draft vocabulary: [frontier.size(), draft_vocab] host fp32.
+using FrontierExpand =
+    std::function<std::vector<float>(int32_t step, const std::vector<FrontierNode>& frontier)>;
+
+// root_log_probs: [draft_vocab], the draft's distribution after the root. to_target maps a draft
+// id to a target id (identity unless the draft has its own vocabulary). Calls expand() `depth`
+// times. params must be positive (ARBOR_CHECK); top_k is clamped to draft_vocab.
+DraftTree grow_dynamic_tree(int32_t root_token, std::span<const float> root_log_probs,
+                            const DynamicTreeParams& params,
+                            const std::function<int32_t(int32_t)>& to_target,
+                            const FrontierExpand& expand);
+
+}  // namespace arbor

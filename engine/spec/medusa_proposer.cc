@@ -1,0 +1,87 @@
+#include "engine/spec/medusa_proposer.h"
+
+#include <algorithm>
+
+#include "engine/core/error.h"
+#include "engine/spec/proposer_math.h"
+
+namespace arbor {
+
+MedusaProposer::MedusaProposer(MedusaHeads heads, StaticTree tree)
+    : heads_(std::move(heads)),
+      tree_(std::move(tree)),
+      tracker_("medusa", FeedbackShape{heads_.vocab_size, heads_.hidden_size, 0, 0}) {
+  if (tree_.max_depth() > heads_.num_heads())
+    throw_error(ErrorCode::kInvalidArgument,
+                "Medusa: tree '" + tree_.name + "' has depth " + std::to_string(tree_.max_depth()) +
+                    " but " + heads_.source + " holds " + std::to_string(heads_.num_heads()) +
+                    " heads (one per depth)");
+  const std::vector<int32_t> needed = tree_.ranks_needed_per_depth();
+  for (size_t d = 0; d < needed.size(); ++d)
+    if (needed[d] > heads_.vocab_size)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "Medusa: tree '" + tree_.name + "' needs " + std::to_string(needed[d]) +
+                      " candidates at depth " + std::to_string(d + 1) + ", the vocabulary has " +
+                      std::to_string(heads_.vocab_size));
+}
+
+void MedusaProposer::begin(RequestId request, std::span<const int32_t> prompt) {
+  tracker_.begin(request, prompt);
+  last_hidden_[request].clear();
+}
+
+void MedusaProposer::observe(const TargetFeedback& feedback) {
+  tracker_.observe(feedback);
+  const size_t n = feedback.tokens.size();
+  if (n == 0) return;
+  const size_t h = static_cast<size_t>(heads_.hidden_size);
+  auto last = feedback.hidden.subspan((n - 1) * h, h);
+  last_hidden_[feedback.request].assign(last.begin(), last.end());
+}
+
+const StaticTree& MedusaProposer::tree_for(const TreeBudget& budget) {
+  if (budget.max_nodes >= tree_.size() && budget.max_depth >= tree_.max_depth()) return tree_;
+  const auto key = std::make_pair(budget.max_nodes, budget.max_depth);
+  auto it = cut_trees_.find(key);
+  if (it != cut_trees_.end()) return it->second;
+  // Medusa order puts every parent before its children, so a prefix of the (depth-filtered)
+  // node list is a tree.
+  TreeChoices kept;
+  for (int32_t i = 1; i < tree_.size(); ++i) {
+    if (static_cast<int32_t>(kept.size()) + 1 >= budget.max_nodes) break;
+    if (tree_.depth[i] <= budget.max_depth) kept.push_back(tree_.path[i]);
+  }
+  TreeChoicesLimits limits;
+  limits.top_k = std::max<int32_t>(1, static_cast<int32_t>(heads_.vocab_size));
+  limits.max_nodes = std::max(budget.max_nodes, 1);
+  limits.max_depth = std::max(budget.max_depth, 1);
+  StaticTree cut = build_static_tree(kept,
+                                     tree_.name + " (cut to " + std::to_string(budget.max_nodes) +
+                                         " nodes, depth " + std::to_string(budget.max_depth) + ")",
+                                     limits);
+  return cut_trees_.emplace(key, std::move(cut)).first->second;
+}
+
+DraftTree MedusaProposer::propose(RequestId request, const TreeBudget& budget) {
+  tracker_.check_budget(request, budget);
+  const int32_t root = tracker_.root(request);
+  const std::vector<float>& hidden = last_hidden_.at(request);
+  if (hidden.empty())
+    throw_error(ErrorCode::kInvalidArgument, "medusa proposer: propose for request " +
+                                                 std::to_string(request) +
+                                                 " before any feedback carried a hidden state");
+  const StaticTree& tree = tree_for(budget);
+  if (tree.size() == 1) return DraftTree::root_only(root);
+  const std::vector<int32_t> needed = tree.ranks_needed_per_depth();
+  const std::vector<std::vector<float>> logits = medusa_head_logits(heads_, hidden, 1);
+  std::vector<std::vector<int32_t>> topk(needed.size());
+  for (size_t d = 0; d < needed.size(); ++d) topk[d] = spec_math::top_k(logits[d], needed[d]);
+  return instantiate(tree, root, topk);
+}
+
+void MedusaProposer::end(RequestId request) {
+  tracker_.end(request);
+  last_hidden_.erase(request);
+}
+
+}  // namespace arbor

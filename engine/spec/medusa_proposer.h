@@ -1,0 +1,46 @@
+// The Medusa proposer: the heads read the target's final-norm hidden state at the last committed
+// position; head d's top-k candidates fill depth d + 1 of a static tree (Medusa's
+// generate_candidates: the node with path [r1..rd] gets rank rd of head d), rooted at the
+// target's own next token. Proposals are deterministic (q = one-hot).
+#pragma once
+
+#include <map>
+#include <unordered_map>
+#include <utility>
+
+#include "engine/spec/feedback_tracker.h"
+#include "engine/spec/medusa_heads.h"
+#include "engine/spec/proposer.h"
+#include "engine/spec/tree_choices.h"
+
+namespace arbor {
+
+class MedusaProposer final : public Proposer {
+ public:
+  // kInvalidArgument when the tree is deeper than the number of heads or needs more candidates
+  // at some depth than the vocabulary holds.
+  MedusaProposer(MedusaHeads heads, StaticTree tree);
+
+  std::string name() const override { return "medusa"; }
+  bool needs_hidden() const override { return true; }
+  void begin(RequestId request, std::span<const int32_t> prompt) override;
+  void observe(const TargetFeedback& feedback) override;
+  // The static tree cut to the budget: its first nodes (Medusa order) of depth <= max_depth, at
+  // most max_nodes in all.
+  DraftTree propose(RequestId request, const TreeBudget& budget) override;
+  void end(RequestId request) override;
+
+  const MedusaHeads& heads() const { return heads_; }
+  const StaticTree& tree() const { return tree_; }
+
+ private:
+  const StaticTree& tree_for(const TreeBudget& budget);
+
+  MedusaHeads heads_;
+  StaticTree tree_;
+  FeedbackTracker tracker_;
+  std::unordered_map<RequestId, std::vector<float>> last_hidden_;  // [hidden] per request
+  std::map<std::pair<int32_t, int32_t>, StaticTree> cut_trees_;    // (max_nodes, max_depth)
+};
+
+}  // namespace arbor

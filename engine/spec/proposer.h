@@ -1,0 +1,57 @@
+// The interface every drafter implements (Medusa heads, EAGLE-1/2/3 draft layers, n-gram
+// lookup). The runner feeds each request's committed tokens and the target's features as they
+// are produced, and asks for a draft tree rooted at the request's newest token.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/spec/draft_tree.h"
+
+namespace arbor {
+
+using RequestId = int64_t;
+
+// What the target produced for one request in one step, for the committed positions
+// [start, start + n): tokens[i] is the token at position start + i (the model's input there),
+// hidden row i is the target's final-norm hidden state at that position (the one that predicted
+// the token at start + i + 1), and captured[c] row i the residual stream at the input of the
+// proposer's capture_layers()[c] (EAGLE-3). `next_token` is the token at position start + n:
+// the root of the next tree (sampled or the bonus token, K/V not yet computed).
+struct TargetFeedback {
+  RequestId request = -1;
+  int32_t start = 0;                      // first position covered
+  std::span<const int32_t> tokens;        // [n]
+  std::span<const float> hidden;          // [n, hidden_size] (empty if !needs_hidden())
+  std::vector<std::span<const float>> captured;  // per capture layer: [n, hidden_size]
+  int32_t next_token = -1;
+};
+
+struct TreeBudget {
+  int32_t max_nodes = 64;  // total nodes including the root
+  int32_t max_depth = 8;   // edges below the root
+};
+
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  virtual std::string name() const = 0;
+  // Whether feedback must carry final-norm hidden states / captured layer inputs.
+  virtual bool needs_hidden() const { return false; }
+  virtual std::vector<int32_t> capture_layers() const { return {}; }
+
+  // A new request: its prompt (the positions prefill will cover).
+  virtual void begin(RequestId request, std::span<const int32_t> prompt) = 0;
+  // Newly committed positions (prefill chunks, or a verify step's accepted path). Calls for one
+  // request are contiguous: start == previous start + previous n. On preemption the runner
+  // calls end() and begin() again and replays.
+  virtual void observe(const TargetFeedback& feedback) = 0;
+  // Draft tree rooted at the last feedback's next_token (tree.token[0] == that token).
+  virtual DraftTree propose(RequestId request, const TreeBudget& budget) = 0;
+  virtual void end(RequestId request) = 0;
+};
+
+}  // namespace arbor

@@ -1,0 +1,47 @@
+// One place that turns the speculation settings (CLI / config file) into a Proposer: the method,
+// where its heads live, and the tree options, validated with messages that name the field.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/model/model_weights.h"
+#include "engine/spec/proposer.h"
+
+namespace arbor {
+
+enum class SpecMethod { kOff, kMedusa, kEagle, kEagle3, kNgram };
+
+const char* spec_method_name(SpecMethod method);
+// "off" | "medusa" | "eagle" (EAGLE-1/2) | "eagle3" | "ngram"; kInvalidArgument listing them.
+SpecMethod parse_spec_method(const std::string& name);
+
+struct SpecConfig {
+  SpecMethod method = SpecMethod::kOff;
+  std::string head_path;              // Medusa: directory or medusa_lm_head.safetensors;
+                                      // EAGLE: checkpoint directory
+  std::string tree = "mc_sim_7b_63";  // Medusa static tree: built-in name, inline JSON or file
+  int32_t medusa_top_k = 10;          // Medusa: candidates per head a tree may use (ranks < it)
+  int32_t total_tokens = 60;          // EAGLE: tree nodes including the root
+  int32_t depth = 5;                  // EAGLE: draft steps after the first (tree depth <= depth+1)
+  int32_t top_k = 10;                 // EAGLE: children per node and frontier width
+  int32_t draft_kv_blocks = 2048;     // EAGLE: blocks of the draft's own KV cache
+  int32_t draft_block_size = 16;      // EAGLE: tokens per draft KV block
+  int32_t min_ngram = 1;              // n-gram: shortest suffix matched
+  int32_t max_ngram = 4;              // n-gram: longest suffix matched (tried first)
+  int32_t ngram_max_depth = 8;        // n-gram: longest continuation proposed
+  int32_t ngram_max_nodes = 64;       // n-gram: tree nodes including the root
+  int num_threads = 0;                // BLAS threads of a draft's CPU backend (0 = default)
+
+  // kInvalidArgument naming the field and value ("spec depth is -1, need >= 0"); head_path must
+  // be set for medusa / eagle / eagle3.
+  void validate() const;
+};
+
+// The proposer for `config` (nullptr for kOff). `target` supplies what the heads share with the
+// target model: hidden size, vocabulary, embeddings and LM head, layer count. Loader errors
+// (missing or malformed head checkpoints) propagate with the file and tensor named.
+std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWeights& target);
+
+}  // namespace arbor
