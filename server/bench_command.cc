@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 #include "engine/backend/backend.h"
@@ -15,9 +16,10 @@
 
 namespace arbor {
 
-std::unique_ptr<LlamaModel> load_for_cli(const std::string& path, const std::string& tokenizer,
-                                         int32_t threads, ModelBundle* bundle,
-                                         std::unique_ptr<Backend>* backend);
+std::unique_ptr<LlamaModel> load_for_cli(
+    const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
+    std::unique_ptr<Backend>* backend,
+    const std::function<void(const ModelWeights&)>& before_release = {});
 
 void add_bench_command(CLI::App& app, BenchOptions* o) {
   CLI::App* c = app.add_subcommand("bench", "Measure plain-decode tokens/s");

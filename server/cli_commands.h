@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/sampling/sampling_params.h"
+#include "engine/spec/proposer_factory.h"
 
 namespace arbor {
 
@@ -21,7 +22,11 @@ struct GenerateOptions {
   int32_t kv_blocks = 256;
   int32_t block_size = 16;
   SamplingParams sampling;
-  int64_t seed = -1;  // -1: random
+  int64_t seed = -1;         // -1: random
+  std::string spec = "off";  // off | ngram | medusa | eagle | eagle3
+  SpecConfig spec_config;    // heads, tree options (method filled from `spec`)
+  bool typical = false;      // Medusa typical acceptance (NOT lossless)
+  int32_t max_tree_nodes = 64;
 };
 
 struct BenchOptions {

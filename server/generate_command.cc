@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
@@ -35,11 +36,29 @@ void add_generate_command(CLI::App& app, GenerateOptions* o) {
   c->add_option("--threads", o->threads, "BLAS threads (0: default)");
   c->add_option("--kv-blocks", o->kv_blocks, "KV cache blocks")->check(CLI::PositiveNumber);
   c->add_option("--block-size", o->block_size, "Tokens per KV block")->check(CLI::PositiveNumber);
+  SpecConfig& sc = o->spec_config;
+  c->add_option("--spec", o->spec, "Speculation: off | ngram | medusa | eagle | eagle3")
+      ->capture_default_str();
+  c->add_option("--spec-heads", sc.head_path, "Medusa / EAGLE head checkpoint directory");
+  c->add_option("--spec-tree", sc.tree,
+                "Medusa static tree: mc_sim_7b_63, chain-N, product-K1-K2.., JSON or a file")
+      ->capture_default_str();
+  c->add_option("--spec-total-tokens", sc.total_tokens, "EAGLE tree nodes incl. the root")
+      ->capture_default_str();
+  c->add_option("--spec-depth", sc.depth, "EAGLE draft steps")->capture_default_str();
+  c->add_option("--spec-top-k", sc.top_k, "EAGLE children per node")->capture_default_str();
+  c->add_option("--spec-max-ngram", sc.max_ngram, "n-gram: longest suffix matched")
+      ->capture_default_str();
+  c->add_option("--spec-max-nodes", o->max_tree_nodes, "Largest tree verified in one step")
+      ->capture_default_str();
+  c->add_flag("--typical", o->typical,
+              "Medusa typical acceptance instead of rejection sampling (NOT lossless)");
 }
 
-std::unique_ptr<LlamaModel> load_for_cli(const std::string& path, const std::string& tokenizer,
-                                         int32_t threads, ModelBundle* bundle,
-                                         std::unique_ptr<Backend>* backend) {
+std::unique_ptr<LlamaModel> load_for_cli(
+    const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
+    std::unique_ptr<Backend>* backend,
+    const std::function<void(const ModelWeights&)>& before_release) {
   const auto t0 = std::chrono::steady_clock::now();
   int last_pct = -1;
   *bundle = load_model_bundle(path, tokenizer, [&](const std::string& stage, double f) {
@@ -52,6 +71,7 @@ std::unique_ptr<LlamaModel> load_for_cli(const std::string& path, const std::str
   });
   *backend = make_cpu_backend(threads);
   auto model = std::make_unique<LlamaModel>(**backend, bundle->weights);
+  if (before_release) before_release(bundle->weights);
   bundle->weights = ModelWeights{};  // the backend holds its own copy
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("loaded {} in {:.2f}s: {}", path, secs, model->config().summary());
@@ -64,7 +84,12 @@ int run_generate(const GenerateOptions& o) {
   sampling.validate();
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
-  auto model = load_for_cli(o.model, o.tokenizer, o.threads, &bundle, &backend);
+  SpecConfig sc = o.spec_config;
+  sc.method = parse_spec_method(o.spec);
+  sc.validate();
+  std::unique_ptr<Proposer> proposer;
+  auto model = load_for_cli(o.model, o.tokenizer, o.threads, &bundle, &backend,
+                            [&](const ModelWeights& w) { proposer = make_proposer(sc, w); });
   const Tokenizer& tok = *bundle.tokenizer;
 
   GenerationRequest req;
@@ -78,7 +103,9 @@ int run_generate(const GenerateOptions& o) {
   GeneratorConfig gc;
   gc.num_blocks = o.kv_blocks;
   gc.block_size = o.block_size;
-  Generator gen(*model, gc);
+  gc.tree_budget.max_nodes = o.max_tree_nodes;
+  if (o.typical) gc.verify.mode = VerifyMode::kTypical;
+  Generator gen(*model, gc, proposer.get());
   IncrementalDecoder decoder(tok, /*skip_special=*/true, /*at_text_start=*/o.prompt.empty());
   std::fputs(o.prompt.c_str(), stdout);
   std::fflush(stdout);
@@ -104,6 +131,18 @@ int run_generate(const GenerateOptions& o) {
                static_cast<long long>(st.prefill_tokens),
                st.prefill_seconds > 0 ? st.prefill_tokens / st.prefill_seconds : 0.0,
                results[0].tokens.size(), decode_rate, total, results[0].finish_reason.c_str());
+  if (proposer) {
+    const AcceptanceStats& acc = results[0].acceptance;
+    std::string by_depth;
+    for (size_t d = 0; d < acc.offered.size(); ++d)
+      by_depth += " " + std::to_string(d + 1) + ":" +
+                  std::to_string(static_cast<int>(acc.acceptance_rate(d + 1) * 100 + 0.5)) + "%";
+    std::fprintf(stderr,
+                 "[spec] %s (%s): mean accepted length %.2f tokens/step over %lld verify steps; "
+                 "acceptance by depth%s\n",
+                 proposer->name().c_str(), verify_mode_name(gc.verify.mode),
+                 acc.mean_emitted_per_step(), static_cast<long long>(acc.steps), by_depth.c_str());
+  }
   return 0;
 }
 
