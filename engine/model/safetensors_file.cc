@@ -144,6 +144,30 @@ HostTensor SafetensorsFile::read_f32(const std::string& name) const {
   return out;
 }
 
+std::vector<int64_t> SafetensorsFile::read_i64(const std::string& name) const {
+  const TensorInfo* t = find(name);
+  if (!t) throw_error(ErrorCode::kNotFound, path() + ": tensor " + name + " not found");
+  if (t->dtype != "I64" && t->dtype != "I32")
+    throw_error(ErrorCode::kUnsupported,
+                path() + ": tensor " + name + " has dtype " + t->dtype + ", expected I64 or I32");
+  ARBOR_CHECK(file_->contains(data_offset_ + t->begin, t->end - t->begin));
+  const size_t n = static_cast<size_t>(HostTensor::numel_of(t->shape));
+  const size_t width = t->dtype == "I64" ? 8 : 4;
+  ARBOR_CHECK(t->end - t->begin == n * width);
+  const uint8_t* src = file_->data() + data_offset_ + t->begin;
+  std::vector<int64_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (width == 8) {
+      std::memcpy(&out[i], src + 8 * i, 8);
+    } else {
+      int32_t v;
+      std::memcpy(&v, src + 4 * i, 4);
+      out[i] = v;
+    }
+  }
+  return out;
+}
+
 SafetensorsCheckpoint SafetensorsCheckpoint::open_dir(const std::string& dir) {
   namespace fs = std::filesystem;
   SafetensorsCheckpoint ck;

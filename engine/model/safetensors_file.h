@@ -32,6 +32,9 @@ class SafetensorsFile {
   // fp32 copy of an F32/F16/BF16 tensor; kNotFound for an unknown name, kUnsupported for
   // other dtypes.
   HostTensor read_f32(const std::string& name) const;
+  // Integer tensor (I64 or I32) as int64 values, row-major (EAGLE-3's d2t); kNotFound /
+  // kUnsupported as above.
+  std::vector<int64_t> read_i64(const std::string& name) const;
   const std::string& path() const { return file_->path(); }
 
  private:

@@ -93,16 +93,20 @@ void EagleProposer::observe(const TargetFeedback& f) {
     s.seq = draft_.create_sequence();
     s.first_position = f.start;
   }
-  // Rows (feature_t, token_{t+1}): a pending feature pairs with tokens[0]; position t pairs with
-  // tokens[t+1], the last one with next_token (or stays pending while that is unknown).
+  // Rows (feature_t, token_{t+1}): position t pairs with the token at t + 1 (tokens[i + 1], then
+  // next_token); a feature whose next token is not known yet waits in pending_feature.
+  auto token_after = [&](size_t i) { return i + 1 < n ? f.tokens[i + 1] : f.next_token; };
   std::vector<float> features;
   std::vector<int32_t> tokens;
   int32_t first_row_position = f.start;
-  if (!s.pending_feature.empty() && n > 0) {
-    features = std::move(s.pending_feature);
-    s.pending_feature.clear();
-    tokens.push_back(f.tokens[0]);
-    first_row_position = f.start - 1;
+  if (!s.pending_feature.empty()) {
+    const int32_t t = n > 0 ? f.tokens[0] : f.next_token;
+    if (t >= 0) {
+      features = std::move(s.pending_feature);
+      s.pending_feature.clear();
+      tokens.push_back(t);
+      first_row_position = f.start - 1;
+    }
   }
   auto feature_row = [&](size_t i, std::vector<float>* out) {
     if (!draft_.eagle3()) {
@@ -110,14 +114,14 @@ void EagleProposer::observe(const TargetFeedback& f) {
       out->insert(out->end(), row.begin(), row.end());
       return;
     }
-    const size_t th = static_cast<size_t>(width / 3);
+    const size_t th = static_cast<size_t>(width / 3);  // concat(low, mid, high)
     for (const std::span<const float>& layer : f.captured) {
       auto row = layer.subspan(i * th, th);
       out->insert(out->end(), row.begin(), row.end());
     }
   };
   for (size_t i = 0; i < n; ++i) {
-    const int32_t next = i + 1 < n ? f.tokens[i + 1] : f.next_token;
+    const int32_t next = token_after(i);
     if (next < 0) {
       s.pending_feature.clear();
       feature_row(i, &s.pending_feature);
