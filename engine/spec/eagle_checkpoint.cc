@@ -162,7 +162,7 @@ EagleWeights load_eagle_checkpoint(const std::string& dir, EagleVersion version)
   if (!fs::exists(weights_path))
     throw_error(ErrorCode::kNotFound,
                 "EAGLE draft: " + weights_path +
-                    " not found (convert pytorch_model.bin with scripts/convert_spec_heads.py)");
+                    " not found (convert pytorch_model.bin with scripts/convert_eagle_bin.py)");
   const SafetensorsFile st = SafetensorsFile::open(weights_path);
   const bool eagle3 = version == EagleVersion::kEagle3;
   const bool has_midlayer = st.find("midlayer.self_attn.q_proj.weight") != nullptr;

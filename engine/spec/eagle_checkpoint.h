@@ -1,6 +1,6 @@
 // EAGLE draft-head checkpoints in the SafeAILab format: a directory with config.json (a one-layer
 // Llama config plus `bias`, and for EAGLE-3 `draft_vocab_size`) and model.safetensors (convert a
-// pytorch_model.bin with scripts/convert_spec_heads.py).
+// pytorch_model.bin with scripts/convert_eagle_bin.py).
 //  - EAGLE-1/2: fc [h, 2h] (+ fc.bias unless bias is false) over concat(embed(token_{t+1}),
 //    feature_t), then layers.0.* (no input_layernorm); the target's embeddings and LM head.
 //  - EAGLE-3: fc [h, 3h] over concat(low, mid, high) residual streams of the target, midlayer.*

@@ -76,7 +76,9 @@ EagleDraftModel::EagleDraftModel(std::unique_ptr<Backend> backend, const EagleWe
     wq_ = b.upload_weight(w.wq);
     wk_ = b.upload_weight(w.wk);
     wv_ = b.upload_weight(w.wv);
-    lm_head_ = b.upload_weight(target_lm_head);
+    // A tied target hands the same tensor twice: upload it once.
+    const bool shared = w.embed.empty() && &target_lm_head == &target_embed;
+    lm_head_ = shared ? embed_ : b.upload_weight(target_lm_head);
   }
   bq_ = opt(w.bq);
   bk_ = opt(w.bk);

@@ -51,7 +51,7 @@ MedusaHeads load_medusa_heads(const std::string& path, const HostTensor& base_lm
   if (!fs::exists(file))
     throw_error(ErrorCode::kNotFound,
                 "Medusa heads: " + file +
-                    " not found (convert a medusa_lm_head.pt with scripts/convert_spec_heads.py)");
+                    " not found (convert a medusa_lm_head.pt with scripts/convert_medusa_pt.py)");
   if (base_lm_head.shape.size() != 2)
     throw_error(ErrorCode::kInvalidArgument,
                 "Medusa heads: base LM head has shape " + shape_str(base_lm_head.shape));

@@ -2,7 +2,7 @@
 // ResBlock^L (x + SiLU(W x + b)) followed by its own bias-free LM head, or, for Medusa-2 style
 // heads saved without one, the base model's LM head. Head i reads the target's final-norm hidden
 // state at position t and predicts the token at t + i + 2. Heads are counted from tensor names
-// (published config.json files are known to be wrong).
+// (published config.json files are known to be wrong; a config.json beside them is not read).
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,390 @@
+// EAGLE-1/2 and EAGLE-3 draft layers and the dynamic-tree proposer against the PyTorch reference
+// (scripts/spec_heads_reference.py: the official cnets1.py / cnets.py Model and topK_genrate):
+// draft logits of every committed row to 1e-4 over two rounds (the second reusing the draft's
+// KV cache), and the EAGLE-2 trees of both rounds exactly for three (total_tokens, depth, top_k)
+// settings. Targets llama_gqa and stories260K; a draft vocabulary with d2t, a checkpoint with
+// its own embeddings, GQA drafts. Also chunked feedback, prefix-cached starts, KV release,
+// sequencing errors and malformed checkpoints.
+#include <gtest/gtest.h>
+
+#include "engine/spec/eagle_proposer.h"
+#include "engine/spec/tree_layout.h"
+#include "tests/unit/proposer_test_util.h"
+
+namespace arbor {
+namespace {
+
+using test::expect_error;
+using test::spec_fixture;
+
+struct Fixture {
+  std::string name;
+  nlohmann::json ref;
+  std::string target_name;
+  const ModelWeights* target;
+  EagleVersion version;
+};
+
+Fixture load(const std::string& name) {
+  Fixture f{name, test::spec_reference(name), "", nullptr, EagleVersion::kEagle1};
+  f.target_name = f.ref["target"].get<std::string>();
+  f.target = &test::target_weights(f.target_name);
+  f.version = name.rfind("eagle3", 0) == 0 ? EagleVersion::kEagle3 : EagleVersion::kEagle1;
+  return f;
+}
+
+// One round's feedback, holding the data the spans point into.
+struct Round {
+  std::vector<int32_t> tokens;
+  std::vector<float> hidden;
+  std::vector<std::vector<float>> captured;
+  int32_t start = 0;
+  int32_t next_token = -1;
+  TargetFeedback feedback(RequestId request) const {
+    TargetFeedback fb;
+    fb.request = request;
+    fb.start = start;
+    fb.tokens = tokens;
+    fb.hidden = hidden;
+    for (const auto& c : captured) fb.captured.emplace_back(c);
+    fb.next_token = next_token;
+    return fb;
+  }
+};
+
+Round round_of(const nlohmann::json& r) {
+  Round out;
+  out.tokens = r["tokens"].get<std::vector<int32_t>>();
+  out.start = r["start"].get<int32_t>();
+  out.next_token = r["next_token"].get<int32_t>();
+  if (r.contains("hidden")) out.hidden = test::flat_rows(r["hidden"]);
+  if (r.contains("captured"))
+    for (const auto& layer : r["captured"]) out.captured.push_back(test::flat_rows(layer));
+  return out;
+}
+
+EagleOptions options_of(const nlohmann::json& t) {
+  EagleOptions o;
+  o.tree = {t["total_tokens"].get<int32_t>(), t["depth"].get<int32_t>(), t["top_k"].get<int32_t>()};
+  o.draft_kv = {256, 16, false};
+  o.num_threads = 1;
+  return o;
+}
+
+std::unique_ptr<EagleProposer> make(const Fixture& f, const EagleOptions& o) {
+  return std::make_unique<EagleProposer>(load_eagle_checkpoint(spec_fixture(f.name), f.version),
+                                         *f.target, o);
+}
+
+class EagleReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EagleReference, DraftLogitsOfEveryCommittedRowMatchPyTorch) {
+  const Fixture f = load(GetParam());
+  auto p = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
+  EagleDraftModel& draft = p->draft();
+  const SeqId seq = draft.create_sequence();
+  for (const auto& r : f.ref["rounds"]) {
+    const Round rd = round_of(r);
+    // Rows (feature_t, token_{t+1}) for the round's positions.
+    std::vector<int32_t> next(rd.tokens.begin() + 1, rd.tokens.end());
+    next.push_back(rd.next_token);
+    std::vector<float> features;
+    const size_t n = rd.tokens.size();
+    const int64_t h = f.target->config.hidden_size;
+    for (size_t i = 0; i < n; ++i) {
+      if (rd.captured.empty()) {
+        features.insert(features.end(), rd.hidden.begin() + i * h, rd.hidden.begin() + (i + 1) * h);
+      } else {
+        for (const auto& layer : rd.captured)
+          features.insert(features.end(), layer.begin() + i * h, layer.begin() + (i + 1) * h);
+      }
+    }
+    const std::vector<float> out = draft.append(seq, next, features, rd.start);
+    const std::vector<float> logits = draft.logits(out, static_cast<int64_t>(n));
+    const std::vector<float> ref = test::flat_rows(r["draft_logits"]);
+    ASSERT_EQ(logits.size(), ref.size());
+    const size_t v = static_cast<size_t>(draft.draft_vocab());
+    for (size_t i = 0; i < n; ++i)
+      EXPECT_LE(test::rel_error(logits.data() + i * v, ref.data() + i * v, v), 1e-4)
+          << "round starting at " << rd.start << ", row " << i;
+  }
+  draft.free_sequence(seq);
+}
+
+TEST_P(EagleReference, TargetFeaturesMatchTransformers) {
+  // What the runner hands the proposer (our forward: final-norm hidden or the residual stream at
+  // the inputs of capture_layers()) is what the reference fed its draft.
+  const Fixture f = load(GetParam());
+  auto p = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
+  EXPECT_EQ(p->needs_hidden(), f.version == EagleVersion::kEagle1);
+  EXPECT_EQ(p->capture_layers(), f.ref["capture_layers"].get<std::vector<int32_t>>());
+  const Round rd = round_of(f.ref["rounds"][0]);
+  const test::TargetRun run = test::run_target(f.target_name, rd.tokens, p->capture_layers());
+  if (f.version == EagleVersion::kEagle1) {
+    EXPECT_LE(test::rel_error(run.hidden.data(), rd.hidden.data(), rd.hidden.size()), 1e-4);
+  } else {
+    ASSERT_EQ(run.captured.size(), rd.captured.size());
+    for (size_t c = 0; c < rd.captured.size(); ++c)
+      EXPECT_LE(
+          test::rel_error(run.captured[c].data(), rd.captured[c].data(), rd.captured[c].size()),
+          1e-4)
+          << "capture layer " << p->capture_layers()[c];
+  }
+}
+
+TEST_P(EagleReference, DynamicTreesOfTwoRoundsMatchTopKGenerate) {
+  const Fixture f = load(GetParam());
+  const auto& rounds = f.ref["rounds"];
+  for (size_t s = 0; s < rounds[0]["trees"].size(); ++s) {
+    auto p = make(f, options_of(rounds[0]["trees"][s]));
+    const Round r0 = round_of(rounds[0]);
+    p->begin(11, r0.tokens);
+    for (size_t ri = 0; ri < rounds.size(); ++ri) {
+      const Round rd = round_of(rounds[ri]);
+      p->observe(rd.feedback(11));
+      const nlohmann::json& t = rounds[ri]["trees"][s];
+      const DraftTree tree = p->propose(11, TreeBudget{64, 8});
+      test::expect_tree(tree, t["tokens"].get<std::vector<int32_t>>(),
+                        t["parents"].get<std::vector<int32_t>>(),
+                        "setting " + std::to_string(s) + " round " + std::to_string(ri));
+      validate_draft_tree(tree, f.target->config.vocab_size, TreeBudget{64, 8});
+    }
+    p->end(11);
+  }
+}
+
+TEST_P(EagleReference, TreeBudgetBoundsNodesAndDepth) {
+  // Budget {8 nodes, depth 2} on the default settings is the official tree of total_tokens 8,
+  // depth 1 (one draft step after the first), the fixture's third setting.
+  const Fixture f = load(GetParam());
+  const nlohmann::json& small = f.ref["rounds"][0]["trees"][2];
+  ASSERT_EQ(small["total_tokens"], 8);
+  ASSERT_EQ(small["depth"], 1);
+  EagleOptions o = options_of(f.ref["rounds"][0]["trees"][0]);
+  o.tree.top_k = small["top_k"].get<int32_t>();
+  auto p = make(f, o);
+  const Round r0 = round_of(f.ref["rounds"][0]);
+  p->begin(2, r0.tokens);
+  p->observe(r0.feedback(2));
+  test::expect_tree(p->propose(2, TreeBudget{8, 2}), small["tokens"].get<std::vector<int32_t>>(),
+                    small["parents"].get<std::vector<int32_t>>(), "budget 8/2");
+  EXPECT_EQ(p->propose(2, TreeBudget{1, 8}).size(), 1);
+  EXPECT_EQ(p->propose(2, TreeBudget{64, 0}).size(), 1);
+  const DraftTree one_level = p->propose(2, TreeBudget{64, 1});
+  EXPECT_EQ(one_level.size(), 1 + o.tree.top_k);
+  for (int32_t i = 1; i < one_level.size(); ++i) EXPECT_EQ(one_level.parent[i], 0);
+}
+
+TEST_P(EagleReference, ChunkedFeedbackGivesTheSameTree) {
+  // Prefill in two chunks, the first without its next token (-1) or with it: same tree.
+  const Fixture f = load(GetParam());
+  const nlohmann::json& t = f.ref["rounds"][0]["trees"][1];
+  const Round r0 = round_of(f.ref["rounds"][0]);
+  const size_t split = 4, n = r0.tokens.size();
+  const int64_t h = f.target->config.hidden_size;
+  // Modes: 0 = first chunk without its next token, 1 = with it, 2 = without it and then an empty
+  // feedback that only gives it.
+  for (int mode : {0, 1, 2}) {
+    const bool known_next = mode == 1;
+    auto p = make(f, options_of(t));
+    p->begin(5, r0.tokens);
+    Round a = r0, b = r0;
+    a.tokens.assign(r0.tokens.begin(), r0.tokens.begin() + split);
+    a.next_token = known_next ? r0.tokens[split] : -1;
+    b.tokens.assign(r0.tokens.begin() + split, r0.tokens.end());
+    b.start = static_cast<int32_t>(split);
+    auto cut = [&](const std::vector<float>& rows, size_t from, size_t to) {
+      return std::vector<float>(rows.begin() + from * h, rows.begin() + to * h);
+    };
+    if (!r0.hidden.empty()) {
+      a.hidden = cut(r0.hidden, 0, split);
+      b.hidden = cut(r0.hidden, split, n);
+    }
+    for (size_t c = 0; c < r0.captured.size(); ++c) {
+      a.captured[c] = cut(r0.captured[c], 0, split);
+      b.captured[c] = cut(r0.captured[c], split, n);
+    }
+    p->observe(a.feedback(5));
+    if (!known_next)
+      expect_error([&] { p->propose(5, {}); }, ErrorCode::kInvalidArgument, {"next_token"});
+    if (mode == 2) {
+      Round empty = b;
+      empty.tokens.clear();
+      empty.hidden.clear();
+      for (auto& c : empty.captured) c.clear();
+      empty.next_token = r0.tokens[split];
+      p->observe(empty.feedback(5));
+    }
+    p->observe(b.feedback(5));
+    test::expect_tree(p->propose(5, TreeBudget{64, 8}), t["tokens"].get<std::vector<int32_t>>(),
+                      t["parents"].get<std::vector<int32_t>>(),
+                      "chunked feedback, mode " + std::to_string(mode));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Drafts, EagleReference,
+                         ::testing::Values("eagle_llama_gqa", "eagle_stories260K",
+                                           "eagle3_llama_gqa", "eagle3_stories260K"),
+                         [](const auto& info) { return info.param; });
+
+TEST(EagleProposer, ProposeReleasesItsDraftBlocksAndEndFreesTheRest) {
+  const Fixture f = load("eagle_stories260K");
+  auto p = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
+  const KvCacheManager& kv = p->draft().kv();
+  const int32_t all_free = kv.num_free_blocks();
+  const Round r0 = round_of(f.ref["rounds"][0]);
+  p->begin(1, r0.tokens);
+  p->observe(r0.feedback(1));
+  const int32_t committed_free = kv.num_free_blocks();
+  EXPECT_LT(committed_free, all_free);
+  EXPECT_EQ(p->propose(1, TreeBudget{64, 8}).size(), 60);
+  EXPECT_EQ(kv.num_free_blocks(), committed_free);
+  EXPECT_EQ(kv.num_sequences(), 1);
+  kv.check_invariants();
+  p->end(1);
+  EXPECT_EQ(kv.num_free_blocks(), all_free);
+  EXPECT_EQ(kv.num_sequences(), 0);
+}
+
+TEST(EagleProposer, FirstFeedbackMayStartPastACachedPrefix) {
+  // With a prefix served from the target's cache, the first feedback starts mid-prompt; the
+  // draft then sees the context from there on.
+  const Fixture f = load("eagle_llama_gqa");
+  auto p = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
+  const Round r0 = round_of(f.ref["rounds"][0]);
+  const int64_t h = f.target->config.hidden_size;
+  Round late = r0;
+  late.start = 3;
+  late.tokens.assign(r0.tokens.begin() + 3, r0.tokens.end());
+  late.hidden.assign(r0.hidden.begin() + 3 * h, r0.hidden.end());
+  p->begin(4, r0.tokens);
+  p->observe(late.feedback(4));
+  EXPECT_EQ(p->draft().length(0), static_cast<int32_t>(late.tokens.size()));
+  const DraftTree tree = p->propose(4, TreeBudget{64, 8});
+  EXPECT_EQ(tree.token[0], r0.next_token);
+  validate_draft_tree(tree, f.target->config.vocab_size, TreeBudget{64, 8});
+}
+
+TEST(EagleProposer, SequencingErrorsNameTheRequest) {
+  const Fixture f = load("eagle3_llama_gqa");
+  auto p = make(f, options_of(f.ref["rounds"][0]["trees"][1]));
+  const Round r0 = round_of(f.ref["rounds"][0]);
+  expect_error([&] { p->observe(r0.feedback(9)); }, ErrorCode::kInvalidArgument,
+               {"request 9", "not begun"});
+  p->begin(9, r0.tokens);
+  expect_error([&] { p->propose(9, {}); }, ErrorCode::kInvalidArgument, {"request 9"});
+  Round missing = r0;
+  missing.captured.pop_back();
+  expect_error([&] { p->observe(missing.feedback(9)); }, ErrorCode::kInvalidArgument,
+               {"captured holds 2 layers, expected 3"});
+  Round late = r0;
+  late.start = 12;
+  expect_error([&] { p->observe(late.feedback(9)); }, ErrorCode::kInvalidArgument,
+               {"starts at position 12"});
+  p->observe(r0.feedback(9));
+  expect_error([&] { p->observe(r0.feedback(9)); }, ErrorCode::kInvalidArgument,
+               {"starts at position 0", "ended at 10"});
+  p->end(9);
+  expect_error([&] { p->propose(9, {}); }, ErrorCode::kInvalidArgument, {"not begun"});
+}
+
+TEST(DynamicTree, EqualScoresKeepTheAncestor) {
+  // A certain draft (log p = 0) gives a child the same score as its parent; with one node to
+  // keep, the tie goes to the parent (the official topk may pick either and orphan the child).
+  const std::vector<float> root = {-3.f, 0.f, -5.f, -9.f};
+  auto expand = [](int32_t, const std::vector<FrontierNode>& frontier) {
+    std::vector<float> out;
+    for (size_t r = 0; r < frontier.size(); ++r) out.insert(out.end(), {0.f, -7.f, -8.f, -9.f});
+    return out;
+  };
+  auto identity = [](int32_t id) { return id; };
+  test::expect_tree(grow_dynamic_tree(42, root, {2, 3, 2}, identity, expand), {42, 1}, {-1, 0},
+                    "one node");
+  // Three nodes: the chain 1 -> 0 -> 0 (all score 0) in candidate order.
+  test::expect_tree(grow_dynamic_tree(42, root, {4, 3, 2}, identity, expand), {42, 1, 0, 0},
+                    {-1, 0, 1, 2}, "chain");
+}
+
+class EagleCheckpoint : public ::testing::Test {
+ protected:
+  // Copies fixture `name` into a temp dir with its tensors edited by `edit` and its config by
+  // `edit_config`, then loads it.
+  void load_edited(const std::string& name, EagleVersion version,
+                   const std::function<void(test::StMap&)>& edit,
+                   const std::function<void(nlohmann::json&)>& edit_config = {}) {
+    test::StMap t = test::read_safetensors(spec_fixture(name) + "/model.safetensors");
+    nlohmann::json config = test::read_json(spec_fixture(name) + "/config.json");
+    edit(t);
+    if (edit_config) edit_config(config);
+    test::write_safetensors(dir_.file("model.safetensors"), t);
+    test::write_bytes(dir_.file("config.json"), config.dump());
+    load_eagle_checkpoint(dir_.path(), version);
+  }
+  test::TempDir dir_;
+};
+
+TEST_F(EagleCheckpoint, MalformedCheckpointsNameTheTensor) {
+  const auto e1 = EagleVersion::kEagle1;
+  const auto e3 = EagleVersion::kEagle3;
+  expect_error([&] { load_edited("eagle_llama_gqa", e1, [](auto& t) { t.erase("fc.weight"); }); },
+               ErrorCode::kNotFound, {"fc.weight", "not found"});
+  expect_error(
+      [&] {
+        load_edited("eagle_llama_gqa", e1, [](auto& t) { t["fc.weight"].shape = {128, 64}; });
+      },
+      ErrorCode::kCorruptData, {"fc.weight", "expected shape [64, 128]", "found [128, 64]"});
+  expect_error([&] { load_edited("eagle_llama_gqa", e1, [](auto& t) { t.erase("fc.bias"); }); },
+               ErrorCode::kNotFound, {"fc.bias"});
+  expect_error(
+      [&] {
+        load_edited("eagle_stories260K", e1,
+                    [](auto& t) { t.erase("layers.0.mlp.down_proj.weight"); });
+      },
+      ErrorCode::kNotFound, {"layers.0.mlp.down_proj.weight"});
+  expect_error(
+      [&] {
+        load_edited("eagle3_llama_gqa", e3, [](auto& t) {
+          t["midlayer.self_attn.q_proj.weight"].shape = {128, 64};
+        });
+      },
+      ErrorCode::kCorruptData, {"midlayer.self_attn.q_proj.weight", "[64, 128]"});
+  expect_error(
+      [&] { load_edited("eagle3_llama_gqa", e3, [](auto& t) { t["d2t"].i64[5] = 1000; }); },
+      ErrorCode::kCorruptData, {"d2t maps draft id 5"});
+  expect_error([&] { load_edited("eagle3_llama_gqa", e3, [](auto& t) { t.erase("d2t"); }); },
+               ErrorCode::kNotFound, {"d2t"});
+  expect_error([&] { load_edited("eagle3_llama_gqa", e1, [](auto&) {}); },
+               ErrorCode::kInvalidArgument, {"EAGLE-3 checkpoint"});
+  expect_error([&] { load_edited("eagle_llama_gqa", e3, [](auto&) {}); },
+               ErrorCode::kInvalidArgument, {"EAGLE-1/2 checkpoint"});
+  expect_error(
+      [&] {
+        load_edited(
+            "eagle_llama_gqa", e1, [](auto&) {},
+            [](nlohmann::json& c) { c["num_hidden_layers"] = 2; });
+      },
+      ErrorCode::kUnsupported, {"num_hidden_layers is 2"});
+  expect_error(
+      [&] {
+        load_edited(
+            "eagle_llama_gqa", e1, [](auto&) {}, [](nlohmann::json& c) { c.erase("hidden_size"); });
+      },
+      ErrorCode::kCorruptData, {"hidden_size"});
+  test::TempDir empty;
+  expect_error([&] { load_eagle_checkpoint(empty.path(), e1); }, ErrorCode::kNotFound,
+               {"config.json"});
+}
+
+TEST(EagleProposer, DraftForAnotherTargetIsRejected) {
+  const EagleWeights w =
+      load_eagle_checkpoint(spec_fixture("eagle_llama_gqa"), EagleVersion::kEagle1);
+  expect_error([&] { EagleProposer p(w, test::target_weights("stories260K"), EagleOptions{}); },
+               ErrorCode::kInvalidArgument, {"[320, 64]", "[512, 64]"});
+  EagleOptions bad;
+  bad.tree.top_k = 0;
+  expect_error([&] { EagleProposer p(w, test::target_weights("llama_gqa"), bad); },
+               ErrorCode::kInvalidArgument, {"top_k is 0"});
+}
+
+}  // namespace
+}  // namespace arbor

@@ -1,0 +1,230 @@
+// Medusa heads and proposer against the PyTorch reference (scripts/spec_heads_reference.py, the
+// official medusa_model.py ResBlock heads and generate_candidates): head logits to 1e-4, the
+// per-head top-10 and whole static trees (mc_sim_7b_63 and a small list) exactly, for heads with
+// their own LM heads (llama_gqa) and heads sharing the base LM head (stories260K). Also budget
+// cuts, sequencing errors and malformed checkpoints.
+#include <gtest/gtest.h>
+
+#include "engine/spec/medusa_proposer.h"
+#include "engine/spec/tree_choices.h"
+#include "engine/spec/tree_layout.h"
+#include "tests/unit/proposer_test_util.h"
+
+namespace arbor {
+namespace {
+
+using test::expect_error;
+using test::spec_fixture;
+
+struct Fixture {
+  nlohmann::json ref;
+  const ModelWeights* target;
+  std::string dir;
+};
+
+Fixture load(const std::string& name) {
+  Fixture f{test::spec_reference(name), nullptr, spec_fixture(name)};
+  f.target = &test::target_weights(f.ref["target"].get<std::string>());
+  return f;
+}
+
+StaticTree tree_of(const nlohmann::json& t) {
+  return build_static_tree(t["choices"].get<TreeChoices>(), t["name"].get<std::string>());
+}
+
+// Feeds the fixture prompt (our own target forward for the hidden states) and returns the
+// proposer ready to propose.
+void observe_prompt(MedusaProposer& p, const Fixture& f, RequestId request) {
+  const std::vector<int32_t> tokens = f.ref["tokens"].get<std::vector<int32_t>>();
+  const test::TargetRun run = test::run_target(f.ref["target"].get<std::string>(), tokens);
+  p.begin(request, tokens);
+  TargetFeedback fb;
+  fb.request = request;
+  fb.start = 0;
+  fb.tokens = tokens;
+  fb.hidden = run.hidden;
+  fb.next_token = f.ref["root"].get<int32_t>();
+  p.observe(fb);
+}
+
+class MedusaReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MedusaReference, HeadLogitsMatchPyTorch) {
+  const Fixture f = load(GetParam());
+  const MedusaHeads heads = load_medusa_heads(f.dir, f.target->output_weight());
+  const std::vector<float> hidden = f.ref["hidden"].get<std::vector<float>>();
+  const auto logits = medusa_head_logits(heads, hidden, 1);
+  ASSERT_EQ(logits.size(), f.ref["head_logits"].size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const std::vector<float> ref = f.ref["head_logits"][i].get<std::vector<float>>();
+    ASSERT_EQ(logits[i].size(), ref.size());
+    EXPECT_LE(test::rel_error(logits[i].data(), ref.data(), ref.size()), 1e-4) << "head " << i;
+  }
+}
+
+TEST_P(MedusaReference, TargetHiddenMatchesTransformers) {
+  // The hidden state the runner hands the proposer (our forward) is the one the reference used.
+  const Fixture f = load(GetParam());
+  const std::vector<int32_t> tokens = f.ref["tokens"].get<std::vector<int32_t>>();
+  const test::TargetRun run = test::run_target(f.ref["target"].get<std::string>(), tokens);
+  const std::vector<float> ref = f.ref["hidden"].get<std::vector<float>>();
+  EXPECT_LE(
+      test::rel_error(run.hidden.data() + run.hidden.size() - ref.size(), ref.data(), ref.size()),
+      1e-4);
+}
+
+TEST_P(MedusaReference, TreesMatchMedusaCandidates) {
+  const Fixture f = load(GetParam());
+  for (const auto& t : f.ref["trees"]) {
+    MedusaProposer p(load_medusa_heads(f.dir, f.target->output_weight()), tree_of(t));
+    observe_prompt(p, f, 7);
+    const DraftTree tree = p.propose(7, TreeBudget{64, 8});
+    test::expect_tree(tree, t["tokens"].get<std::vector<int32_t>>(),
+                      t["parents"].get<std::vector<int32_t>>(), t["name"].get<std::string>());
+    validate_draft_tree(tree, f.target->config.vocab_size, TreeBudget{64, 8});
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Heads, MedusaReference,
+                         ::testing::Values("medusa_llama_gqa", "medusa_stories260K"),
+                         [](const auto& info) { return info.param; });
+
+TEST(MedusaProposer, BudgetCutsTheStaticTreeToItsFirstNodes) {
+  const Fixture f = load("medusa_llama_gqa");
+  const nlohmann::json& t = f.ref["trees"][0];  // mc_sim_7b_63
+  ASSERT_EQ(t["name"], "mc_sim_7b_63");
+  MedusaProposer p(load_medusa_heads(f.dir, f.target->output_weight()), tree_of(t));
+  observe_prompt(p, f, 1);
+  const std::vector<int32_t> tokens = t["tokens"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> parents = t["parents"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> depth = tree_depths(parents);
+  for (const TreeBudget budget : {TreeBudget{10, 2}, TreeBudget{64, 1}, TreeBudget{5, 8},
+                                  TreeBudget{1, 8}, TreeBudget{64, 0}}) {
+    // Expected by definition: the reference tree's nodes in order, depth <= max_depth, at most
+    // max_nodes of them.
+    std::vector<int32_t> want_tokens = {tokens[0]}, want_parents = {-1}, index(tokens.size(), -1);
+    index[0] = 0;
+    for (size_t i = 1; i < tokens.size(); ++i) {
+      if (static_cast<int32_t>(want_tokens.size()) >= budget.max_nodes) break;
+      if (depth[i] > budget.max_depth) continue;
+      index[i] = static_cast<int32_t>(want_tokens.size());
+      want_tokens.push_back(tokens[i]);
+      want_parents.push_back(index[parents[i]]);
+    }
+    const DraftTree tree = p.propose(1, budget);
+    test::expect_tree(
+        tree, want_tokens, want_parents,
+        "budget " + std::to_string(budget.max_nodes) + "/" + std::to_string(budget.max_depth));
+  }
+}
+
+TEST(MedusaProposer, SequencingErrorsNameTheRequest) {
+  const Fixture f = load("medusa_llama_gqa");
+  MedusaProposer p(load_medusa_heads(f.dir, f.target->output_weight()),
+                   resolve_static_tree("mc_sim_7b_63"));
+  EXPECT_TRUE(p.needs_hidden());
+  expect_error([&] { p.propose(3, {}); }, ErrorCode::kInvalidArgument, {"request 3", "not begun"});
+  const std::vector<int32_t> prompt = {1, 5, 9, 11};
+  p.begin(3, prompt);
+  expect_error([&] { p.begin(3, prompt); }, ErrorCode::kInvalidArgument, {"already open"});
+  expect_error([&] { p.propose(3, {}); }, ErrorCode::kInvalidArgument, {"request 3", "next_token"});
+  std::vector<float> hidden(4 * 64, 0.5f);
+  TargetFeedback fb{3, 0, prompt, hidden, {}, 17};
+  std::vector<float> short_hidden(3 * 64, 0.5f);
+  TargetFeedback bad = fb;
+  bad.hidden = short_hidden;
+  expect_error([&] { p.observe(bad); }, ErrorCode::kInvalidArgument,
+               {"hidden holds 192 values", "4 rows x 64"});
+  p.observe(fb);
+  EXPECT_EQ(p.propose(3, {}).token[0], 17);
+  // Non-contiguous feedback, and a feedback whose first token is not the previous root.
+  const std::vector<int32_t> next = {17, 20};
+  std::vector<float> h2(2 * 64, 0.1f);
+  expect_error(
+      [&] {
+        p.observe({3, 5, next, h2, {}, 4});
+      },
+      ErrorCode::kInvalidArgument, {"starts at position 5", "ended at 4"});
+  const std::vector<int32_t> wrong = {18, 20};
+  expect_error(
+      [&] {
+        p.observe({3, 4, wrong, h2, {}, 4});
+      },
+      ErrorCode::kInvalidArgument, {"is 18", "next_token was 17"});
+  p.observe({3, 4, next, h2, {}, 4});
+  EXPECT_EQ(p.propose(3, {}).token[0], 4);
+  expect_error(
+      [&] {
+        p.propose(3, TreeBudget{0, 4});
+      },
+      ErrorCode::kInvalidArgument, {"max_nodes 0"});
+  p.end(3);
+  expect_error([&] { p.end(3); }, ErrorCode::kInvalidArgument, {"request 3", "not begun"});
+}
+
+TEST(MedusaProposer, TreeDeeperThanTheHeadsIsRejected) {
+  const Fixture f = load("medusa_stories260K");  // 3 heads
+  expect_error(
+      [&] {
+        MedusaProposer p(load_medusa_heads(f.dir, f.target->output_weight()),
+                         resolve_static_tree("mc_sim_7b_63"));
+      },
+      ErrorCode::kInvalidArgument, {"mc_sim_7b_63", "depth 4", "3 heads"});
+}
+
+class MedusaCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tensors_ =
+        test::read_safetensors(spec_fixture("medusa_llama_gqa") + "/medusa_lm_head.safetensors");
+    base_ = test::target_weights("llama_gqa").output_weight();
+  }
+  void expect_rejected(const test::StMap& tensors, ErrorCode code,
+                       const std::vector<std::string>& needles) {
+    test::TempDir dir;
+    test::write_safetensors(dir.file("medusa_lm_head.safetensors"), tensors);
+    expect_error([&] { load_medusa_heads(dir.path(), base_); }, code, needles);
+  }
+  test::StMap tensors_;
+  HostTensor base_;
+};
+
+TEST_F(MedusaCheckpoint, CountsHeadsFromTensorNames) {
+  test::TempDir dir;
+  test::write_safetensors(dir.file("medusa_lm_head.safetensors"), tensors_);
+  const MedusaHeads heads = load_medusa_heads(dir.file("medusa_lm_head.safetensors"), base_);
+  EXPECT_EQ(heads.num_heads(), 4);
+  EXPECT_FALSE(heads.uses_base_lm_head());
+  // Dropping a head's LM head makes it use the base one (Medusa-2 style).
+  test::StMap t = tensors_;
+  t.erase("3.1.weight");
+  test::write_safetensors(dir.file("medusa_lm_head.safetensors"), t);
+  const MedusaHeads shared = load_medusa_heads(dir.path(), base_);
+  EXPECT_TRUE(shared.heads[3].lm_head.empty());
+  EXPECT_TRUE(shared.uses_base_lm_head());
+}
+
+TEST_F(MedusaCheckpoint, MalformedCheckpointsNameTheTensor) {
+  test::StMap gap = tensors_;
+  for (const char* n : {"1.0.linear.weight", "1.0.linear.bias", "1.1.weight"}) gap.erase(n);
+  expect_rejected(gap, ErrorCode::kCorruptData, {"head 1 is missing"});
+  test::StMap shape = tensors_;
+  shape["2.0.linear.weight"].shape = {32, 128};
+  expect_rejected(shape, ErrorCode::kCorruptData,
+                  {"2.0.linear.weight", "expected shape [64, 64]", "found [32, 128]"});
+  test::StMap lm = tensors_;
+  lm["0.1.weight"].shape = {64, 320};
+  expect_rejected(lm, ErrorCode::kCorruptData, {"0.1.weight", "[320, 64]"});
+  test::StMap no_bias = tensors_;
+  no_bias.erase("0.0.linear.bias");
+  expect_rejected(no_bias, ErrorCode::kCorruptData, {"0.0.linear.bias", "missing"});
+  test::StMap unknown = tensors_;
+  unknown["0.0.norm.weight"] = tensors_["0.0.linear.bias"];
+  expect_rejected(unknown, ErrorCode::kCorruptData, {"unexpected tensor 0.0.norm.weight"});
+  test::TempDir empty;
+  expect_error([&] { load_medusa_heads(empty.path(), base_); }, ErrorCode::kNotFound,
+               {"medusa_lm_head.safetensors", "not found"});
+}
+
+}  // namespace
+}  // namespace arbor
