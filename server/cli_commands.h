@@ -40,6 +40,24 @@ struct BenchOptions {
   int32_t block_size = 16;
 };
 
+struct SpecBenchOptions {
+  std::string model;
+  std::string tokenizer;
+  std::string prompts;
+  int32_t limit = 0;
+  int32_t max_tokens = 128;
+  float temperature = 0.0f;
+  int64_t seed = 1;
+  int32_t batch = 1;
+  int32_t threads = 0;
+  bool no_bos = false;
+  std::string spec;
+  SpecConfig spec_config;
+  int32_t max_tree_nodes = 64;
+};
+
+void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o);
+int run_spec_bench(const SpecBenchOptions& o);
 void add_generate_command(CLI::App& app, GenerateOptions* o);
 void add_bench_command(CLI::App& app, BenchOptions* o);
 int run_generate(const GenerateOptions& o);

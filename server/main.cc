@@ -15,10 +15,13 @@ int main(int argc, char** argv) {
   arbor::add_generate_command(app, &gen);
   arbor::BenchOptions bench;
   arbor::add_bench_command(app, &bench);
+  arbor::SpecBenchOptions spec_bench;
+  arbor::add_spec_bench_command(app, &spec_bench);
   CLI11_PARSE(app, argc, argv);
   try {
     if (app.got_subcommand("generate")) return arbor::run_generate(gen);
     if (app.got_subcommand("bench")) return arbor::run_bench(bench);
+    if (app.got_subcommand("spec-bench")) return arbor::run_spec_bench(spec_bench);
   } catch (const arbor::Error& e) {
     std::fprintf(stderr, "error (%s): %s\n", arbor::error_code_name(e.code()), e.what());
     return 2;

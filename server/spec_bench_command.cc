@@ -1,0 +1,159 @@
+// `arbor spec-bench`: acceptance and speed of speculation on a prompt set. Runs every prompt
+// with the chosen proposer and again with plain decoding (same settings, same seeds), and
+// prints one Markdown row: mean accepted length (tokens emitted per verify step), acceptance
+// rate by tree depth, tokens/s with and without speculation, and whether greedy outputs were
+// identical (they must be).
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/backend/backend.h"
+#include "engine/core/error.h"
+#include "engine/runner/generator.h"
+#include "engine/runner/model_bundle.h"
+#include "server/cli_commands.h"
+
+namespace arbor {
+
+std::unique_ptr<LlamaModel> load_for_cli(
+    const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
+    std::unique_ptr<Backend>* backend,
+    const std::function<void(const ModelWeights&)>& before_release = {});
+
+void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
+  CLI::App* c = app.add_subcommand("spec-bench", "Measure speculation acceptance and speed");
+  c->add_option("--model,-m", o->model, "Model path")->required();
+  c->add_option("--tokenizer", o->tokenizer, "Tokenizer file");
+  c->add_option("--prompts", o->prompts,
+                "Prompt file: JSONL with a \"text\" field per line, or plain text lines")
+      ->required();
+  c->add_option("--limit", o->limit, "Use the first N prompts (0: all)");
+  c->add_option("--max-tokens", o->max_tokens, "Tokens per prompt")->check(CLI::PositiveNumber);
+  c->add_option("--temperature", o->temperature, "0 = greedy");
+  c->add_option("--seed", o->seed, "Base seed (prompt i uses seed + i)");
+  c->add_option("--batch", o->batch, "Requests decoding at once")->check(CLI::PositiveNumber);
+  c->add_option("--threads", o->threads, "BLAS threads (0: default)");
+  c->add_option("--spec", o->spec, "ngram | medusa | eagle | eagle3")->required();
+  c->add_option("--spec-heads", o->spec_config.head_path, "Head checkpoint directory");
+  c->add_option("--spec-tree", o->spec_config.tree, "Medusa static tree");
+  c->add_option("--spec-total-tokens", o->spec_config.total_tokens, "EAGLE tree nodes");
+  c->add_option("--spec-depth", o->spec_config.depth, "EAGLE draft steps");
+  c->add_option("--spec-top-k", o->spec_config.top_k, "EAGLE children per node");
+  c->add_option("--spec-max-nodes", o->max_tree_nodes, "Largest tree verified in one step");
+  c->add_flag("--no-bos", o->no_bos, "Do not prepend BOS (chat-rendered prompts carry it)");
+}
+
+namespace {
+
+std::vector<std::string> read_prompts(const std::string& path, int32_t limit) {
+  std::ifstream f(path);
+  if (!f) throw_error(ErrorCode::kNotFound, "cannot open prompt file " + path);
+  std::vector<std::string> out;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    if (line[0] == '{') {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("text") || !j["text"].is_string())
+        throw_error(ErrorCode::kInvalidArgument,
+                    path + ":" + std::to_string(lineno) + ": expected a JSON object with \"text\"");
+      out.push_back(j["text"].get<std::string>());
+    } else {
+      out.push_back(line);
+    }
+    if (limit > 0 && static_cast<int32_t>(out.size()) >= limit) break;
+  }
+  if (out.empty()) throw_error(ErrorCode::kInvalidArgument, "no prompts in " + path);
+  return out;
+}
+
+}  // namespace
+
+int run_spec_bench(const SpecBenchOptions& o) {
+  SpecConfig sc = o.spec_config;
+  sc.method = parse_spec_method(o.spec);
+  sc.validate();
+  ModelBundle bundle;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Proposer> proposer;
+  auto model = load_for_cli(o.model, o.tokenizer, o.threads, &bundle, &backend,
+                            [&](const ModelWeights& w) { proposer = make_proposer(sc, w); });
+  const auto texts = read_prompts(o.prompts, o.limit);
+  std::vector<GenerationRequest> reqs;
+  int64_t prompt_tokens = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    GenerationRequest r;
+    r.prompt = bundle.tokenizer->encode(texts[i], !o.no_bos, /*parse_special=*/true);
+    prompt_tokens += static_cast<int64_t>(r.prompt.size());
+    r.sampling.temperature = o.temperature;
+    r.sampling.seed = static_cast<uint64_t>(o.seed) + i;
+    r.max_tokens = o.max_tokens;
+    r.stop_token_ids = bundle.stop_token_ids;
+    reqs.push_back(std::move(r));
+  }
+  GeneratorConfig gc;
+  gc.max_running = o.batch;
+  gc.tree_budget.max_nodes = o.max_tree_nodes;
+  int64_t longest = 0;
+  for (const auto& r : reqs) longest = std::max<int64_t>(longest, r.prompt.size());
+  gc.num_blocks = static_cast<int32_t>(
+      o.batch * ((longest + o.max_tokens + o.max_tree_nodes) / gc.block_size + 2) + 16);
+
+  auto timed = [&](Proposer* p, GeneratorStats* st) {
+    Generator gen(*model, gc, p);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto res = gen.run(reqs);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    *st = gen.stats();
+    return std::make_pair(std::move(res), secs);
+  };
+  GeneratorStats spec_stats, plain_stats;
+  const auto [spec_res, spec_secs] = timed(proposer.get(), &spec_stats);
+  const auto [plain_res, plain_secs] = timed(nullptr, &plain_stats);
+
+  AcceptanceStats acc;
+  int64_t spec_tokens = 0, plain_tokens = 0, identical = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const AcceptanceStats& a = spec_res[i].acceptance;
+    acc.steps += a.steps;
+    acc.emitted += a.emitted;
+    if (acc.offered.size() < a.offered.size()) {
+      acc.offered.resize(a.offered.size());
+      acc.accepted.resize(a.accepted.size());
+    }
+    for (size_t d = 0; d < a.offered.size(); ++d) {
+      acc.offered[d] += a.offered[d];
+      acc.accepted[d] += a.accepted[d];
+    }
+    spec_tokens += static_cast<int64_t>(spec_res[i].tokens.size());
+    plain_tokens += static_cast<int64_t>(plain_res[i].tokens.size());
+    identical += spec_res[i].tokens == plain_res[i].tokens;
+  }
+  std::string by_depth;
+  for (size_t d = 0; d < acc.offered.size() && d < 8; ++d)
+    by_depth +=
+        (d ? " " : "") + std::to_string(static_cast<int>(acc.acceptance_rate(d + 1) * 100 + 0.5));
+  std::printf(
+      "| method | prompts | temp | mean accepted length | acceptance %% by depth 1.. | tree "
+      "tokens/step | spec tok/s | plain tok/s | speedup | identical outputs |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::printf(
+      "| %s | %zu | %.2f | %.2f | %s | %.1f | %.1f | %.1f | %.2fx | %lld/%zu |\n",
+      proposer->name().c_str(), reqs.size(), o.temperature, acc.mean_emitted_per_step(),
+      by_depth.c_str(),
+      acc.steps ? double(spec_stats.tree_tokens) / std::max<int64_t>(spec_stats.steps, 1) : 0.0,
+      spec_tokens / spec_secs, plain_tokens / plain_secs,
+      (spec_tokens / spec_secs) / (plain_tokens / plain_secs), static_cast<long long>(identical),
+      reqs.size());
+  return 0;
+}
+
+}  // namespace arbor
