@@ -51,6 +51,7 @@ struct SpecBenchOptions {
   int32_t batch = 1;
   int32_t threads = 0;
   bool no_bos = false;
+  bool skip_plain = false;  // acceptance only: no plain-decoding baseline run
   std::string spec;
   SpecConfig spec_config;
   int32_t max_tree_nodes = 64;
