@@ -132,6 +132,11 @@ std::vector<SpecCase> cases() {
         {model + "_eagle_small", model, "eagle", "spec/random/eagle_" + model, "", 8, 3, 2});
     v.push_back({model + "_eagle3", model, "eagle3", "spec/random/eagle3_" + model});
   }
+  // Trained heads (scripts/train_medusa.py, scripts/train_eagle.py): high acceptance, so long
+  // accepted paths and compaction of deep nodes are exercised.
+  v.push_back({"stories260K_trained_medusa", "stories260K", "medusa", "heads/stories260K/medusa",
+               "mc_sim_7b_63"});
+  v.push_back({"stories260K_trained_eagle", "stories260K", "eagle", "heads/stories260K/eagle"});
   return v;
 }
 
