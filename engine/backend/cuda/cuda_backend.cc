@@ -1,0 +1,775 @@
+#include "engine/backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <string>
+
+#include "engine/core/error.h"
+#include "kernels/attention/paged_tree_attention.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/kv/kv_cache_ops.h"
+#include "kernels/norm_rope/norm_rope.h"
+
+namespace arbor {
+
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw_error(ErrorCode::kInternal,
+                std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
+}
+
+void cublas_check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw_error(ErrorCode::kInternal,
+                std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(st));
+}
+
+kernels::ElemType elem(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return kernels::ElemType::kF32;
+    case DType::kBF16:
+      return kernels::ElemType::kBF16;
+    case DType::kF16:
+      return kernels::ElemType::kF16;
+    default:
+      break;
+  }
+  throw_error(ErrorCode::kUnsupported, std::string("cuda backend: tensors of dtype ") +
+                                           dtype_name(t) + " are not supported");
+}
+
+std::string shape(const Tensor& t) {
+  return std::string(dtype_name(t.dtype)) + " [" + std::to_string(t.rows) + ", " +
+         std::to_string(t.cols) + "]";
+}
+
+void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
+  if (a.rows != b.rows || a.cols != b.cols)
+    throw_error(ErrorCode::kInvalidArgument,
+                std::string(op) + ": shape mismatch " + shape(a) + " vs " + shape(b));
+}
+
+size_t align_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
+
+// A grow-only device allocation.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  void ensure(size_t need, const char* what) {
+    if (need <= bytes) return;
+    if (ptr != nullptr) cuda_check(cudaFree(ptr), what);
+    ptr = nullptr;
+    bytes = 0;
+    cuda_check(cudaMalloc(&ptr, need), what);
+    bytes = need;
+  }
+  ~DeviceBuffer() {
+    if (ptr != nullptr) cudaFree(ptr);
+  }
+};
+
+// Host -> device metadata upload through pinned memory: the host side is rewritten only after
+// the previous copy from it has finished (event), the copy itself is ordered on the stream.
+struct StagedUpload {
+  void* host = nullptr;
+  size_t host_bytes = 0;
+  DeviceBuffer device;
+  cudaEvent_t done = nullptr;
+
+  uint8_t* begin(size_t bytes, const char* what) {
+    if (done == nullptr) cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
+    cuda_check(cudaEventSynchronize(done), what);
+    if (bytes > host_bytes) {
+      if (host != nullptr) cuda_check(cudaFreeHost(host), what);
+      host = nullptr;
+      host_bytes = 0;
+      cuda_check(cudaMallocHost(&host, bytes), what);
+      host_bytes = bytes;
+    }
+    device.ensure(bytes, what);
+    return static_cast<uint8_t*>(host);
+  }
+  void commit(size_t bytes, cudaStream_t stream, const char* what) {
+    if (bytes > 0)
+      cuda_check(cudaMemcpyAsync(device.ptr, host, bytes, cudaMemcpyHostToDevice, stream), what);
+    cuda_check(cudaEventRecord(done, stream), what);
+  }
+  ~StagedUpload() {
+    if (done != nullptr) {
+      cudaEventSynchronize(done);
+      cudaEventDestroy(done);
+    }
+    if (host != nullptr) cudaFreeHost(host);
+  }
+};
+
+// Lays out several host arrays in one buffer (256-byte aligned sections).
+class Packer {
+ public:
+  template <typename T>
+  size_t add(const std::vector<T>& v) {
+    const size_t off = size_;
+    sections_.push_back({off, v.data(), v.size() * sizeof(T)});
+    size_ = align_up(off + v.size() * sizeof(T), 256);
+    return off;
+  }
+  size_t size() const { return std::max<size_t>(size_, 256); }
+  void write(uint8_t* dst) const {
+    for (const auto& s : sections_)
+      if (s.bytes > 0) std::memcpy(dst + s.offset, s.src, s.bytes);
+  }
+
+ private:
+  struct Section {
+    size_t offset;
+    const void* src;
+    size_t bytes;
+  };
+  std::vector<Section> sections_;
+  size_t size_ = 0;
+};
+
+}  // namespace
+
+struct CudaBackend::State {
+  CudaBackendOptions options;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  int num_sms = 0;
+
+  std::vector<void*> weights;  // owned weight allocations
+
+  // Scratch arena: chunks handed out in order; reset_scratch() rewinds (and, when a step
+  // outgrew the first chunk, replaces the chunks with one that fits the whole step).
+  struct Chunk {
+    void* ptr;
+    size_t bytes;
+  };
+  std::vector<Chunk> chunks;
+  size_t chunk_index = 0, chunk_used = 0, step_scratch_bytes = 0;
+
+  // KV cache: 2 * layers planes of [num_slots, width] 16-bit elements.
+  DeviceBuffer kv;
+  kernels::ElemType kv_type = kernels::ElemType::kBF16;
+  int64_t num_slots = 0, kv_width = 0;
+
+  // Step metadata (device copies) and the host copy the checks read.
+  StepInputs step;
+  bool has_step = false;
+  StagedUpload meta;
+  const int32_t* d_token_ids = nullptr;
+  const int32_t* d_positions = nullptr;
+  const int64_t* d_slots = nullptr;
+  const int32_t* d_qo_indptr = nullptr;
+  const int32_t* d_committed = nullptr;
+  const int32_t* d_block_tables = nullptr;
+  const uint32_t* d_tree_mask = nullptr;
+  const int32_t* d_mask_indptr = nullptr;
+  const int32_t* d_logits_rows = nullptr;
+  const int32_t* d_token_request = nullptr;
+
+  // Attention plan of this step (built at the first attention call; keyed by head count).
+  bool plan_valid = false;
+  int64_t plan_heads = 0;
+  kernels::AttentionPlan plan;
+  StagedUpload plan_upload;
+  const kernels::AttentionWorkItem* d_work = nullptr;
+  const int32_t* d_splits = nullptr;
+  const int32_t* d_kv_chunk = nullptr;
+  const int32_t* d_partial_row = nullptr;
+  DeviceBuffer partial_out, partial_lse;
+  int32_t last_splits = 1;
+  bool last_tensor_core = false;
+  bool use_wgmma = false;
+  bool last_wgmma = false;
+
+  // RoPE inverse frequencies, cached by parameters.
+  std::vector<float> inv_freq_host;
+  DeviceBuffer inv_freq;
+
+  DeviceBuffer gemm_input;  // bf16 copy of linear()'s fp32 input
+  DeviceBuffer convert;     // fp32 staging for download/upload of 16-bit tensors
+  StagedUpload copy_slots;  // copy_kv's slot lists
+  DeviceBuffer copy_staging;
+
+  template <typename T>
+  const T* meta_ptr(size_t off) const {
+    return reinterpret_cast<const T*>(static_cast<const uint8_t*>(meta.device.ptr) + off);
+  }
+};
+
+CudaBackend::CudaBackend(const CudaBackendOptions& options) : s_(std::make_unique<State>()) {
+  s_->options = options;
+  if (options.kv_dtype != DType::kBF16 && options.kv_dtype != DType::kF16)
+    throw_error(ErrorCode::kUnsupported, std::string("cuda backend: KV cache dtype ") +
+                                             dtype_name(options.kv_dtype) +
+                                             " is not supported (bf16 or f16)");
+  int count = 0;
+  cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (options.device < 0 || options.device >= count)
+    throw_error(ErrorCode::kInvalidArgument, "cuda backend: device " +
+                                                 std::to_string(options.device) + " requested, " +
+                                                 std::to_string(count) + " present");
+  cuda_check(cudaSetDevice(options.device), "cudaSetDevice");
+  cuda_check(cudaDeviceGetAttribute(&s_->num_sms, cudaDevAttrMultiProcessorCount, options.device),
+             "cudaDeviceGetAttribute");
+  cuda_check(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  cublas_check(cublasCreate(&s_->cublas), "cublasCreate");
+  cublas_check(cublasSetStream(s_->cublas, s_->stream), "cublasSetStream");
+  s_->kv_type = elem(options.kv_dtype);
+  bool wgmma = false;
+  cuda_check(kernels::attention_wgmma_available(&wgmma), "attention_wgmma_available");
+  if (options.attention_kernel == 2 && !wgmma)
+    throw_error(ErrorCode::kUnsupported,
+                "cuda backend: the wgmma attention kernel needs an sm_90a build on a Hopper GPU");
+  if (options.attention_kernel < 0 || options.attention_kernel > 2)
+    throw_error(ErrorCode::kInvalidArgument, "cuda backend: attention_kernel " +
+                                                 std::to_string(options.attention_kernel) +
+                                                 " (0 auto, 1 mma.sync, 2 wgmma)");
+  s_->use_wgmma = wgmma && options.attention_kernel != 1;
+}
+
+CudaBackend::~CudaBackend() {
+  if (s_->stream != nullptr) cudaStreamSynchronize(s_->stream);
+  for (void* w : s_->weights) cudaFree(w);
+  for (auto& c : s_->chunks) cudaFree(c.ptr);
+  if (s_->cublas != nullptr) cublasDestroy(s_->cublas);
+  // Buffers and events are released by State's members before the stream.
+  cudaStream_t stream = s_->stream;
+  s_.reset();
+  if (stream != nullptr) cudaStreamDestroy(stream);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
+}
+
+void CudaBackend::synchronize() {
+  cuda_check(cudaStreamSynchronize(s_->stream), "cudaStreamSynchronize");
+}
+
+// --- memory -------------------------------------------------------------------------------
+
+Tensor CudaBackend::upload_weight(const HostTensor& w) {
+  Tensor t;
+  t.rows = w.shape.empty() ? 0 : w.shape[0];
+  t.cols = w.shape.size() >= 2 ? w.numel() / std::max<int64_t>(t.rows, 1) : 1;
+  if (w.shape.size() == 1) {  // vectors are [1, n] and stay fp32
+    t.rows = 1;
+    t.cols = w.shape[0];
+  }
+  const bool vector = w.shape.size() <= 1;
+  t.dtype = vector ? DType::kF32 : DType::kBF16;
+  const size_t bytes = static_cast<size_t>(w.numel()) * (vector ? 4 : 2);
+  void* ptr = nullptr;
+  cuda_check(cudaMalloc(&ptr, std::max<size_t>(bytes, 16)), "upload_weight");
+  s_->weights.push_back(ptr);
+  if (vector) {
+    cuda_check(cudaMemcpy(ptr, w.data.data(), bytes, cudaMemcpyHostToDevice), "upload_weight");
+  } else {
+    std::vector<uint16_t> h(static_cast<size_t>(w.numel()));
+    for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(w.data[i]);
+    cuda_check(cudaMemcpy(ptr, h.data(), bytes, cudaMemcpyHostToDevice), "upload_weight");
+  }
+  t.data = ptr;
+  return t;
+}
+
+Tensor CudaBackend::scratch(int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0)
+    throw_error(ErrorCode::kInvalidArgument, "scratch: negative shape [" + std::to_string(rows) +
+                                                 ", " + std::to_string(cols) + "]");
+  const size_t bytes = align_up(static_cast<size_t>(rows * cols) * 4 + 1, 256);
+  State& s = *s_;
+  s.step_scratch_bytes += bytes;
+  while (s.chunk_index < s.chunks.size() && s.chunk_used + bytes > s.chunks[s.chunk_index].bytes) {
+    ++s.chunk_index;
+    s.chunk_used = 0;
+  }
+  if (s.chunk_index == s.chunks.size()) {
+    State::Chunk c{nullptr, std::max<size_t>(bytes, 64u << 20)};
+    cuda_check(cudaMalloc(&c.ptr, c.bytes), "scratch");
+    s.chunks.push_back(c);
+    s.chunk_used = 0;
+  }
+  void* ptr = static_cast<uint8_t*>(s.chunks[s.chunk_index].ptr) + s.chunk_used;
+  s.chunk_used += bytes;
+  return Tensor{ptr, DType::kF32, rows, cols};
+}
+
+void CudaBackend::reset_scratch() {
+  State& s = *s_;
+  if (s.chunks.size() > 1) {  // the step outgrew one chunk: replace them with one that fits
+    cuda_check(cudaStreamSynchronize(s.stream), "reset_scratch");
+    size_t total = 0;
+    for (auto& c : s.chunks) {
+      total += c.bytes;
+      cuda_check(cudaFree(c.ptr), "reset_scratch");
+    }
+    s.chunks.clear();
+    State::Chunk c{nullptr, std::max(total, s.step_scratch_bytes)};
+    cuda_check(cudaMalloc(&c.ptr, c.bytes), "reset_scratch");
+    s.chunks.push_back(c);
+  }
+  s.chunk_index = 0;
+  s.chunk_used = 0;
+  s.step_scratch_bytes = 0;
+}
+
+void CudaBackend::download(const Tensor& src, float* dst) {
+  State& s = *s_;
+  const size_t n = static_cast<size_t>(src.numel());
+  const void* from = src.data;
+  if (src.dtype != DType::kF32) {
+    s.convert.ensure(n * 4 + 16, "download");
+    cuda_check(kernels::launch_convert({src.data, s.convert.ptr, elem(src.dtype),
+                                        kernels::ElemType::kF32, static_cast<int64_t>(n)},
+                                       s.stream),
+               "download convert");
+    from = s.convert.ptr;
+  }
+  cuda_check(cudaMemcpyAsync(dst, from, n * 4, cudaMemcpyDeviceToHost, s.stream), "download");
+  cuda_check(cudaStreamSynchronize(s.stream), "download");
+}
+
+void CudaBackend::upload(const float* src, const Tensor& dst) {
+  State& s = *s_;
+  const size_t n = static_cast<size_t>(dst.numel());
+  if (dst.dtype == DType::kF32) {
+    cuda_check(cudaMemcpyAsync(dst.data, src, n * 4, cudaMemcpyHostToDevice, s.stream), "upload");
+  } else {
+    s.convert.ensure(n * 4 + 16, "upload");
+    cuda_check(cudaMemcpyAsync(s.convert.ptr, src, n * 4, cudaMemcpyHostToDevice, s.stream),
+               "upload");
+    cuda_check(kernels::launch_convert({s.convert.ptr, dst.data, kernels::ElemType::kF32,
+                                        elem(dst.dtype), static_cast<int64_t>(n)},
+                                       s.stream),
+               "upload convert");
+  }
+  cuda_check(cudaStreamSynchronize(s.stream), "upload");
+}
+
+void CudaBackend::allocate_kv(const KvCacheShape& shape) {
+  if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
+      shape.num_kv_heads <= 0 || shape.head_dim <= 0)
+    throw_error(ErrorCode::kInvalidArgument,
+                "allocate_kv: every dimension must be positive (layers " +
+                    std::to_string(shape.num_layers) + ", blocks " +
+                    std::to_string(shape.num_blocks) + ", block_size " +
+                    std::to_string(shape.block_size) + ", kv heads " +
+                    std::to_string(shape.num_kv_heads) + ", head_dim " +
+                    std::to_string(shape.head_dim) + ")");
+  if (shape.head_dim % 2 != 0 || shape.head_dim > kernels::kAttnMaxGenericHeadDim)
+    throw_error(ErrorCode::kUnsupported,
+                "allocate_kv: head_dim " + std::to_string(shape.head_dim) +
+                    " is not supported by the CUDA attention (even, at most " +
+                    std::to_string(kernels::kAttnMaxGenericHeadDim) + ")");
+  State& s = *s_;
+  cuda_check(cudaStreamSynchronize(s.stream), "allocate_kv");
+  kv_shape_ = shape;
+  s.num_slots = shape.num_blocks * shape.block_size;
+  s.kv_width = shape.num_kv_heads * shape.head_dim;
+  const size_t bytes = static_cast<size_t>(2 * shape.num_layers * s.num_slots * s.kv_width) * 2;
+  s.kv.ensure(bytes, "allocate_kv");
+  cuda_check(cudaMemsetAsync(s.kv.ptr, 0, bytes, s.stream), "allocate_kv");
+  cuda_check(cudaStreamSynchronize(s.stream), "allocate_kv");
+}
+
+void CudaBackend::poison_kv() {
+  State& s = *s_;
+  const size_t bytes = static_cast<size_t>(2 * kv_shape_.num_layers * s.num_slots * s.kv_width) * 2;
+  // 0xFFFF is a NaN in both bf16 and fp16.
+  cuda_check(cudaMemsetAsync(s.kv.ptr, 0xFF, bytes, s.stream), "poison_kv");
+  synchronize();
+}
+
+void CudaBackend::download_kv(int64_t layer, std::vector<float>* k, std::vector<float>* v) {
+  State& s = *s_;
+  ARBOR_CHECK(layer >= 0 && layer < kv_shape_.num_layers);
+  const int64_t n = s.num_slots * s.kv_width;
+  for (int plane = 0; plane < 2; ++plane) {
+    const void* src = static_cast<uint8_t*>(s.kv.ptr) + (2 * layer + plane) * n * 2;
+    const Tensor t{const_cast<void*>(src),
+                   s.kv_type == kernels::ElemType::kF16 ? DType::kF16 : DType::kBF16, s.num_slots,
+                   s.kv_width};
+    std::vector<float>* dst = plane == 0 ? k : v;
+    dst->resize(static_cast<size_t>(n));
+    download(t, dst->data());
+  }
+}
+
+int32_t CudaBackend::last_attention_splits() const {
+  return s_->last_splits;
+}
+bool CudaBackend::last_attention_tensor_core() const {
+  return s_->last_tensor_core;
+}
+bool CudaBackend::last_attention_wgmma() const {
+  return s_->last_wgmma;
+}
+
+// --- step metadata ---------------------------------------------------------------------------
+
+void CudaBackend::set_step(const StepInputs& step) {
+  if (kv_shape_.num_layers == 0)
+    throw_error(ErrorCode::kInvalidArgument, "set_step: allocate_kv() must come first");
+  step.validate(kv_shape_);
+  State& s = *s_;
+  const int32_t r_count = step.num_requests();
+  for (int32_t r = 0; r < r_count; ++r) {
+    const int32_t t = step.qo_indptr[r + 1] - step.qo_indptr[r];
+    if (step.mask_indptr[r + 1] != step.mask_indptr[r] && t > s.options.max_tree_nodes)
+      throw_error(ErrorCode::kInvalidArgument, "set_step: request " + std::to_string(r) +
+                                                   " has a tree of " + std::to_string(t) +
+                                                   " nodes, the CUDA backend supports at most " +
+                                                   std::to_string(s.options.max_tree_nodes));
+  }
+  s.step = step;
+  s.has_step = true;
+  std::vector<int32_t> token_request(step.token_ids.size());
+  for (int32_t r = 0; r < r_count; ++r)
+    for (int32_t i = step.qo_indptr[r]; i < step.qo_indptr[r + 1]; ++i) token_request[i] = r;
+
+  Packer pk;
+  const size_t o_ids = pk.add(step.token_ids), o_pos = pk.add(step.positions),
+               o_slots = pk.add(step.slot_mapping), o_qo = pk.add(step.qo_indptr),
+               o_committed = pk.add(step.committed_len), o_tables = pk.add(step.block_tables),
+               o_mask = pk.add(step.tree_mask), o_mask_ptr = pk.add(step.mask_indptr),
+               o_logits = pk.add(step.logits_rows), o_treq = pk.add(token_request);
+  uint8_t* host = s.meta.begin(pk.size(), "set_step");
+  pk.write(host);
+  s.meta.commit(pk.size(), s.stream, "set_step");
+  s.d_token_ids = s.meta_ptr<int32_t>(o_ids);
+  s.d_positions = s.meta_ptr<int32_t>(o_pos);
+  s.d_slots = s.meta_ptr<int64_t>(o_slots);
+  s.d_qo_indptr = s.meta_ptr<int32_t>(o_qo);
+  s.d_committed = s.meta_ptr<int32_t>(o_committed);
+  s.d_block_tables = s.meta_ptr<int32_t>(o_tables);
+  s.d_tree_mask = s.meta_ptr<uint32_t>(o_mask);
+  s.d_mask_indptr = s.meta_ptr<int32_t>(o_mask_ptr);
+  s.d_logits_rows = s.meta_ptr<int32_t>(o_logits);
+  s.d_token_request = s.meta_ptr<int32_t>(o_treq);
+  s.plan_valid = false;
+}
+
+// --- ops ----------------------------------------------------------------------------------
+
+namespace {
+void require_step(bool has_step, const char* op) {
+  if (!has_step)
+    throw_error(ErrorCode::kInvalidArgument, std::string(op) + ": set_step() must come first");
+}
+}  // namespace
+
+void CudaBackend::embedding(const Tensor& table, const Tensor& out) {
+  State& s = *s_;
+  require_step(s.has_step, "embedding");
+  if (out.rows != s.step.num_tokens() || out.cols != table.cols)
+    throw_error(ErrorCode::kInvalidArgument, "embedding: out " + shape(out) + " for " +
+                                                 std::to_string(s.step.num_tokens()) +
+                                                 " tokens and table " + shape(table));
+  for (int32_t id : s.step.token_ids)
+    if (id < 0 || id >= table.rows)
+      throw_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
+                                                   " is outside the vocabulary of " +
+                                                   std::to_string(table.rows));
+  kernels::GatherRowsParams p;
+  p.src = table.data;
+  p.dst = out.data;
+  p.index = s.d_token_ids;
+  p.src_type = elem(table.dtype);
+  p.dst_type = elem(out.dtype);
+  p.num_rows = out.rows;
+  p.cols = out.cols;
+  cuda_check(kernels::launch_gather_rows(p, s.stream), "embedding");
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) {
+  check_same_shape(x, out, "rms_norm");
+  if (weight.numel() != x.cols || weight.dtype != DType::kF32)
+    throw_error(ErrorCode::kInvalidArgument, "rms_norm: weight " + shape(weight) + " for rows of " +
+                                                 std::to_string(x.cols) +
+                                                 " (an fp32 vector expected)");
+  kernels::RmsNormParams p;
+  p.x = x.data;
+  p.weight = static_cast<const float*>(weight.data);
+  p.out = out.data;
+  p.x_type = elem(x.dtype);
+  p.out_type = elem(out.dtype);
+  p.rows = x.rows;
+  p.cols = x.cols;
+  p.eps = static_cast<float>(eps);
+  cuda_check(kernels::launch_rms_norm(p, s_->stream), "rms_norm");
+}
+
+void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  State& s = *s_;
+  if (x.cols != w.cols || out.rows != x.rows || out.cols != w.rows)
+    throw_error(ErrorCode::kInvalidArgument,
+                "linear: x " + shape(x) + ", w " + shape(w) + ", out " + shape(out));
+  if (w.dtype != DType::kBF16 || out.dtype != DType::kF32)
+    throw_error(ErrorCode::kUnsupported, "linear: needs a bf16 weight and an f32 output, got w " +
+                                             shape(w) + " and out " + shape(out));
+  if (bias.data != nullptr && (bias.numel() != w.rows || bias.dtype != DType::kF32))
+    throw_error(ErrorCode::kInvalidArgument,
+                "linear: bias " + shape(bias) + " for " + std::to_string(w.rows) + " outputs");
+  if (x.rows == 0) return;
+  const void* xin = x.data;
+  if (x.dtype != DType::kBF16) {  // round the activations to bf16 for the tensor cores
+    s.gemm_input.ensure(static_cast<size_t>(x.numel()) * 2 + 16, "linear");
+    cuda_check(kernels::launch_convert(
+                   {x.data, s.gemm_input.ptr, elem(x.dtype), kernels::ElemType::kBF16, x.numel()},
+                   s.stream),
+               "linear convert");
+    xin = s.gemm_input.ptr;
+  }
+  // Column-major view: out^T [O, N] = w [O, I] (stored as w^T, so op T) x x^T [I, N].
+  const float alpha = 1.f, beta = 0.f;
+  cublas_check(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
+                            static_cast<int>(x.rows), static_cast<int>(x.cols), &alpha, w.data,
+                            CUDA_R_16BF, static_cast<int>(w.cols), xin, CUDA_R_16BF,
+                            static_cast<int>(x.cols), &beta, out.data, CUDA_R_32F,
+                            static_cast<int>(out.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "linear");
+  if (bias.data != nullptr) {
+    kernels::AddBiasParams p;
+    p.out = out.data;
+    p.bias = static_cast<const float*>(bias.data);
+    p.rows = out.rows;
+    p.cols = out.cols;
+    cuda_check(kernels::launch_add_bias(p, s.stream), "linear bias");
+  }
+}
+
+void CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  check_same_shape(a, b, "add");
+  check_same_shape(a, out, "add");
+  cuda_check(kernels::launch_add({a.data, b.data, out.data, elem(a.dtype), elem(b.dtype),
+                                  elem(out.dtype), a.numel()},
+                                 s_->stream),
+             "add");
+}
+
+void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  check_same_shape(gate, up, "silu_mul");
+  check_same_shape(gate, out, "silu_mul");
+  cuda_check(kernels::launch_silu_mul({gate.data, up.data, out.data, elem(gate.dtype),
+                                       elem(up.dtype), elem(out.dtype), gate.numel()},
+                                      s_->stream),
+             "silu_mul");
+}
+
+void CudaBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& rp) {
+  State& s = *s_;
+  require_step(s.has_step, "rope");
+  const int64_t d = rp.head_dim;
+  if (d <= 0 || d % 2 != 0 || q.rows != s.step.num_tokens() || k.rows != q.rows ||
+      q.cols % d != 0 || k.cols % d != 0 || q.dtype != DType::kF32 || k.dtype != DType::kF32)
+    throw_error(ErrorCode::kInvalidArgument, "rope: q " + shape(q) + ", k " + shape(k) +
+                                                 ", head_dim " + std::to_string(d) + " for " +
+                                                 std::to_string(s.step.num_tokens()) +
+                                                 " tokens (f32, even head_dim expected)");
+  const std::vector<double> inv_d = rope_inv_freq(rp);
+  std::vector<float> inv(inv_d.begin(), inv_d.end());
+  if (inv != s.inv_freq_host) {
+    s.inv_freq.ensure(inv.size() * 4, "rope");
+    cuda_check(cudaMemcpyAsync(s.inv_freq.ptr, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice,
+                               s.stream),
+               "rope");
+    cuda_check(cudaStreamSynchronize(s.stream), "rope");
+    s.inv_freq_host = inv;
+  }
+  kernels::RopeParams p;
+  p.q = static_cast<float*>(q.data);
+  p.k = static_cast<float*>(k.data);
+  p.positions = s.d_positions;
+  p.inv_freq = static_cast<const float*>(s.inv_freq.ptr);
+  p.num_tokens = static_cast<int32_t>(q.rows);
+  p.num_q_heads = static_cast<int32_t>(q.cols / d);
+  p.num_k_heads = static_cast<int32_t>(k.cols / d);
+  p.head_dim = static_cast<int32_t>(d);
+  cuda_check(kernels::launch_rope(p, s.stream), "rope");
+}
+
+void CudaBackend::write_kv(int64_t layer, const Tensor& k, const Tensor& v) {
+  State& s = *s_;
+  require_step(s.has_step, "write_kv");
+  if (layer < 0 || layer >= kv_shape_.num_layers)
+    throw_error(ErrorCode::kInvalidArgument, "write_kv: layer " + std::to_string(layer) + " of " +
+                                                 std::to_string(kv_shape_.num_layers));
+  if (k.cols != s.kv_width || v.cols != s.kv_width || k.rows != s.step.num_tokens() ||
+      v.rows != k.rows)
+    throw_error(ErrorCode::kInvalidArgument, "write_kv: k " + shape(k) + ", v " + shape(v) +
+                                                 " for " + std::to_string(s.step.num_tokens()) +
+                                                 " tokens of width " + std::to_string(s.kv_width));
+  const int64_t plane = s.num_slots * s.kv_width * 2;
+  kernels::WriteKvParams p;
+  p.k = k.data;
+  p.v = v.data;
+  p.k_plane = static_cast<uint8_t*>(s.kv.ptr) + (2 * layer) * plane;
+  p.v_plane = static_cast<uint8_t*>(s.kv.ptr) + (2 * layer + 1) * plane;
+  p.slots = s.d_slots;
+  p.src_type = elem(k.dtype);
+  p.cache_type = s.kv_type;
+  p.num_tokens = k.rows;
+  p.width = s.kv_width;
+  cuda_check(kernels::launch_write_kv(p, s.stream), "write_kv");
+}
+
+void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t num_heads,
+                                       const Tensor& out) {
+  State& s = *s_;
+  require_step(s.has_step, "paged_tree_attention");
+  const int64_t d = kv_shape_.head_dim;
+  const int64_t hkv = kv_shape_.num_kv_heads;
+  if (layer < 0 || layer >= kv_shape_.num_layers)
+    throw_error(ErrorCode::kInvalidArgument, "paged_tree_attention: layer " +
+                                                 std::to_string(layer) + " of " +
+                                                 std::to_string(kv_shape_.num_layers));
+  const std::string why = kernels::attention_unsupported_reason(
+      static_cast<int32_t>(num_heads), static_cast<int32_t>(hkv), static_cast<int32_t>(d));
+  if (!why.empty()) throw_error(ErrorCode::kUnsupported, "paged_tree_attention: " + why);
+  if (q.cols != num_heads * d || q.rows != s.step.num_tokens() || out.rows != q.rows ||
+      out.cols != q.cols || out.dtype != q.dtype)
+    throw_error(ErrorCode::kInvalidArgument,
+                "paged_tree_attention: q " + shape(q) + ", out " + shape(out) + " for " +
+                    std::to_string(s.step.num_tokens()) + " tokens x " + std::to_string(num_heads) +
+                    " heads x head_dim " + std::to_string(d));
+  const int32_t r_count = s.step.num_requests();
+  if (!s.plan_valid || s.plan_heads != num_heads) {
+    kernels::AttentionPlanInputs in;
+    in.qo_indptr = s.step.qo_indptr.data();
+    in.committed_len = s.step.committed_len.data();
+    in.num_requests = r_count;
+    in.num_q_heads = static_cast<int32_t>(num_heads);
+    in.num_kv_heads = static_cast<int32_t>(hkv);
+    in.head_dim = static_cast<int32_t>(d);
+    in.num_sms = s.num_sms;
+    in.max_splits = s.options.attention_max_splits;
+    in.wgmma = s.use_wgmma;
+    s.plan = kernels::plan_paged_tree_attention(in);
+    Packer pk;
+    const size_t o_work = pk.add(s.plan.work), o_splits = pk.add(s.plan.request_splits),
+                 o_chunk = pk.add(s.plan.request_kv_chunk),
+                 o_prow = pk.add(s.plan.request_partial_row);
+    uint8_t* host = s.plan_upload.begin(pk.size(), "attention plan");
+    pk.write(host);
+    s.plan_upload.commit(pk.size(), s.stream, "attention plan");
+    auto* base = static_cast<uint8_t*>(s.plan_upload.device.ptr);
+    s.d_work = reinterpret_cast<const kernels::AttentionWorkItem*>(base + o_work);
+    s.d_splits = reinterpret_cast<const int32_t*>(base + o_splits);
+    s.d_kv_chunk = reinterpret_cast<const int32_t*>(base + o_chunk);
+    s.d_partial_row = reinterpret_cast<const int32_t*>(base + o_prow);
+    if (s.plan.needs_merge) {
+      s.partial_out.ensure(static_cast<size_t>(s.plan.num_partial_rows * num_heads * d) * 4,
+                           "attention partials");
+      s.partial_lse.ensure(static_cast<size_t>(s.plan.num_partial_rows * num_heads) * 4,
+                           "attention partials");
+    }
+    s.plan_valid = true;
+    s.plan_heads = num_heads;
+  }
+  const int64_t plane = s.num_slots * s.kv_width * 2;
+  kernels::PagedTreeAttentionParams p;
+  p.q = q.data;
+  p.out = out.data;
+  p.k_cache = static_cast<uint8_t*>(s.kv.ptr) + (2 * layer) * plane;
+  p.v_cache = static_cast<uint8_t*>(s.kv.ptr) + (2 * layer + 1) * plane;
+  p.io_type = elem(q.dtype);
+  p.kv_type = s.kv_type;
+  p.qo_indptr = s.d_qo_indptr;
+  p.committed_len = s.d_committed;
+  p.block_tables = s.d_block_tables;
+  p.tree_mask = s.d_tree_mask;
+  p.mask_indptr = s.d_mask_indptr;
+  p.token_request = s.d_token_request;
+  p.max_blocks_per_request = s.step.max_blocks_per_request;
+  p.num_requests = r_count;
+  p.num_tokens = s.step.num_tokens();
+  p.num_q_heads = static_cast<int32_t>(num_heads);
+  p.num_kv_heads = static_cast<int32_t>(hkv);
+  p.head_dim = static_cast<int32_t>(d);
+  p.block_size = static_cast<int32_t>(kv_shape_.block_size);
+  p.sm_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.tensor_core = s.plan.tensor_core;
+  p.wgmma = s.plan.wgmma;
+  p.work = s.d_work;
+  p.num_work = static_cast<int32_t>(s.plan.work.size());
+  p.request_splits = s.d_splits;
+  p.request_kv_chunk = s.d_kv_chunk;
+  p.request_partial_row = s.d_partial_row;
+  p.needs_merge = s.plan.needs_merge;
+  p.partial_out = static_cast<float*>(s.partial_out.ptr);
+  p.partial_lse = static_cast<float*>(s.partial_lse.ptr);
+  cuda_check(kernels::launch_paged_tree_attention(p, s.stream), "paged_tree_attention");
+  s.last_splits = s.plan.max_splits_used;
+  s.last_tensor_core = s.plan.tensor_core;
+  s.last_wgmma = s.plan.wgmma;
+}
+
+void CudaBackend::gather_logit_rows(const Tensor& x, const Tensor& out) {
+  State& s = *s_;
+  require_step(s.has_step, "gather_logit_rows");
+  if (out.rows != static_cast<int64_t>(s.step.logits_rows.size()) || out.cols != x.cols ||
+      x.rows != s.step.num_tokens())
+    throw_error(ErrorCode::kInvalidArgument,
+                "gather_logit_rows: x " + shape(x) + ", out " + shape(out) + " for " +
+                    std::to_string(s.step.logits_rows.size()) + " logits rows");
+  kernels::GatherRowsParams p;
+  p.src = x.data;
+  p.dst = out.data;
+  p.index = s.d_logits_rows;
+  p.src_type = elem(x.dtype);
+  p.dst_type = elem(out.dtype);
+  p.num_rows = out.rows;
+  p.cols = out.cols;
+  cuda_check(kernels::launch_gather_rows(p, s.stream), "gather_logit_rows");
+}
+
+void CudaBackend::copy_kv(const std::vector<int64_t>& src_slots,
+                          const std::vector<int64_t>& dst_slots) {
+  State& s = *s_;
+  if (src_slots.size() != dst_slots.size())
+    throw_error(ErrorCode::kInvalidArgument,
+                "copy_kv: " + std::to_string(src_slots.size()) + " source slots but " +
+                    std::to_string(dst_slots.size()) + " destination slots");
+  for (size_t i = 0; i < src_slots.size(); ++i)
+    if (src_slots[i] < 0 || src_slots[i] >= s.num_slots || dst_slots[i] < 0 ||
+        dst_slots[i] >= s.num_slots)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "copy_kv: slot pair " + std::to_string(src_slots[i]) + " -> " +
+                      std::to_string(dst_slots[i]) + " is outside the cache's " +
+                      std::to_string(s.num_slots) + " slots");
+  if (src_slots.empty()) return;
+  Packer pk;
+  const size_t o_src = pk.add(src_slots), o_dst = pk.add(dst_slots);
+  uint8_t* host = s.copy_slots.begin(pk.size(), "copy_kv");
+  pk.write(host);
+  s.copy_slots.commit(pk.size(), s.stream, "copy_kv");
+  const int64_t planes = 2 * kv_shape_.num_layers;
+  const int64_t pairs = static_cast<int64_t>(src_slots.size());
+  s.copy_staging.ensure(static_cast<size_t>(planes * pairs * s.kv_width) * 2 + 16, "copy_kv");
+  kernels::CopyKvParams p;
+  p.cache = s.kv.ptr;
+  p.staging = s.copy_staging.ptr;
+  auto* base = static_cast<uint8_t*>(s.copy_slots.device.ptr);
+  p.src_slots = reinterpret_cast<const int64_t*>(base + o_src);
+  p.dst_slots = reinterpret_cast<const int64_t*>(base + o_dst);
+  p.num_planes = planes;
+  p.num_slots = s.num_slots;
+  p.width = s.kv_width;
+  p.num_pairs = pairs;
+  cuda_check(kernels::launch_copy_kv(p, s.stream), "copy_kv");
+}
+
+}  // namespace arbor

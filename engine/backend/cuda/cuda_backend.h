@@ -1,0 +1,81 @@
+// The CUDA backend: the Backend contract on one NVIDIA GPU. Weights (matrices) and the paged KV
+// cache are 16-bit (bf16; fp16 KV optional), vectors (norm weights, biases) stay fp32, and
+// activations (every scratch tensor) are fp32, so the residual stream, norms and RoPE keep the
+// CPU reference's precision; linear() rounds its input to bf16 for the tensor-core GEMM
+// (cuBLAS, fp32 accumulate and output). Kernels live in kernels/; this is the host side: memory,
+// per-step metadata upload, argument checks (arbor::Error before any launch), dispatch.
+// Only built with -DARBOR_CUDA=ON; nothing here includes CUDA headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/backend/backend.h"
+
+namespace arbor {
+
+struct CudaBackendOptions {
+  int device = 0;                 // CUDA device ordinal
+  DType kv_dtype = DType::kBF16;  // KV cache element type: kBF16 or kF16
+  int attention_max_splits = 0;   // split-KV cap: 0 = chosen from the shape, 1 = never split
+  int32_t max_tree_nodes = 1024;  // largest masked (tree) request accepted by set_step
+  // Tensor-core attention kernel: 0 = wgmma for head_dim 128 where the build and GPU have it
+  // (sm_90a), else mma.sync (head_dim 64 always); 1 = mma.sync; 2 = wgmma for head_dim 128
+  // (kUnsupported where unavailable).
+  int attention_kernel = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override { return "cuda"; }
+  Tensor upload_weight(const HostTensor& w) override;
+  Tensor scratch(int64_t rows, int64_t cols) override;
+  void reset_scratch() override;
+  void download(const Tensor& src, float* dst) override;
+  void upload(const float* src, const Tensor& dst) override;
+  void allocate_kv(const KvCacheShape& shape) override;
+  const KvCacheShape& kv_shape() const override { return kv_shape_; }
+  void set_step(const StepInputs& step) override;
+
+  void embedding(const Tensor& table, const Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void rope(const Tensor& q, const Tensor& k, const RopeParams& p) override;
+  void write_kv(int64_t layer, const Tensor& k, const Tensor& v) override;
+  void paged_tree_attention(int64_t layer, const Tensor& q, int64_t num_heads,
+                            const Tensor& out) override;
+  void gather_logit_rows(const Tensor& x, const Tensor& out) override;
+  void copy_kv(const std::vector<int64_t>& src_slots,
+               const std::vector<int64_t>& dst_slots) override;
+
+  // --- for tests and benchmarks ---------------------------------------------------------------
+  // Layer's K and V caches as fp32 [num_blocks * block_size, num_kv_heads * head_dim].
+  void download_kv(int64_t layer, std::vector<float>* k, std::vector<float>* v);
+  // Sets every KV element of every layer to NaN (tests poison slots nothing should read).
+  void poison_kv();
+  // Largest KV split count of the last attention launch (1 = no split) and whether it used the
+  // tensor-core path.
+  int32_t last_attention_splits() const;
+  bool last_attention_tensor_core() const;
+  bool last_attention_wgmma() const;
+  void synchronize();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+  KvCacheShape kv_shape_;
+};
+
+// The factory the server and tests use (declared here, not in backend.h, so builds without
+// CUDA never reference it).
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
+
+}  // namespace arbor

@@ -1,0 +1,122 @@
+// Paged tree attention over a flat batch of requests (DESIGN.md "The paged tree-attention
+// kernel"): one launch scores every request's query rows (plain decode, causal prefill chunks,
+// speculation trees with packed ancestor masks) against its paged KV prefix plus its own new
+// tokens. Plain C++ interface: a host-built plan (work list, split-KV choice) and POD params.
+//
+// Semantics (identical to the CPU reference, engine/backend/cpu): request r owns query rows
+// [qo_indptr[r], qo_indptr[r+1]) (T_r rows). Its keys are logical indices [0, committed_len[r]
+// + T_r); index j lives in slot block_tables[r][j / block_size] * block_size + j % block_size.
+// Every row sees the committed prefix; row i sees new token t iff bit t of its packed mask row
+// is set, or t <= i when the request has no mask words (causal).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/common/kernel_types.h"
+
+namespace arbor::kernels {
+
+// Tile geometry of the tensor-core path: a work unit's query tile is 16 * warps_m packed rows
+// (row = node * group + head_in_group); KV tiles are 64 logical keys.
+constexpr int kAttnKvTile = 64;
+constexpr int kAttnMaxRowsPerTile = 64;
+constexpr int kAttnThreads = 128;
+constexpr int kAttnMaxGenericHeadDim = 256;
+constexpr int kAttnMaxSplits = 256;  // KV splits of one request (the merge kernel's limit)
+
+// One CTA's work: packed query rows [row_begin, row_begin + 16 * warps_m) of (request,
+// kv_head), over KV split `split` of the request.
+struct AttentionWorkItem {
+  int32_t request;
+  int32_t kv_head;
+  int32_t row_begin;
+  int16_t split;
+  int16_t warps_m;  // 1, 2 or 4: warps along rows; the other 4 / warps_m split each KV tile
+};
+
+// Host inputs of the planner.
+struct AttentionPlanInputs {
+  const int32_t* qo_indptr = nullptr;      // [R + 1] host
+  const int32_t* committed_len = nullptr;  // [R] host
+  int32_t num_requests = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t num_sms = 132;
+  int32_t ctas_per_sm = 0;  // resident CTAs per SM of the tensor-core kernel (0: its own)
+  int32_t max_splits = 0;   // 0: chosen from the shape; 1 disables split-KV; > 1 caps it
+  bool wgmma = false;       // plan for the wgmma kernel (head_dim 128: every tile 64 rows)
+};
+
+// The host-built launch plan: the work list, per-request KV splits and where split partials go.
+struct AttentionPlan {
+  bool tensor_core = false;                  // head_dim 64/128 path; else the generic path
+  bool wgmma = false;                        // tensor-core path through wgmma (sm_90a)
+  std::vector<AttentionWorkItem> work;       // [W] (tensor-core path only)
+  std::vector<int32_t> request_splits;       // [R] KV splits of each request (>= 1)
+  std::vector<int32_t> request_kv_chunk;     // [R] keys per split (multiple of kAttnKvTile)
+  std::vector<int32_t> request_partial_row;  // [R] first partial row of the request
+  int64_t num_partial_rows = 0;              // sum over split requests of splits * T_r
+  bool needs_merge = false;                  // some request has > 1 split
+  int32_t max_splits_used = 1;
+};
+
+// Returns "" when (head_dim, group) is supported, else the reason (for the caller's error).
+std::string attention_unsupported_reason(int32_t num_q_heads, int32_t num_kv_heads,
+                                         int32_t head_dim);
+
+// Builds the work list: rows are packed per (request, kv head) and cut into tiles of 16, 32 or
+// 64 rows (smallest that holds the request's rows, so decode rows are not padded to 64); KV is
+// split when the units do not fill num_sms * ctas_per_sm CTAs (see docs/kernels.md).
+AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in);
+
+struct PagedTreeAttentionParams {
+  // Tensors (device).
+  const void* q = nullptr;        // [num_tokens, num_q_heads * head_dim] io_type
+  void* out = nullptr;            // [num_tokens, num_q_heads * head_dim] io_type
+  const void* k_cache = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim] kv_type
+  const void* v_cache = nullptr;  // same
+  ElemType io_type = ElemType::kF32;
+  ElemType kv_type = ElemType::kBF16;  // kBF16 or kF16
+  // Step metadata (device).
+  const int32_t* qo_indptr = nullptr;      // [R + 1]
+  const int32_t* committed_len = nullptr;  // [R]
+  const int32_t* block_tables = nullptr;   // [R, max_blocks_per_request]
+  const uint32_t* tree_mask = nullptr;     // packed rows, [sum_r T_r * ceil(T_r / 32)]
+  const int32_t* mask_indptr = nullptr;    // [R + 1]
+  const int32_t* token_request = nullptr;  // [num_tokens] request of each row (merge kernel)
+  int32_t max_blocks_per_request = 0;
+  int32_t num_requests = 0;
+  int32_t num_tokens = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 0;
+  float sm_scale = 0.f;  // usually 1 / sqrt(head_dim)
+  // Plan (device copies of AttentionPlan's arrays).
+  bool tensor_core = false;
+  bool wgmma = false;  // the plan's choice; only on sm_90a (attention_wgmma_available)
+  const AttentionWorkItem* work = nullptr;  // [num_work]
+  int32_t num_work = 0;
+  const int32_t* request_splits = nullptr;       // [R]
+  const int32_t* request_kv_chunk = nullptr;     // [R]
+  const int32_t* request_partial_row = nullptr;  // [R]
+  bool needs_merge = false;
+  float* partial_out = nullptr;  // [num_partial_rows, num_q_heads, head_dim] fp32
+  float* partial_lse = nullptr;  // [num_partial_rows, num_q_heads] fp32, log2 domain
+};
+
+// Launches the attention (and the split merge when the plan has splits) on `stream`. Inputs
+// must have been validated by the caller (attention_unsupported_reason, StepInputs); returns
+// the launch error.
+cudaError_t launch_paged_tree_attention(const PagedTreeAttentionParams& p, cudaStream_t stream);
+
+// Whether this build's kernels carry wgmma code for the current device (sm_90a); runs a
+// one-thread probe kernel.
+cudaError_t attention_wgmma_available(bool* available);
+
+}  // namespace arbor::kernels

@@ -1,0 +1,532 @@
+// Tensor-core path of paged tree attention (head_dim 64 and 128; bf16 or fp16 KV): one CTA
+// per work item (request, kv head, query-row tile, KV split), mma.sync m16n8k16 with fp32
+// accumulation, online softmax in fp32 (log2 domain), K/V tiles of 64 keys streamed through a
+// three-stage cp.async pipeline via the block table. See docs/kernels.md.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "kernels/attention/attention_internal.cuh"
+#include "kernels/common/device_utils.cuh"
+#include "kernels/common/wgmma.cuh"
+
+namespace arbor::kernels::detail {
+
+namespace {
+
+constexpr int kTileN = kAttnKvTile;  // keys per KV tile
+constexpr int kStages = 3;           // K/V tiles in flight: two loading while one is used
+constexpr int kWarps = kAttnThreads / 32;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Element offset of (row, col) in a [rows][D] tile whose 16-byte chunks are XOR-swizzled by
+// row so that ldmatrix's 8 rows at one column hit 8 different bank groups.
+template <int D>
+__device__ __forceinline__ int swz(int row, int col) {
+  return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+// The wgmma layout of a [64][D] K or V tile: D / 64 column blocks of [64 rows][64 elements],
+// each row 128 bytes with the hardware's 128-byte swizzle (16-byte chunk ^= row % 8), so one
+// descriptor walks K as a K-major and V as an MN-major operand.
+template <int D>
+__device__ __forceinline__ int swz128(int row, int col) {
+  return (col >> 6) * (64 * 64) + row * 64 + ((((col & 63) >> 3) ^ (row & 7)) << 3) + (col & 7);
+}
+
+template <bool kWgmma, int D>
+__device__ __forceinline__ int kv_offset(int row, int col) {
+  if constexpr (kWgmma)
+    return swz128<D>(row, col);
+  else
+    return swz<D>(row, col);
+}
+
+// m64nNk16 wgmma for the cache's element type.
+template <typename KvT, int kTransB, int N>
+__device__ __forceinline__ void wgmma_mma(float (&d)[N][4], const uint32_t (&a)[4], uint64_t desc,
+                                          int scale_d) {
+  constexpr bool kBf16 = std::is_same_v<KvT, __nv_bfloat16>;
+  if constexpr (N == 8) {
+    if constexpr (kBf16)
+      wgmma_m64n64k16_bf16<kTransB>(d, a, desc, scale_d);
+    else
+      wgmma_m64n64k16_f16<kTransB>(d, a, desc, scale_d);
+  } else {
+    static_assert(N == 16);
+    if constexpr (kBf16)
+      wgmma_m64n128k16_bf16<kTransB>(d, a, desc, scale_d);
+    else
+      wgmma_m64n128k16_f16<kTransB>(d, a, desc, scale_d);
+  }
+}
+
+// 2^x on the SFU (2 ulp; 2^-inf = 0), without exp2f's range fix-ups.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Eight consecutive elements of a q row, as floats.
+__device__ __forceinline__ void load8(const void* base, ElemType t, int64_t i, float (&v)[8]) {
+  if (t == ElemType::kF32) {
+    const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+    const float4 b = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + i);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (t == ElemType::kBF16) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+        v[2 * k] = f.x, v[2 * k + 1] = f.y;
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+        v[2 * k] = f.x, v[2 * k + 1] = f.y;
+      }
+    }
+  }
+}
+
+// Online-softmax state update for one 64-key tile whose raw scores (q.k, unscaled) are in
+// s (this warp's columns): masks invisible keys when the tile reaches the tree's own keys or the
+// split's end, updates the running max / sum of the thread's two rows, leaves P = 2^(s*scale -
+// m) in s and rescales the O accumulators when the max moved.
+template <int D>
+__device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[D / 8][4],
+                                             float (&m_run)[2], float (&l_run)[2], int warp_ntiles,
+                                             int col0, int lane, bool need_mask, int n0, int kv_end,
+                                             int committed, int tree_len, bool causal,
+                                             const uint32_t* mask, int words, const int (&rows)[2],
+                                             int total_rows, int group, float scale_log2) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (need_mask) {  // warp-uniform: prefix tiles skip this entirely
+      const uint64_t vis = rows[h] < total_rows
+                               ? tile_visibility(n0, kv_end, committed, tree_len, rows[h] / group,
+                                                 causal, mask, words)
+                               : 0ull;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        if (nt < warp_ntiles) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = col0 + nt * 8 + (lane % 4) * 2 + e;
+            if (!((vis >> c) & 1ull)) s[nt][2 * h + e] = -INFINITY;
+          }
+        }
+      }
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      if (nt < warp_ntiles) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // Running max in the scaled (log2) domain; scale > 0 keeps the order of raw scores.
+    const float m_new = fmaxf(m_run[h], mx * scale_log2);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    const float alpha = fast_exp2(m_run[h] - m_use);
+    m_run[h] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      if (nt < warp_ntiles) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pv = fast_exp2(fmaf(s[nt][2 * h + e], scale_log2, -m_use));
+          s[nt][2 * h + e] = pv;
+          sum += pv;
+        }
+      }
+    }
+    l_run[h] = l_run[h] * alpha + sum;
+    if (__any_sync(0xffffffffu, alpha != 1.f)) {  // the running max moved for some row
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][2 * h] *= alpha;
+        o[dt][2 * h + 1] *= alpha;
+      }
+    }
+  }
+}
+
+// P (the S accumulators of 16 keys) as an m16n8k16 / wgmma A fragment.
+template <typename KvT>
+__device__ __forceinline__ void p_fragment(const float (&s)[8][4], int ks16, uint32_t (&a)[4]) {
+  a[0] = pack2<KvT>(s[2 * ks16][0], s[2 * ks16][1]);
+  a[1] = pack2<KvT>(s[2 * ks16][2], s[2 * ks16][3]);
+  a[2] = pack2<KvT>(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]);
+  a[3] = pack2<KvT>(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3]);
+}
+
+// kWgmma (head_dim 128): S and PV by warpgroup MMAs (the 4 warps as one m64 tile, K/V read
+// from shared memory once per CTA), with S of the next tile in flight while the softmax of
+// this one runs; else per-warp mma.sync with ldmatrix fragments (any rows-per-tile layout).
+template <typename KvT, int D, bool kWgmma>
+__global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
+    tree_attention_mma_kernel(const PagedTreeAttentionParams p) {
+  static_assert(!kWgmma || D == 128, "the wgmma path is built for head_dim 128");
+  extern __shared__ __align__(1024) unsigned char smem_dyn[];
+  // 1024-byte aligned base (the swizzle atoms of the wgmma descriptors need it).
+  unsigned char* smem_raw = smem_dyn + ((1024 - (smem_addr(smem_dyn) & 1023)) & 1023);
+  KvT* k_smem = reinterpret_cast<KvT*>(smem_raw);      // [kStages][kTileN][D]
+  KvT* v_smem = k_smem + kStages * kTileN * D;         // [kStages][kTileN][D]
+  float* o_smem = reinterpret_cast<float*>(smem_raw);  // [64][D] after the KV loop
+  __shared__ float red_m[kWarps][16], red_l[kWarps][16];
+  __shared__ float row_m[kAttnMaxRowsPerTile], row_l[kAttnMaxRowsPerTile];
+
+  const AttentionWorkItem item = p.work[blockIdx.x];
+  const int r = item.request;
+  const int kvh = item.kv_head;
+  const int warps_m = kWgmma ? kWarps : item.warps_m;
+  const int warps_n = kWarps / warps_m;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int wm = warp % warps_m, wn = warp / warps_m;
+  const int cols_per_warp = kTileN / warps_n;  // 16, 32 or 64
+  const int warp_ntiles = cols_per_warp / 8;   // n8 tiles of S per warp: 2, 4 or 8
+  const int tile_rows = 16 * warps_m;
+
+  const int q0 = p.qo_indptr[r];
+  const int tree_len = p.qo_indptr[r + 1] - q0;
+  const int committed = p.committed_len[r];
+  const int kv_len = committed + tree_len;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int total_rows = tree_len * group;
+  const int splits = p.request_splits[r];
+  const int kv_begin = item.split * p.request_kv_chunk[r];
+  int kv_end = min(kv_len, kv_begin + p.request_kv_chunk[r]);
+  const bool causal = p.mask_indptr[r] == p.mask_indptr[r + 1];
+  const int words = (tree_len + 31) / 32;
+  const uint32_t* mask = p.tree_mask + p.mask_indptr[r];
+  const int row_begin = item.row_begin;
+  if (causal) {  // keys after the tile's last node are visible to none of its rows
+    const int last_row = min(row_begin + tile_rows, total_rows) - 1;
+    kv_end = min(kv_end, committed + last_row / group + 1);
+  }
+  const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kTileN - 1) / kTileN : 0;
+
+  const KvT* k_cache = static_cast<const KvT*>(p.k_cache);
+  const KvT* v_cache = static_cast<const KvT*>(p.v_cache);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(r) * p.max_blocks_per_request;
+  const int bs = p.block_size;
+  const int bs_shift = __popc(bs) == 1 ? __ffs(bs) - 1 : -1;  // power-of-two block sizes
+
+  // This thread's share of a tile load: one 16-byte chunk column of kRowStep-spaced rows. The
+  // swizzle term is the same for all of them (kRowStep is a multiple of 8).
+  constexpr int kChunks = D / 8;  // 16-byte chunks per key row
+  constexpr int kRowStep = kAttnThreads / kChunks;
+  constexpr int kRowsPerThread = kTileN / kRowStep;
+  static_assert(kRowStep % 8 == 0, "the swizzle term must not depend on the row step");
+  const int load_row0 = tid / kChunks;
+  const int load_chunk = tid % kChunks;
+  const int load_dst0 = kv_offset<kWgmma, D>(load_row0, load_chunk * 8);
+  const int64_t head_off = static_cast<int64_t>(kvh) * D + load_chunk * 8;
+  const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * D;
+
+  auto load_tile = [&](int stage, int n0) {
+    KvT* ks = k_smem + stage * kTileN * D;
+    KvT* vs = v_smem + stage * kTileN * D;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int j = n0 + load_row0 + i * kRowStep;
+      const bool valid = j < kv_end;
+      int64_t off = 0;
+      if (valid) {
+        const int page = bs_shift >= 0 ? j >> bs_shift : j / bs;
+        const int in_page = bs_shift >= 0 ? j & (bs - 1) : j % bs;
+        off = (static_cast<int64_t>(table[page]) * bs + in_page) * slot_stride + head_off;
+      }
+      const int dst = load_dst0 + i * kRowStep * (kWgmma ? 64 : D);
+      cp_async_16(smem_addr(ks + dst), k_cache + off, valid ? 16 : 0);
+      cp_async_16(smem_addr(vs + dst), v_cache + off, valid ? 16 : 0);
+    }
+  };
+
+  // Prologue: tiles 0 and 1 in flight (one commit group each, empty groups included, so the
+  // wait counts below hold for any tile count).
+  if (num_tiles > 0) load_tile(0, kv_begin);
+  cp_async_commit();
+  if (num_tiles > 1) load_tile(1, kv_begin + kTileN);
+  cp_async_commit();
+
+  // Q tile -> shared (K stage 2, free until tile 2 is loaded) -> registers.
+  {
+    KvT* qs = k_smem + 2 * kTileN * D;
+    for (int idx = tid; idx < tile_rows * kChunks; idx += kAttnThreads) {
+      const int i = idx / kChunks, chunk = idx % kChunks;
+      const int prow = row_begin + i;
+      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (prow < total_rows) {
+        const int t = prow / group;
+        const int h = kvh * group + prow % group;
+        load8(p.q, p.io_type, (static_cast<int64_t>(q0 + t) * p.num_q_heads + h) * D + chunk * 8,
+              v);
+      }
+      uint4 packed;
+      packed.x = pack2<KvT>(v[0], v[1]);
+      packed.y = pack2<KvT>(v[2], v[3]);
+      packed.z = pack2<KvT>(v[4], v[5]);
+      packed.w = pack2<KvT>(v[6], v[7]);
+      *reinterpret_cast<uint4*>(qs + swz<D>(i, chunk * 8)) = packed;
+    }
+  }
+  __syncthreads();
+  uint32_t qf[D / 16][4];
+  {
+    const KvT* qs = k_smem + 2 * kTileN * D;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      ldmatrix_x4(qf[kk], smem_addr(qs + swz<D>(wm * 16 + (lane % 16), kk * 16 + (lane / 16) * 8)));
+  }
+  __syncthreads();
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+  const float scale_log2 = p.sm_scale * kLog2e;
+  const int row_a = row_begin + wm * 16 + lane / 4;  // this thread's two packed rows
+  const int rows[2] = {row_a, row_a + 8};
+  const int col0 = wn * cols_per_warp;  // this warp's first column in the KV tile
+  auto tile_needs_mask = [&](int n0) { return n0 + kTileN > committed || n0 + kTileN > kv_end; };
+
+  if constexpr (kWgmma) {
+    // S_t = Q K_t^T for the tile in `stage` into acc (issued, not waited).
+    auto issue_s = [&](float(&acc)[8][4], int stage) {
+      const uint32_t k_base = smem_addr(k_smem + stage * kTileN * D);
+      fence_accumulators(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        // K-major B: 16 columns of d = 32 bytes into the 128-byte rows of block kk / 4.
+        const uint64_t desc =
+            wgmma_desc_sw128(k_base + (kk / 4) * (64 * 64 * 2) + (kk % 4) * 32, 16, 1024);
+        wgmma_mma<KvT, 0>(acc, qf[kk], desc, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
+    float s_cur[8][4], s_next[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      s_cur[nt][0] = s_cur[nt][1] = s_cur[nt][2] = s_cur[nt][3] = s_next[nt][0] = s_next[nt][1] =
+          s_next[nt][2] = s_next[nt][3] = 0.f;
+    if (num_tiles > 0) {
+      cp_async_wait<1>();  // tile 0 landed
+      fence_proxy_async_smem();
+      __syncthreads();
+      issue_s(s_cur, 0);
+      wgmma_wait<0>();
+      fence_accumulators(s_cur);
+    }
+    for (int it = 0; it < num_tiles; ++it) {
+      const int n0 = kv_begin + it * kTileN;
+      // Tile it + 2 goes into the stage of tile it - 1 (its K and V were consumed by waited
+      // MMAs before the barrier that ended the previous iteration).
+      if (it + 2 < num_tiles) load_tile((it + 2) % kStages, n0 + 2 * kTileN);
+      cp_async_commit();
+      cp_async_wait<1>();  // tile it + 1 landed
+      fence_proxy_async_smem();
+      __syncthreads();
+      const bool has_next = it + 1 < num_tiles;
+      if (has_next) issue_s(s_next, (it + 1) % kStages);  // overlaps the softmax below
+      softmax_tile<D>(s_cur, o, m_run, l_run, 8, 0, lane, tile_needs_mask(n0), n0, kv_end,
+                      committed, tree_len, causal, mask, words, rows, total_rows, group,
+                      scale_log2);
+      uint32_t a[4][4];
+#pragma unroll
+      for (int ks16 = 0; ks16 < 4; ++ks16) p_fragment<KvT>(s_cur, ks16, a[ks16]);
+      const uint32_t v_base = smem_addr(v_smem + (it % kStages) * kTileN * D);
+      fence_accumulators(o);
+      wgmma_fence();
+#pragma unroll
+      for (int ks16 = 0; ks16 < 4; ++ks16) {
+        // MN-major B: keys 16 * ks16.. are two 8-row groups (1024 bytes each); the two
+        // 64-column blocks of d are 8 KiB apart.
+        const uint64_t desc = wgmma_desc_sw128(v_base + ks16 * 2048, 64 * 64 * 2, 1024);
+        wgmma_mma<KvT, 1>(o, a[ks16], desc, 1);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();  // S of the next tile and this PV
+      fence_accumulators(o);
+      fence_accumulators(s_next);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s_cur[nt][e] = s_next[nt][e];
+      __syncthreads();  // the next iteration's loads overwrite tile it's stage
+    }
+  } else {
+    for (int it = 0; it < num_tiles; ++it) {
+      const int n0 = kv_begin + it * kTileN;
+      // Tile it + 2 goes into the stage tile it - 1 used (released by the barrier that ended
+      // the previous iteration); then wait until only the two newest groups may be pending.
+      if (it + 2 < num_tiles) load_tile((it + 2) % kStages, n0 + 2 * kTileN);
+      cp_async_commit();
+      cp_async_wait<2>();
+      __syncthreads();
+      const int stage = it % kStages;
+      const KvT* ks = k_smem + stage * kTileN * D;
+      const KvT* vs = v_smem + stage * kTileN * D;
+
+      // S = Q K^T over this warp's columns.
+      float s[8][4];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          if (np * 2 < warp_ntiles) {
+            uint32_t b[4];
+            const int mtx = lane / 8, rr = lane % 8;
+            const int n = col0 + np * 16 + (mtx / 2) * 8 + rr;
+            ldmatrix_x4(b, smem_addr(ks + swz<D>(n, kk * 16 + (mtx % 2) * 8)));
+            mma_16816<KvT>(s[2 * np], qf[kk], b[0], b[1]);
+            mma_16816<KvT>(s[2 * np + 1], qf[kk], b[2], b[3]);
+          }
+        }
+      }
+      softmax_tile<D>(s, o, m_run, l_run, warp_ntiles, col0, lane, tile_needs_mask(n0), n0, kv_end,
+                      committed, tree_len, causal, mask, words, rows, total_rows, group,
+                      scale_log2);
+      // O += P V over this warp's columns (16 keys per step).
+#pragma unroll
+      for (int ks16 = 0; ks16 < 4; ++ks16) {
+        if (ks16 * 2 < warp_ntiles) {
+          uint32_t a[4];
+          p_fragment<KvT>(s, ks16, a);
+#pragma unroll
+          for (int dp = 0; dp < D / 16; ++dp) {
+            uint32_t b[4];
+            const int mtx = lane / 8, rr = lane % 8;
+            const int kv_row = col0 + ks16 * 16 + (mtx % 2) * 8 + rr;
+            ldmatrix_x4_trans(b, smem_addr(vs + swz<D>(kv_row, dp * 16 + (mtx / 2) * 8)));
+            mma_16816<KvT>(o[2 * dp], a, b[0], b[1]);
+            mma_16816<KvT>(o[2 * dp + 1], a, b[2], b[3]);
+          }
+        }
+      }
+      __syncthreads();  // the next iteration's loads overwrite this stage
+    }
+  }
+
+  // Row sums across the quad that shares a row.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+  // Merge the warps that split the KV tile's columns (warps_n > 1), staging O in shared memory.
+  if (lane % 4 == 0) {
+    red_m[warp][lane / 4] = m_run[0];
+    red_m[warp][lane / 4 + 8] = m_run[1];
+    red_l[warp][lane / 4] = l_run[0];
+    red_l[warp][lane / 4 + 8] = l_run[1];
+  }
+  __syncthreads();
+  float factor[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rr = lane / 4 + 8 * h;
+    float mx = -INFINITY;
+    for (int k = 0; k < warps_n; ++k) mx = fmaxf(mx, red_m[wm + k * warps_m][rr]);
+    const float m_use = mx == -INFINITY ? 0.f : mx;
+    float total = 0.f;
+    for (int k = 0; k < warps_n; ++k)
+      total += red_l[wm + k * warps_m][rr] * exp2f(red_m[wm + k * warps_m][rr] - m_use);
+    factor[h] = exp2f(m_run[h] - m_use);
+    if (wn == 0 && lane % 4 == 0) {
+      row_m[wm * 16 + rr] = mx;
+      row_l[wm * 16 + rr] = total;
+    }
+  }
+  for (int k = 0; k < warps_n; ++k) {
+    if (wn == k) {
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int rr = wm * 16 + lane / 4 + 8 * h;
+          const int d = dt * 8 + (lane % 4) * 2;
+          float2* dst = reinterpret_cast<float2*>(o_smem + rr * D + d);
+          float2 v = make_float2(o[dt][2 * h] * factor[h], o[dt][2 * h + 1] * factor[h]);
+          if (k > 0) {
+            const float2 prev = *dst;
+            v.x += prev.x;
+            v.y += prev.y;
+          }
+          *dst = v;
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // Normalise and write: the final output, or this split's partial and its log-sum-exp.
+  const bool partial = splits > 1;
+  const int64_t partial_base =
+      partial ? static_cast<int64_t>(p.request_partial_row[r]) + item.split * tree_len : 0;
+  for (int idx = tid; idx < tile_rows * (D / 4); idx += kAttnThreads) {
+    const int i = idx / (D / 4);
+    const int d = (idx % (D / 4)) * 4;
+    const int prow = row_begin + i;
+    if (prow >= total_rows) continue;
+    const int t = prow / group;
+    const int h = kvh * group + prow % group;
+    const float total = row_l[i];
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    const float4 acc = *reinterpret_cast<const float4*>(o_smem + i * D + d);
+    const float v[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
+    if (!partial) {
+      const int64_t base = (static_cast<int64_t>(q0 + t) * p.num_q_heads + h) * D + d;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) store_elem(p.out, p.io_type, base + e, v[e]);
+    } else {
+      const int64_t prow_global = partial_base + t;
+      float* dst = p.partial_out + (prow_global * p.num_q_heads + h) * D + d;
+      *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+      if (d == 0)
+        p.partial_lse[prow_global * p.num_q_heads + h] =
+            total > 0.f ? row_m[i] + log2f(total) : -INFINITY;
+    }
+  }
+}
+
+template <typename KvT, int D, bool kWgmma>
+cudaError_t launch_typed(const PagedTreeAttentionParams& p, cudaStream_t stream) {
+  // K/V stages plus slack to align the base to 1024 bytes.
+  const int smem = 2 * kStages * kTileN * D * static_cast<int>(sizeof(KvT)) + 1024;
+  static bool configured = false;  // one attribute call per instantiation
+  if (!configured) {
+    const cudaError_t e = cudaFuncSetAttribute(tree_attention_mma_kernel<KvT, D, kWgmma>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    configured = true;
+  }
+  tree_attention_mma_kernel<KvT, D, kWgmma><<<p.num_work, kAttnThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int D, bool kWgmma>
+cudaError_t launch_dim(const PagedTreeAttentionParams& p, cudaStream_t stream) {
+  return p.kv_type == ElemType::kBF16 ? launch_typed<__nv_bfloat16, D, kWgmma>(p, stream)
+                                      : launch_typed<__half, D, kWgmma>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_tree_attention_mma(const PagedTreeAttentionParams& p, cudaStream_t stream) {
+  if (p.num_work == 0) return cudaSuccess;
+  if (p.head_dim == 64) return launch_dim<64, false>(p, stream);  // wgmma: head_dim 128 only
+  if (p.head_dim == 128)
+    return p.wgmma ? launch_dim<128, true>(p, stream) : launch_dim<128, false>(p, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace arbor::kernels::detail

@@ -1,0 +1,84 @@
+// Grid-stride elementwise kernels; memory-bound, so one simple form serves every dtype mix.
+#include "kernels/common/device_utils.cuh"
+#include "kernels/elementwise/elementwise.h"
+
+namespace arbor::kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65535 * 16 ? b : 65535 * 16);
+}
+
+__global__ void add_kernel(const AddParams p) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    store_elem(p.out, p.out_type, i, load_elem(p.a, p.a_type, i) + load_elem(p.b, p.b_type, i));
+}
+
+__global__ void silu_mul_kernel(const SiluMulParams p) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = load_elem(p.gate, p.gate_type, i);
+    store_elem(p.out, p.out_type, i, (g / (1.0f + expf(-g))) * load_elem(p.up, p.up_type, i));
+  }
+}
+
+__global__ void convert_kernel(const ConvertParams p) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    store_elem(p.dst, p.dst_type, i, load_elem(p.src, p.src_type, i));
+}
+
+__global__ void add_bias_kernel(const AddBiasParams p) {
+  const int64_t n = p.rows * p.cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    store_elem(p.out, p.out_type, i, load_elem(p.out, p.out_type, i) + p.bias[i % p.cols]);
+}
+
+__global__ void gather_rows_kernel(const GatherRowsParams p) {
+  const int64_t n = p.num_rows * p.cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / p.cols, c = i % p.cols;
+    store_elem(p.dst, p.dst_type, i, load_elem(p.src, p.src_type, p.index[m] * p.cols + c));
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_add(const AddParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  add_kernel<<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_silu_mul(const SiluMulParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  silu_mul_kernel<<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_convert(const ConvertParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  convert_kernel<<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_bias(const AddBiasParams& p, cudaStream_t stream) {
+  if (p.rows * p.cols == 0) return cudaSuccess;
+  add_bias_kernel<<<blocks_for(p.rows * p.cols), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream) {
+  if (p.num_rows == 0 || p.cols == 0) return cudaSuccess;
+  gather_rows_kernel<<<blocks_for(p.num_rows * p.cols), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace arbor::kernels

@@ -1,0 +1,64 @@
+// Elementwise and row-gather kernels of the Llama forward: residual add, SwiGLU, dtype
+// conversion, bias add, and row gathers (embedding lookup, logits rows). Tensors are
+// contiguous; element types are given per tensor, math is fp32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/kernel_types.h"
+
+namespace arbor::kernels {
+
+// out[i] = a[i] + b[i]; out may alias a or b.
+struct AddParams {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* out = nullptr;
+  ElemType a_type = ElemType::kF32, b_type = ElemType::kF32, out_type = ElemType::kF32;
+  int64_t n = 0;
+};
+cudaError_t launch_add(const AddParams& p, cudaStream_t stream);
+
+// out[i] = silu(gate[i]) * up[i] = gate / (1 + exp(-gate)) * up; out may alias gate or up.
+struct SiluMulParams {
+  const void* gate = nullptr;
+  const void* up = nullptr;
+  void* out = nullptr;
+  ElemType gate_type = ElemType::kF32, up_type = ElemType::kF32, out_type = ElemType::kF32;
+  int64_t n = 0;
+};
+cudaError_t launch_silu_mul(const SiluMulParams& p, cudaStream_t stream);
+
+// dst[i] = convert(src[i])
+struct ConvertParams {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  ElemType src_type = ElemType::kF32, dst_type = ElemType::kBF16;
+  int64_t n = 0;
+};
+cudaError_t launch_convert(const ConvertParams& p, cudaStream_t stream);
+
+// out[r, c] += bias[c]
+struct AddBiasParams {
+  void* out = nullptr;          // [rows, cols] out_type
+  const float* bias = nullptr;  // [cols] fp32
+  ElemType out_type = ElemType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+cudaError_t launch_add_bias(const AddBiasParams& p, cudaStream_t stream);
+
+// dst[m, :] = src[index[m], :]; indices must lie in [0, src_rows) (checked by the caller).
+struct GatherRowsParams {
+  const void* src = nullptr;       // [src_rows, cols] src_type
+  void* dst = nullptr;             // [num_rows, cols] dst_type
+  const int32_t* index = nullptr;  // [num_rows] device
+  ElemType src_type = ElemType::kF32, dst_type = ElemType::kF32;
+  int64_t num_rows = 0;
+  int64_t cols = 0;
+};
+cudaError_t launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream);
+
+}  // namespace arbor::kernels

@@ -1,0 +1,41 @@
+// RMSNorm and RoPE at explicit positions (DESIGN.md "The Backend contract"). Plain launch
+// functions over POD params; activations may be fp32, bf16 or fp16, math is fp32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/kernel_types.h"
+
+namespace arbor::kernels {
+
+// out[r, c] = x[r, c] * rsqrt(mean_c(x[r, :]^2) + eps) * weight[c]
+struct RmsNormParams {
+  const void* x = nullptr;        // [rows, cols] x_type
+  const float* weight = nullptr;  // [cols] fp32
+  void* out = nullptr;            // [rows, cols] out_type (may alias x)
+  ElemType x_type = ElemType::kF32;
+  ElemType out_type = ElemType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  float eps = 1e-5f;
+};
+cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
+
+// In place, rotate-halves (Hugging Face) RoPE: for every token n, head h and i < head_dim / 2,
+// angle = float(positions[n]) * inv_freq[i] (fp32, as transformers computes it) and
+// (x[i], x[i + half]) <- (x[i] cos - x[i + half] sin, x[i + half] cos + x[i] sin).
+struct RopeParams {
+  float* q = nullptr;                  // [num_tokens, num_q_heads * head_dim] fp32
+  float* k = nullptr;                  // [num_tokens, num_k_heads * head_dim] fp32
+  const int32_t* positions = nullptr;  // [num_tokens]
+  const float* inv_freq = nullptr;     // [head_dim / 2] (llama3 / linear scaling applied)
+  int32_t num_tokens = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_k_heads = 0;
+  int32_t head_dim = 0;
+};
+cudaError_t launch_rope(const RopeParams& p, cudaStream_t stream);
+
+}  // namespace arbor::kernels

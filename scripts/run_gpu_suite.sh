@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The GPU suite in one call: every CUDA backend op and the full model against the CPU
+# reference (tests/cuda), compute-sanitizer (memcheck on the attention and KV kernels, racecheck
+# on the attention kernel), then the attention microbenchmark. Logs go to $OUT (the device
+# machine's return folder) or ./gpu-logs.
+#
+#   scripts/run_gpu_suite.sh                 # build with CMake here (needs the Debian deps), run
+#   scripts/run_gpu_suite.sh pack BUILD_DIR  # on a dev machine: pack BUILD_DIR's GPU binaries,
+#                                            # their non-system libraries and stories260K into
+#                                            # .gpu/payload.tar.gz (git-ignored) to carry
+#   (a .gpu/payload.tar.gz present is used instead of building)
+#
+# Environment: ARBOR_GPU_SKIP_BENCH=1 skips the benchmark, ARBOR_GPU_BENCH_ARGS passes
+# arguments to attention_bench, ARBOR_GPU_TEST_FILTER restricts the gtest run.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+
+if [ "${1:-}" = pack ]; then
+  BUILD="${2:-build-cuda}"
+  STAGE="$(mktemp -d)"
+  mkdir -p "$STAGE/lib" .gpu
+  cp "$BUILD/tests/cuda/arbor_cuda_tests" "$BUILD/tests/cuda/attention_bench" "$STAGE/"
+  strip --strip-debug "$STAGE/arbor_cuda_tests" "$STAGE/attention_bench"
+  # Non-system libraries (the device machine has glibc, libstdc++, the driver and cuBLAS).
+  ldd "$BUILD/tests/cuda/arbor_cuda_tests" | awk '/=>/ {print $3}' |
+    grep -Ev 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|ld-linux|libcublas|libcuda' |
+    while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
+  SHARED="${ARBOR_SHARED_DIR:-$ROOT/../shared}"
+  [ -f "$SHARED/models/stories260K/stories260K.bin" ] &&
+    cp "$SHARED/models/stories260K/stories260K.bin" "$STAGE/"
+  tar -C "$STAGE" -czf .gpu/payload.tar.gz .
+  rm -rf "$STAGE"
+  ls -la .gpu/payload.tar.gz
+  exit 0
+fi
+
+LOG="${OUT:-$ROOT/gpu-logs}"
+mkdir -p "$LOG"
+if [ -f .gpu/payload.tar.gz ]; then
+  BIN=/tmp/arbor_gpu
+  rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xzf .gpu/payload.tar.gz
+else
+  cmake -S . -B build-gpu -G Ninja -DARBOR_CUDA=ON -DARBOR_TESTS=ON \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$LOG/build.log" 2>&1 &&
+    cmake --build build-gpu -j "$(nproc)" --target arbor_cuda_tests attention_bench \
+      >>"$LOG/build.log" 2>&1 || { tail -30 "$LOG/build.log"; exit 1; }
+  BIN="$ROOT/build-gpu/tests/cuda"
+fi
+# cuBLAS: the toolkit's, else the one PyTorch's wheels ship.
+CUBLAS="$(ls -d /usr/local/cuda/lib64 2>/dev/null)"
+[ -f "$CUBLAS/libcublas.so.13" ] ||
+  CUBLAS="$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)")"
+export LD_LIBRARY_PATH="$BIN/lib:$CUBLAS:${LD_LIBRARY_PATH:-}"
+[ -f "$BIN/stories260K.bin" ] && export ARBOR_STORIES260K="$BIN/stories260K.bin"
+SANITIZER="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)"
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv |
+  tee "$LOG/gpu.txt"
+STATUS=0
+echo "== tests (arbor_cuda_tests)"
+timeout 240 "$BIN/arbor_cuda_tests" --gtest_filter="${ARBOR_GPU_TEST_FILTER:-*}" >"$LOG/tests.log" 2>&1 ||
+  STATUS=1
+grep -E '^\[  FAILED|Failure|rror' "$LOG/tests.log" | head -40
+grep -E '^  .*(worst|greedy|speculation)' "$LOG/tests.log" | grep -E 'model|greedy|speculation|d128_g4_(mma|wgmma)|long_split_d128' | head -40
+
+if [ -n "$SANITIZER" ]; then
+  echo "== compute-sanitizer memcheck (attention, KV write, compaction)"
+  MEMCHECK_FILTER='*mixed_d128_g4_mma:*mixed_d128_g4_wgmma:*mixed_d64_g8_mma:*mixed_d16_g4:*long_split_d128_g4_*:*block8_wgmma:CudaOps.CopyKv*:CudaOps.WriteKv*'
+  timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 3 "$BIN/arbor_cuda_tests" \
+    --gtest_filter="$MEMCHECK_FILTER" >"$LOG/memcheck.log" 2>&1
+  echo "memcheck exit $? ($(grep -c 'MatchesCpuReference\|CopyKv\|WriteKv' "$LOG/memcheck.log") test lines)"
+  tail -4 "$LOG/memcheck.log"
+  echo "== compute-sanitizer racecheck (attention, shared memory)"
+  timeout 100 "$SANITIZER" --tool racecheck --error-exitcode 3 "$BIN/arbor_cuda_tests" \
+    --gtest_filter='*mixed_d128_g4_mma:*mixed_d128_g4_wgmma:*long_split_d128_g4_wgmma:*long_split_d64_g8_mma' \
+    >"$LOG/racecheck.log" 2>&1
+  echo "racecheck exit $?"
+  tail -4 "$LOG/racecheck.log"
+fi
+
+if [ "${ARBOR_GPU_SKIP_BENCH:-0}" != 1 ]; then
+  for kernel in wgmma mma; do
+    echo "== attention_bench --kernel $kernel ${ARBOR_GPU_BENCH_ARGS:-}"
+    # shellcheck disable=SC2086
+    timeout 100 "$BIN/attention_bench" --kernel $kernel ${ARBOR_GPU_BENCH_ARGS:-} \
+      >"$LOG/bench_$kernel.log" 2>&1
+    cat "$LOG/bench_$kernel.log"
+  done
+  # The points the issue quotes masked SDPA at: (8, 2048, 64) 164 us, (16, 2048, 64) 302 us,
+  # (32, 4096, 32) 903 us.
+  echo "== attention_bench, the issue's SDPA comparison points"
+  { timeout 60 "$BIN/attention_bench" --batch 8,16 --context 2048 --tree 64 --iters 30 &&
+    timeout 60 "$BIN/attention_bench" --batch 32 --context 4096 --tree 32 --iters 30; } 2>&1 |
+    grep '^| [0-9]' | tee "$LOG/bench_issue_points.log"
+fi
+NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+if [ "${ARBOR_GPU_NCU:-0}" = 1 ] && [ -n "$NCU" ]; then
+  # Where the time goes at two points: memory-bound (tree 16) and math-heavy (tree 128).
+  for point in "32 8192 16" "8 8192 128"; do
+    set -- $point
+    for kernel in wgmma mma; do
+      echo "== ncu batch $1 context $2 tree $3 $kernel"
+      timeout 60 "$NCU" --section SpeedOfLight --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --section Occupancy -k regex:tree_attention_mma \
+        --launch-skip 3 --launch-count 1 "$BIN/attention_bench" --batch "$1" --context "$2" \
+        --tree "$3" --iters 1 --kernel $kernel >"$LOG/ncu_$3_$kernel.txt" 2>&1
+      grep -E 'Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|Executed Ipc A' \
+        "$LOG/ncu_$3_$kernel.txt" | head -20
+    done
+  done
+fi
+echo "== summary"
+grep -E '^\[  (PASSED|FAILED) ' "$LOG/tests.log"
+exit $STATUS

@@ -1,0 +1,284 @@
+// Microbenchmark of the paged tree-attention kernel at Llama-3-8B attention shapes (32 query
+// heads, 8 KV heads, head_dim 128, bf16 Q/K/V/O, block size 16): batch x context x tree grid,
+// every request a random tree of T nodes after a committed prefix of L tokens, block tables
+// scrambled. Prints the median time per launch (cold L2: a 256 MiB buffer is read, not
+// written, before each timed launch, so no dirty lines are left to write back) and the floor
+// max(bytes / 3.0 TB/s, FLOPs / 790 TFLOP/s), where bytes = K+V+Q+O read/written once and FLOPs = 4
+// * D * sum over query rows of visible keys.
+//
+//   attention_bench [--batch 1,8,16,32,64] [--context 1024,2048,8192,32768]
+//                   [--tree 16,32,64,128] [--iters 30] [--max-splits 0] [--kernel wgmma|mma]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/attention/paged_tree_attention.h"
+
+namespace {
+
+constexpr int kHq = 32, kHkv = 8, kD = 128, kBlock = 16;
+constexpr double kCopyBw = 3.0e12;    // bytes/s, measured device-to-device copy (DESIGN.md)
+constexpr double kGemmRate = 790e12;  // FLOP/s, measured bf16 GEMM (DESIGN.md)
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+std::vector<int> parse_list(const char* s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::atoi(item.c_str()));
+  return v;
+}
+
+uint16_t bf16_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return static_cast<uint16_t>((b + 0x7fff + ((b >> 16) & 1)) >> 16);
+}
+
+std::vector<uint32_t> ancestor_mask(const std::vector<int>& parent) {
+  const int t = static_cast<int>(parent.size()), words = (t + 31) / 32;
+  std::vector<uint32_t> m(static_cast<size_t>(t) * words, 0);
+  for (int i = 0; i < t; ++i)
+    for (int j = i; j >= 0; j = parent[j])
+      m[static_cast<size_t>(i) * words + j / 32] |= 1u << (j % 32);
+  return m;
+}
+
+// Reads a buffer larger than L2 (evicting the KV of the previous launch) without writing it.
+__global__ void l2_flush_read(const int4* p, size_t n, int* sink) {
+  int4 acc = make_int4(0, 0, 0, 0);
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int4 v = p[i];
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  if (acc.x == 0x7f7f7f7f && acc.y == 0x1 && acc.z == 0x2 && acc.w == 0x3) *sink = acc.x;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> batches = {1, 8, 16, 32, 64}, contexts = {1024, 2048, 8192, 32768},
+                   trees = {16, 32, 64, 128};
+  int iters = 30, max_splits = 0;
+  bool wgmma = true;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--batch")
+      batches = parse_list(argv[i + 1]);
+    else if (a == "--context")
+      contexts = parse_list(argv[i + 1]);
+    else if (a == "--tree")
+      trees = parse_list(argv[i + 1]);
+    else if (a == "--iters")
+      iters = std::atoi(argv[i + 1]);
+    else if (a == "--max-splits")
+      max_splits = std::atoi(argv[i + 1]);
+    else if (a == "--kernel")
+      wgmma = std::string(argv[i + 1]) != "mma";
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "props");
+  bool have_wgmma = false;
+  check(arbor::kernels::attention_wgmma_available(&have_wgmma), "probe");
+  wgmma = wgmma && have_wgmma;
+  std::printf("device: %s, %d SMs, L2 %d MiB; kernel: %s\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20, wgmma ? "wgmma" : "mma.sync");
+  std::printf(
+      "shapes: Hq %d, Hkv %d, D %d, bf16, block %d; floor = max(bytes / %.1f TB/s, "
+      "FLOPs / %.0f TFLOP/s)\n",
+      kHq, kHkv, kD, kBlock, kCopyBw / 1e12, kGemmRate / 1e12);
+
+  // One cache big enough for the largest point; random bf16 tiled from a 64 MiB host buffer.
+  int64_t max_slots = 0;
+  for (int b : batches)
+    for (int l : contexts)
+      for (int t : trees) {
+        const int64_t blocks = static_cast<int64_t>(b) * ((l + t + kBlock - 1) / kBlock);
+        max_slots = std::max(max_slots, blocks * kBlock);
+      }
+  const int64_t row_elems = static_cast<int64_t>(kHkv) * kD;
+  const size_t cache_bytes = static_cast<size_t>(max_slots * row_elems * 2);
+  void *k_cache = nullptr, *v_cache = nullptr;
+  check(cudaMalloc(&k_cache, cache_bytes), "malloc k");
+  check(cudaMalloc(&v_cache, cache_bytes), "malloc v");
+  {
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> d(-1.f, 1.f);
+    const size_t chunk = std::min<size_t>(cache_bytes, 64u << 20);
+    std::vector<uint16_t> h(chunk / 2);
+    for (auto& x : h) x = bf16_bits(d(rng));
+    void* src = nullptr;
+    check(cudaMalloc(&src, chunk), "malloc src");
+    check(cudaMemcpy(src, h.data(), chunk, cudaMemcpyHostToDevice), "fill");
+    for (void* dst : {k_cache, v_cache})
+      for (size_t off = 0; off < cache_bytes; off += chunk)
+        check(cudaMemcpy(static_cast<char*>(dst) + off, src, std::min(chunk, cache_bytes - off),
+                         cudaMemcpyDeviceToDevice),
+              "tile");
+    cudaFree(src);
+  }
+  void* flush = nullptr;
+  int* sink = nullptr;
+  const size_t flush_bytes = 256u << 20;
+  check(cudaMalloc(&flush, flush_bytes), "malloc flush");
+  check(cudaMemset(flush, 1, flush_bytes), "flush init");
+  check(cudaMalloc(&sink, sizeof(int)), "malloc sink");
+  cudaStream_t stream;
+  check(cudaStreamCreate(&stream), "stream");
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+
+  std::printf(
+      "\n| batch | context | tree | splits | CTAs | median us | floor us | x floor | "
+      "bound | TB/s |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::mt19937 rng(7);
+  for (int b : batches)
+    for (int l : contexts)
+      for (int t : trees) {
+        // Step metadata.
+        const int blocks_per_req = (l + t + kBlock - 1) / kBlock;
+        std::vector<int32_t> qo(b + 1), committed(b, l), tables, mask_indptr(b + 1, 0),
+            token_request;
+        std::vector<uint32_t> mask;
+        std::vector<int32_t> pool(static_cast<size_t>(b) * blocks_per_req);
+        std::iota(pool.begin(), pool.end(), 0);
+        std::shuffle(pool.begin(), pool.end(), rng);
+        double visible = 0;
+        for (int r = 0; r < b; ++r) {
+          qo[r + 1] = qo[r] + t;
+          tables.insert(tables.end(), pool.begin() + static_cast<int64_t>(r) * blocks_per_req,
+                        pool.begin() + static_cast<int64_t>(r + 1) * blocks_per_req);
+          std::vector<int> parent(t, -1);
+          for (int i = 1; i < t; ++i)
+            parent[i] = std::uniform_int_distribution<int>(std::max(0, i - 10), i - 1)(rng);
+          const auto m = ancestor_mask(parent);
+          for (int i = 0; i < t; ++i) {
+            int depth = 0;
+            for (int j = i; j >= 0; j = parent[j]) ++depth;
+            visible += static_cast<double>(l + depth) * kHq;
+          }
+          mask.insert(mask.end(), m.begin(), m.end());
+          mask_indptr[r + 1] = static_cast<int32_t>(mask.size());
+          for (int i = 0; i < t; ++i) token_request.push_back(r);
+        }
+        const int n = qo[b];
+        arbor::kernels::AttentionPlanInputs in;
+        in.qo_indptr = qo.data();
+        in.committed_len = committed.data();
+        in.num_requests = b;
+        in.num_q_heads = kHq;
+        in.num_kv_heads = kHkv;
+        in.head_dim = kD;
+        in.num_sms = prop.multiProcessorCount;
+        in.max_splits = max_splits;
+        in.wgmma = wgmma;
+        const arbor::kernels::AttentionPlan plan = arbor::kernels::plan_paged_tree_attention(in);
+
+        auto upload = [&](const auto& v) {
+          void* d = nullptr;
+          const size_t bytes = std::max<size_t>(v.size() * sizeof(v[0]), 16);
+          check(cudaMalloc(&d, bytes), "malloc meta");
+          if (!v.empty())
+            check(cudaMemcpy(d, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice), "meta");
+          return d;
+        };
+        std::vector<void*> owned;
+        auto up = [&](const auto& v) {
+          owned.push_back(upload(v));
+          return owned.back();
+        };
+        arbor::kernels::PagedTreeAttentionParams p;
+        std::vector<uint16_t> qh(static_cast<size_t>(n) * kHq * kD);
+        std::uniform_real_distribution<float> d(-2.f, 2.f);
+        for (auto& x : qh) x = bf16_bits(d(rng));
+        p.q = up(qh);
+        void* out = nullptr;
+        check(cudaMalloc(&out, qh.size() * 2), "malloc out");
+        owned.push_back(out);
+        p.out = out;
+        p.k_cache = k_cache;
+        p.v_cache = v_cache;
+        p.io_type = arbor::kernels::ElemType::kBF16;
+        p.kv_type = arbor::kernels::ElemType::kBF16;
+        p.qo_indptr = static_cast<const int32_t*>(up(qo));
+        p.committed_len = static_cast<const int32_t*>(up(committed));
+        p.block_tables = static_cast<const int32_t*>(up(tables));
+        p.tree_mask = static_cast<const uint32_t*>(up(mask));
+        p.mask_indptr = static_cast<const int32_t*>(up(mask_indptr));
+        p.token_request = static_cast<const int32_t*>(up(token_request));
+        p.max_blocks_per_request = blocks_per_req;
+        p.num_requests = b;
+        p.num_tokens = n;
+        p.num_q_heads = kHq;
+        p.num_kv_heads = kHkv;
+        p.head_dim = kD;
+        p.block_size = kBlock;
+        p.sm_scale = 1.f / std::sqrt(static_cast<float>(kD));
+        p.tensor_core = plan.tensor_core;
+        p.wgmma = plan.wgmma;
+        p.work = static_cast<const arbor::kernels::AttentionWorkItem*>(up(plan.work));
+        p.num_work = static_cast<int32_t>(plan.work.size());
+        p.request_splits = static_cast<const int32_t*>(up(plan.request_splits));
+        p.request_kv_chunk = static_cast<const int32_t*>(up(plan.request_kv_chunk));
+        p.request_partial_row = static_cast<const int32_t*>(up(plan.request_partial_row));
+        p.needs_merge = plan.needs_merge;
+        if (plan.needs_merge) {
+          void* po = nullptr;
+          void* pl = nullptr;
+          check(cudaMalloc(&po, static_cast<size_t>(plan.num_partial_rows) * kHq * kD * 4),
+                "partials");
+          check(cudaMalloc(&pl, static_cast<size_t>(plan.num_partial_rows) * kHq * 4), "partials");
+          owned.push_back(po);
+          owned.push_back(pl);
+          p.partial_out = static_cast<float*>(po);
+          p.partial_lse = static_cast<float*>(pl);
+        }
+        for (int w = 0; w < 3; ++w)
+          check(arbor::kernels::launch_paged_tree_attention(p, stream), "warmup");
+        std::vector<float> times;
+        for (int it = 0; it < iters; ++it) {
+          l2_flush_read<<<4 * prop.multiProcessorCount, 512, 0, stream>>>(
+              static_cast<const int4*>(flush), flush_bytes / sizeof(int4), sink);
+          cudaEventRecord(e0, stream);
+          check(arbor::kernels::launch_paged_tree_attention(p, stream), "launch");
+          cudaEventRecord(e1, stream);
+          check(cudaEventSynchronize(e1), "sync");
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          times.push_back(ms * 1000.f);
+        }
+        std::sort(times.begin(), times.end());
+        const double med = times[times.size() / 2];
+        const double kv_bytes = static_cast<double>(b) * (l + t) * kHkv * kD * 2 * 2;
+        const double qo_bytes = static_cast<double>(n) * kHq * kD * 2 * 2;
+        const double flops = 4.0 * kD * visible;
+        const double t_mem = (kv_bytes + qo_bytes) / kCopyBw * 1e6;
+        const double t_math = flops / kGemmRate * 1e6;
+        const double floor_us = std::max(t_mem, t_math);
+        std::printf("| %d | %d | %d | %d | %d | %.1f | %.1f | %.2f | %s | %.2f |\n", b, l, t,
+                    plan.max_splits_used, p.num_work, med, floor_us, med / floor_us,
+                    t_mem >= t_math ? "mem" : "math", (kv_bytes + qo_bytes) / (med * 1e-6) / 1e12);
+        std::fflush(stdout);
+        for (void* ptr : owned) cudaFree(ptr);
+      }
+  check(cudaGetLastError(), "end");
+  return 0;
+}

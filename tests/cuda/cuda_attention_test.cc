@@ -1,0 +1,298 @@
+// Paged tree attention on the GPU against the CPU reference: one launch over mixed requests
+// (plain decode T = 1, causal prefill chunks with and without a prefix, trees of 7/33/40/70/128
+// nodes starting mid-block and spanning blocks, a long decode that triggers split-KV), GQA
+// ratios 1/4/8, head_dim 8/16 (generic path) and 64/128 (tensor cores), bf16 and fp16 KV,
+// block sizes 8/16/32, shared prefix blocks, split-KV forced off and chosen from the shape.
+// The KV cache is poisoned with NaN first, so a read of any slot outside a request's keys (or
+// of a padded tail) shows up as NaN; outputs are poisoned too.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/cuda/cuda_backend.h"
+#include "engine/spec/tree_mask.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace arbor {
+namespace {
+
+struct Req {
+  int32_t committed;
+  int32_t t;
+  bool tree;
+};
+
+struct AttnCase {
+  std::string name;
+  int32_t hq, hkv, d;
+  std::vector<Req> reqs;
+  DType kv_dtype = DType::kBF16;
+  int32_t block_size = 16;
+  int max_splits = 0;         // backend option (0 = from the shape)
+  int expect_splits = 0;      // > 0: the plan must split at least this much; -1: no split
+  bool share_prefix = false;  // request 1 reuses request 0's full prefix blocks
+  int kernel = 0;             // backend attention_kernel: 1 mma.sync, 2 wgmma
+};
+
+std::vector<Req> mixed_requests() {
+  return {{37, 1, false}, {0, 1, false},    {13, 50, false}, {0, 100, false},
+          {13, 7, true},  {30, 40, true},   {5, 70, true},   {200, 128, true},
+          {16, 33, true}, {1000, 1, false}, {45, 64, true}};
+}
+
+void run_case(const AttnCase& c) {
+  std::mt19937 rng(std::hash<std::string>{}(c.name) & 0xffffffu);
+  const int32_t bs = c.block_size;
+  const int32_t r_count = static_cast<int32_t>(c.reqs.size());
+
+  // Block tables: scrambled unique blocks, request 1 optionally sharing request 0's prefix.
+  std::vector<std::vector<int32_t>> tables(r_count);
+  int32_t total_blocks = 0;
+  for (const Req& r : c.reqs) total_blocks += (r.committed + r.t + bs - 1) / bs;
+  const int64_t num_blocks = total_blocks + 7;
+  std::vector<int32_t> pool(static_cast<size_t>(num_blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  size_t next = 0;
+  for (int32_t r = 0; r < r_count; ++r) {
+    const int32_t need = (c.reqs[r].committed + c.reqs[r].t + bs - 1) / bs;
+    int32_t shared = 0;
+    if (c.share_prefix && r == 1) shared = std::min(c.reqs[0].committed, c.reqs[1].committed) / bs;
+    for (int32_t b = 0; b < need; ++b)
+      tables[r].push_back(b < shared ? tables[0][b] : pool[next++]);
+  }
+  KvCacheShape kv;
+  kv.num_layers = 2;
+  kv.num_blocks = num_blocks;
+  kv.block_size = bs;
+  kv.num_kv_heads = c.hkv;
+  kv.head_dim = c.d;
+  const int64_t width = static_cast<int64_t>(c.hkv) * c.d;
+
+  CpuBackend cpu(1);
+  CudaBackendOptions opts;
+  opts.kv_dtype = c.kv_dtype;
+  opts.attention_max_splits = c.max_splits;
+  opts.attention_kernel = c.kernel;
+  CudaBackend gpu(opts);
+  cpu.allocate_kv(kv);
+  gpu.allocate_kv(kv);
+  gpu.poison_kv();
+
+  // Fill step: every slot any request reads gets random K/V (rounded to the cache dtype).
+  std::vector<int64_t> fill_slots;
+  {
+    std::vector<bool> seen(static_cast<size_t>(num_blocks * bs), false);
+    for (int32_t r = 0; r < r_count; ++r)
+      for (int32_t j = 0; j < c.reqs[r].committed + c.reqs[r].t; ++j) {
+        const int64_t slot = static_cast<int64_t>(tables[r][j / bs]) * bs + j % bs;
+        if (!seen[slot]) fill_slots.push_back(slot);
+        seen[slot] = true;
+      }
+  }
+  const int32_t n_fill = static_cast<int32_t>(fill_slots.size());
+  {
+    StepInputs fill;
+    fill.token_ids.assign(n_fill, 0);
+    fill.positions.assign(n_fill, 0);
+    fill.slot_mapping = fill_slots;
+    fill.qo_indptr = {0, n_fill};
+    fill.committed_len = {0};
+    fill.max_blocks_per_request = static_cast<int32_t>(num_blocks);
+    fill.block_tables.resize(static_cast<size_t>(num_blocks));
+    std::iota(fill.block_tables.begin(), fill.block_tables.end(), 0);
+    fill.mask_indptr = {0, 0};
+    cpu.set_step(fill);
+    gpu.set_step(fill);
+    auto kv_k = testing::random_vector(rng, static_cast<size_t>(n_fill * width));
+    auto kv_v = testing::random_vector(rng, static_cast<size_t>(n_fill * width));
+    testing::round_all(&kv_k, c.kv_dtype);
+    testing::round_all(&kv_v, c.kv_dtype);
+    for (int64_t layer = 0; layer < 2; ++layer) {
+      Tensor ck = cpu.scratch(n_fill, width), cv = cpu.scratch(n_fill, width);
+      Tensor gk = gpu.scratch(n_fill, width), gv = gpu.scratch(n_fill, width);
+      cpu.upload(kv_k.data(), ck);
+      cpu.upload(kv_v.data(), cv);
+      gpu.upload(kv_k.data(), gk);
+      gpu.upload(kv_v.data(), gv);
+      cpu.write_kv(layer, ck, cv);
+      gpu.write_kv(layer, gk, gv);
+      std::reverse(kv_k.begin(), kv_k.end());  // layer 0 differs from layer 1
+    }
+    cpu.reset_scratch();
+    gpu.reset_scratch();
+  }
+
+  // The attention step.
+  StepInputs s;
+  s.qo_indptr.push_back(0);
+  s.mask_indptr.push_back(0);
+  int32_t max_blocks = 0;
+  for (auto& t : tables) max_blocks = std::max<int32_t>(max_blocks, static_cast<int32_t>(t.size()));
+  s.max_blocks_per_request = max_blocks + 1;  // a padded column of -1
+  for (int32_t r = 0; r < r_count; ++r) {
+    const Req& q = c.reqs[r];
+    for (int32_t i = 0; i < q.t; ++i) {
+      const int32_t j = q.committed + i;
+      s.token_ids.push_back(0);
+      s.positions.push_back(j);
+      s.slot_mapping.push_back(static_cast<int64_t>(tables[r][j / bs]) * bs + j % bs);
+    }
+    s.qo_indptr.push_back(s.num_tokens());
+    s.committed_len.push_back(q.committed);
+    if (q.tree) {
+      std::vector<int32_t> parent(q.t, -1);
+      for (int32_t i = 1; i < q.t; ++i)
+        parent[i] = std::uniform_int_distribution<int32_t>(std::max(0, i - 9), i - 1)(rng);
+      const auto mask = pack_ancestor_mask(parent);
+      s.tree_mask.insert(s.tree_mask.end(), mask.begin(), mask.end());
+    }
+    s.mask_indptr.push_back(static_cast<int32_t>(s.tree_mask.size()));
+    for (int32_t b = 0; b < s.max_blocks_per_request; ++b)
+      s.block_tables.push_back(b < static_cast<int32_t>(tables[r].size()) ? tables[r][b] : -1);
+  }
+  cpu.set_step(s);
+  gpu.set_step(s);
+  const int32_t n = s.num_tokens();
+  const int64_t qw = static_cast<int64_t>(c.hq) * c.d;
+  const auto qv = testing::random_vector(rng, static_cast<size_t>(n * qw), 2.f);
+  const auto nan = testing::nan_vector(static_cast<size_t>(n * qw));
+  std::vector<float> ref(static_cast<size_t>(n * qw)), got(ref.size());
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    Tensor cq = cpu.scratch(n, qw), co = cpu.scratch(n, qw);
+    Tensor gq = gpu.scratch(n, qw), go = gpu.scratch(n, qw);
+    cpu.upload(qv.data(), cq);
+    gpu.upload(qv.data(), gq);
+    gpu.upload(nan.data(), go);
+    cpu.paged_tree_attention(layer, cq, c.hq, co);
+    gpu.paged_tree_attention(layer, gq, c.hq, go);
+    cpu.download(co, ref.data());
+    gpu.download(go, got.data());
+    EXPECT_EQ(testing::count_non_finite(got), 0u) << c.name << " layer " << layer;
+    const bool tc = gpu.last_attention_tensor_core();
+    const double tol = !tc ? 1e-5 : c.kv_dtype == DType::kF16 ? 4e-3 : 2e-2;
+    const double err = testing::max_rel_error(got, ref);
+    const double nm = testing::nmse(got, ref);
+    EXPECT_LE(err, tol) << c.name << " layer " << layer;
+    EXPECT_LE(nm, tc ? 1e-4 : 1e-10) << c.name << " layer " << layer;
+    // Row by row: the worst row names the request, so a failure points at its shape.
+    double worst = 0;
+    int32_t worst_row = 0;
+    for (int32_t row = 0; row < n; ++row) {
+      std::vector<float> a(got.begin() + row * qw, got.begin() + (row + 1) * qw);
+      std::vector<float> b(ref.begin() + row * qw, ref.begin() + (row + 1) * qw);
+      const double e = testing::max_rel_error(a, b);
+      if (e > worst) worst = e, worst_row = row;
+    }
+    int32_t worst_req = 0;
+    while (s.qo_indptr[worst_req + 1] <= worst_row) ++worst_req;
+    std::printf(
+        "  %-34s layer %lld: %s, splits %d, max rel err %.3g, nmse %.3g, worst row %d "
+        "(request %d: committed %d, T %d)\n",
+        c.name.c_str(), static_cast<long long>(layer),
+        !tc                          ? "generic"
+        : gpu.last_attention_wgmma() ? "wgmma"
+                                     : "mma.sync",
+        gpu.last_attention_splits(), err, nm, worst_row, worst_req, c.reqs[worst_req].committed,
+        c.reqs[worst_req].t);
+    if (c.kernel == 2 && tc) {
+      EXPECT_TRUE(gpu.last_attention_wgmma()) << c.name;
+    }
+    if (c.kernel == 1) {
+      EXPECT_FALSE(gpu.last_attention_wgmma()) << c.name;
+    }
+    if (c.expect_splits > 0) {
+      EXPECT_GE(gpu.last_attention_splits(), c.expect_splits) << c.name;
+    }
+    if (c.expect_splits < 0) {
+      EXPECT_EQ(gpu.last_attention_splits(), 1) << c.name;
+    }
+  }
+}
+
+class CudaAttention : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(CudaAttention, MatchesCpuReference) {
+  ARBOR_REQUIRE_GPU();
+  run_case(GetParam());
+}
+
+std::vector<AttnCase> cases() {
+  std::vector<AttnCase> v;
+  // GQA ratios and head dims over the mixed batch.
+  for (int32_t d : {128, 64, 16, 8})
+    for (int32_t g : {1, 4, 8}) {
+      AttnCase c;
+      c.name = "mixed_d" + std::to_string(d) + "_g" + std::to_string(g);
+      c.hkv = 2;
+      c.hq = 2 * g;
+      c.d = d;
+      c.reqs = mixed_requests();
+      v.push_back(c);
+    }
+  {  // fp16 KV.
+    AttnCase c{"mixed_d128_g4_f16", 8, 2, 128, mixed_requests(), DType::kF16};
+    v.push_back(c);
+    AttnCase c64{"mixed_d64_g8_f16", 16, 2, 64, mixed_requests(), DType::kF16};
+    v.push_back(c64);
+  }
+  {  // Other block sizes: trees span more (8) or fewer (32) blocks.
+    AttnCase c8{"mixed_d128_g4_block8", 8, 2, 128, mixed_requests()};
+    c8.block_size = 8;
+    v.push_back(c8);
+    AttnCase c32{"mixed_d64_g4_block32", 8, 2, 64, mixed_requests()};
+    c32.block_size = 32;
+    v.push_back(c32);
+  }
+  {  // Split-KV chosen from the shape: few requests, long contexts.
+    AttnCase c{
+        "long_split_d128_g4", 8, 2, 128, {{3001, 1, false}, {2500, 64, true}, {999, 7, true}}};
+    c.expect_splits = 4;
+    c.share_prefix = true;
+    v.push_back(c);
+    AttnCase c1 = c;
+    c1.name = "long_nosplit_d128_g4";
+    c1.max_splits = 1;
+    c1.expect_splits = -1;
+    v.push_back(c1);
+    AttnCase c64{"long_split_d64_g8", 16, 2, 64, {{4100, 1, false}, {1800, 128, true}}};
+    c64.expect_splits = 4;
+    v.push_back(c64);
+    AttnCase cg{"long_generic_d16_g4", 8, 2, 16, {{3001, 1, false}, {700, 70, true}}};
+    v.push_back(cg);
+  }
+  {  // Llama-3-8B grouping (32 q heads, 8 kv heads) on a tree batch.
+    AttnCase c{
+        "llama8b_heads_trees", 32, 8, 128, {{100, 64, true}, {77, 16, true}, {300, 1, false}}};
+    c.share_prefix = true;
+    v.push_back(c);
+  }
+  // Every tensor-core case through mma.sync, and the head_dim 128 ones through wgmma too.
+  std::vector<AttnCase> all;
+  for (AttnCase c : v) {
+    if (c.d != 64 && c.d != 128) {
+      all.push_back(c);
+      continue;
+    }
+    AttnCase m = c;
+    m.kernel = 1;
+    m.name += "_mma";
+    all.push_back(m);
+    if (c.d == 128) {
+      AttnCase w = c;
+      w.kernel = 2;
+      w.name += "_wgmma";
+      all.push_back(w);
+    }
+  }
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace arbor

@@ -1,0 +1,457 @@
+// Every non-attention Backend op of the CUDA backend against the CPU reference (the pattern of
+// llama.cpp's test-backend-ops): fresh random inputs, ragged shapes, GPU outputs poisoned with
+// NaN before the op (an unwritten element fails), and per-op tolerances. Inputs the GPU stores
+// in 16 bits (weight matrices, KV) are rounded to bf16 for the CPU too, so the remaining
+// difference is the GPU's own arithmetic (and linear()'s documented bf16 input rounding).
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/cuda/cuda_backend.h"
+#include "engine/core/error.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace arbor {
+namespace {
+
+using testing::max_rel_error;
+using testing::nan_vector;
+using testing::random_vector;
+
+struct Both {
+  Tensor c, g;
+  int64_t rows = 0, cols = 0;
+};
+
+class CpuGpu {
+ public:
+  explicit CpuGpu(const KvCacheShape& kv, CudaBackendOptions opts = {}) {
+    cpu_ = std::make_unique<CpuBackend>(1);
+    gpu_ = std::make_unique<CudaBackend>(opts);
+    cpu_->allocate_kv(kv);
+    gpu_->allocate_kv(kv);
+  }
+  CpuBackend& cpu() { return *cpu_; }
+  CudaBackend& gpu() { return *gpu_; }
+  void set_step(const StepInputs& s) {
+    cpu_->set_step(s);
+    gpu_->set_step(s);
+  }
+  Both input(const std::vector<float>& v, int64_t rows, int64_t cols) {
+    Both b{cpu_->scratch(rows, cols), gpu_->scratch(rows, cols), rows, cols};
+    cpu_->upload(v.data(), b.c);
+    gpu_->upload(v.data(), b.g);
+    return b;
+  }
+  // An output: NaN on the GPU so unwritten elements show.
+  Both output(int64_t rows, int64_t cols) {
+    Both b{cpu_->scratch(rows, cols), gpu_->scratch(rows, cols), rows, cols};
+    const auto nan = nan_vector(static_cast<size_t>(rows * cols));
+    gpu_->upload(nan.data(), b.g);
+    return b;
+  }
+  // A weight: the CPU gets the bf16-rounded values the GPU stores (matrices).
+  Both weight(HostTensor w) {
+    Both b;
+    b.g = gpu_->upload_weight(w);
+    if (w.shape.size() >= 2)
+      for (auto& x : w.data) x = testing::round_bf16(x);
+    b.c = cpu_->upload_weight(w);
+    b.rows = b.c.rows;
+    b.cols = b.c.cols;
+    return b;
+  }
+  std::pair<std::vector<float>, std::vector<float>> get(const Both& b) {
+    std::vector<float> c(static_cast<size_t>(b.rows * b.cols)), g(c.size());
+    cpu_->download(b.c, c.data());
+    gpu_->download(b.g, g.data());
+    return {c, g};
+  }
+
+ private:
+  std::unique_ptr<CpuBackend> cpu_;
+  std::unique_ptr<CudaBackend> gpu_;
+};
+
+KvCacheShape small_kv(int64_t hkv = 2, int64_t d = 16, int64_t layers = 2, int64_t blocks = 64) {
+  KvCacheShape kv;
+  kv.num_layers = layers;
+  kv.num_blocks = blocks;
+  kv.block_size = 16;
+  kv.num_kv_heads = hkv;
+  kv.head_dim = d;
+  return kv;
+}
+
+// One causal request of n tokens: ids < vocab, slots scrambled, positions spread up to 30000.
+StepInputs flat_step(std::mt19937& rng, int32_t n, int32_t vocab, int64_t num_blocks) {
+  StepInputs s;
+  const int32_t blocks = (n + 15) / 16;
+  std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  s.block_tables.assign(ids.begin(), ids.begin() + blocks);
+  s.max_blocks_per_request = blocks;
+  for (int32_t i = 0; i < n; ++i) {
+    s.token_ids.push_back(std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng));
+    s.positions.push_back(std::uniform_int_distribution<int32_t>(0, 30000)(rng));
+    s.slot_mapping.push_back(static_cast<int64_t>(s.block_tables[i / 16]) * 16 + i % 16);
+  }
+  s.qo_indptr = {0, n};
+  s.committed_len = {0};
+  s.mask_indptr = {0, 0};
+  for (int32_t i = 0; i < n; i += 3) s.logits_rows.push_back(i);
+  return s;
+}
+
+void expect_close(const std::pair<std::vector<float>, std::vector<float>>& cg, double tol,
+                  const std::string& what) {
+  const auto& [c, g] = cg;
+  ASSERT_EQ(c.size(), g.size());
+  EXPECT_EQ(testing::count_non_finite(g), 0u) << what << ": unwritten or non-finite outputs";
+  const double err = max_rel_error(g, c);
+  EXPECT_LE(err, tol) << what;
+  std::printf("  %-40s max rel err %.3g (tol %.1g)\n", what.c_str(), err, tol);
+}
+
+TEST(CudaOps, UploadDownloadRoundTrip) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(1);
+  CudaBackend gpu({});
+  const auto v = random_vector(rng, 1000 * 3 + 7);
+  Tensor t = gpu.scratch(1, static_cast<int64_t>(v.size()));
+  gpu.upload(v.data(), t);
+  std::vector<float> back(v.size());
+  gpu.download(t, back.data());
+  EXPECT_EQ(back, v);
+  // Scratch beyond the first chunk (64 MiB) and a reset that consolidates.
+  Tensor big = gpu.scratch(5000, 4000);
+  gpu.upload(nan_vector(static_cast<size_t>(big.numel())).data(), big);
+  gpu.reset_scratch();
+  Tensor again = gpu.scratch(5000, 4000);
+  EXPECT_NE(again.data, nullptr);
+}
+
+TEST(CudaOps, Embedding) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(2);
+  for (int32_t n : {1, 7, 130}) {
+    CpuGpu b(small_kv());
+    const int32_t vocab = 301, hidden = 72;
+    HostTensor table({vocab, hidden});
+    table.data = random_vector(rng, table.data.size());
+    Both w = b.weight(table);
+    b.set_step(flat_step(rng, n, vocab, 64));
+    Both out = b.output(n, hidden);
+    b.cpu().embedding(w.c, out.c);
+    b.gpu().embedding(w.g, out.g);
+    expect_close(b.get(out), 0, "embedding n=" + std::to_string(n));
+  }
+}
+
+TEST(CudaOps, EmbeddingRejectsOutOfVocabularyIds) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  CudaBackend gpu({});
+  gpu.allocate_kv(small_kv());
+  HostTensor table({10, 8});
+  table.data = random_vector(rng, 80);
+  Tensor w = gpu.upload_weight(table);
+  StepInputs s = flat_step(rng, 4, 10, 64);
+  s.token_ids[2] = 10;
+  gpu.set_step(s);
+  Tensor out = gpu.scratch(4, 8);
+  try {
+    gpu.embedding(w, out);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("token id 10"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaOps, RmsNorm) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(4);
+  for (auto [rows, cols] :
+       std::vector<std::pair<int, int>>{{1, 8}, {5, 64}, {33, 4096}, {7, 1000}}) {
+    CpuGpu b(small_kv());
+    HostTensor wt({cols});
+    wt.data = random_vector(rng, cols, 2.f);
+    Both w = b.weight(wt);
+    Both x = b.input(random_vector(rng, static_cast<size_t>(rows) * cols, 3.f), rows, cols);
+    Both out = b.output(rows, cols);
+    b.cpu().rms_norm(x.c, w.c, 1e-5, out.c);
+    b.gpu().rms_norm(x.g, w.g, 1e-5, out.g);
+    expect_close(b.get(out), 1e-5, "rms_norm " + std::to_string(rows) + "x" + std::to_string(cols));
+    // In place (out aliases x).
+    b.cpu().rms_norm(x.c, w.c, 1e-6, x.c);
+    b.gpu().rms_norm(x.g, w.g, 1e-6, x.g);
+    expect_close(b.get(x), 1e-5, "rms_norm in place");
+  }
+}
+
+TEST(CudaOps, Linear) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  struct Shape {
+    int n, in, out;
+    bool bias;
+  };
+  for (const Shape sh : std::vector<Shape>{{1, 64, 96, false},
+                                           {7, 72, 40, true},
+                                           {33, 256, 320, false},
+                                           {130, 128, 1000, true},
+                                           {3, 2048, 512, false}}) {
+    CpuGpu b(small_kv());
+    HostTensor wt({sh.out, sh.in});
+    wt.data = random_vector(rng, wt.data.size(), 0.5f);
+    Both w = b.weight(wt);
+    Both bias;
+    if (sh.bias) {
+      HostTensor bt({sh.out});
+      bt.data = random_vector(rng, sh.out);
+      bias = b.weight(bt);
+    }
+    // The GPU rounds x to bf16 for the GEMM: give the CPU the same rounded x.
+    auto xv = random_vector(rng, static_cast<size_t>(sh.n) * sh.in);
+    for (auto& v : xv) v = testing::round_bf16(v);
+    Both x = b.input(xv, sh.n, sh.in);
+    Both out = b.output(sh.n, sh.out);
+    b.cpu().linear(x.c, w.c, bias.c, out.c);
+    b.gpu().linear(x.g, w.g, bias.g, out.g);
+    expect_close(b.get(out), 1e-5,
+                 "linear " + std::to_string(sh.n) + "x" + std::to_string(sh.in) + "->" +
+                     std::to_string(sh.out) + (sh.bias ? "+bias" : ""));
+    // Unrounded fp32 input: the documented bf16 rounding of activations, within 1e-2.
+    Both x2 = b.input(random_vector(rng, static_cast<size_t>(sh.n) * sh.in), sh.n, sh.in);
+    Both out2 = b.output(sh.n, sh.out);
+    b.cpu().linear(x2.c, w.c, bias.c, out2.c);
+    b.gpu().linear(x2.g, w.g, bias.g, out2.g);
+    expect_close(b.get(out2), 1e-2, "linear (fp32 input rounded to bf16)");
+  }
+}
+
+TEST(CudaOps, AddAndSiluMul) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(6);
+  for (auto [rows, cols] : std::vector<std::pair<int, int>>{{1, 5}, {9, 96}, {129, 777}}) {
+    CpuGpu b(small_kv());
+    const size_t n = static_cast<size_t>(rows) * cols;
+    Both x = b.input(random_vector(rng, n, 4.f), rows, cols);
+    Both y = b.input(random_vector(rng, n, 4.f), rows, cols);
+    Both out = b.output(rows, cols);
+    b.cpu().add(x.c, y.c, out.c);
+    b.gpu().add(x.g, y.g, out.g);
+    expect_close(b.get(out), 0, "add");
+    b.cpu().silu_mul(x.c, y.c, out.c);
+    b.gpu().silu_mul(x.g, y.g, out.g);
+    expect_close(b.get(out), 1e-6, "silu_mul");
+    b.cpu().add(x.c, y.c, x.c);  // aliasing as the model uses it
+    b.gpu().add(x.g, y.g, x.g);
+    expect_close(b.get(x), 0, "add in place");
+    b.cpu().silu_mul(x.c, y.c, x.c);
+    b.gpu().silu_mul(x.g, y.g, x.g);
+    expect_close(b.get(x), 1e-6, "silu_mul in place");
+  }
+}
+
+TEST(CudaOps, RopeAtExplicitPositions) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  for (const std::string scaling : {"none", "linear", "llama3"}) {
+    for (int64_t d : {8, 16, 64, 128}) {
+      CpuGpu b(small_kv());
+      const int n = 37, hq = 4, hk = 2;
+      b.set_step(flat_step(rng, n, 100, 64));
+      RopeParams rp;
+      rp.head_dim = d;
+      rp.theta = scaling == "llama3" ? 500000.0 : 10000.0;
+      rp.scaling = scaling;
+      rp.factor = scaling == "none" ? 1.0 : 8.0;
+      Both q = b.input(random_vector(rng, static_cast<size_t>(n) * hq * d), n, hq * d);
+      Both k = b.input(random_vector(rng, static_cast<size_t>(n) * hk * d), n, hk * d);
+      b.cpu().rope(q.c, k.c, rp);
+      b.gpu().rope(q.g, k.g, rp);
+      // Angles up to 30000 rad: fp32 angle products are identical, sin/cos may differ in the
+      // last ulps of the range reduction.
+      expect_close(b.get(q), 2e-5, "rope q " + scaling + " d=" + std::to_string(d));
+      expect_close(b.get(k), 2e-5, "rope k " + scaling + " d=" + std::to_string(d));
+    }
+  }
+}
+
+TEST(CudaOps, WriteKvToScrambledSlots) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(8);
+  for (DType kv_dtype : {DType::kBF16, DType::kF16}) {
+    const KvCacheShape kv = small_kv(2, 16, 3, 64);
+    CudaBackendOptions o;
+    o.kv_dtype = kv_dtype;
+    CpuGpu b(kv, o);
+    b.gpu().poison_kv();
+    const int n = 45;
+    StepInputs s = flat_step(rng, n, 100, 64);
+    b.set_step(s);
+    const int64_t w = kv.num_kv_heads * kv.head_dim;
+    auto kvals = random_vector(rng, static_cast<size_t>(n * w));
+    auto vvals = random_vector(rng, static_cast<size_t>(n * w));
+    testing::round_all(&kvals, kv_dtype);
+    testing::round_all(&vvals, kv_dtype);
+    Both k = b.input(kvals, n, w), v = b.input(vvals, n, w);
+    b.cpu().write_kv(1, k.c, v.c);
+    b.gpu().write_kv(1, k.g, v.g);
+    std::vector<float> gk, gv;
+    b.gpu().download_kv(1, &gk, &gv);
+    const auto& ck = b.cpu().k_cache(1);
+    const auto& cv = b.cpu().v_cache(1);
+    std::vector<bool> written(static_cast<size_t>(kv.num_blocks * kv.block_size), false);
+    for (int64_t slot : s.slot_mapping) written[slot] = true;
+    size_t mismatches = 0, untouched_not_nan = 0;
+    for (size_t slot = 0; slot < written.size(); ++slot)
+      for (int64_t c = 0; c < w; ++c) {
+        const size_t i = slot * w + c;
+        if (written[slot])
+          mismatches += (gk[i] != ck[i]) + (gv[i] != cv[i]);
+        else
+          untouched_not_nan += !std::isnan(gk[i]) + !std::isnan(gv[i]);
+      }
+    EXPECT_EQ(mismatches, 0u) << dtype_name(kv_dtype);
+    EXPECT_EQ(untouched_not_nan, 0u) << "write_kv touched slots outside slot_mapping";
+    // Other layers untouched.
+    b.gpu().download_kv(0, &gk, &gv);
+    EXPECT_EQ(testing::count_non_finite(gk), gk.size());
+  }
+}
+
+TEST(CudaOps, GatherLogitRows) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(9);
+  CpuGpu b(small_kv());
+  const int n = 50, h = 33;
+  StepInputs s = flat_step(rng, n, 100, 64);
+  b.set_step(s);
+  Both x = b.input(random_vector(rng, static_cast<size_t>(n) * h), n, h);
+  const int64_t m = static_cast<int64_t>(s.logits_rows.size());
+  Both out = b.output(m, h);
+  b.cpu().gather_logit_rows(x.c, out.c);
+  b.gpu().gather_logit_rows(x.g, out.g);
+  expect_close(b.get(out), 0, "gather_logit_rows");
+}
+
+// Compaction: overlapping and cyclic moves (a destination that is another pair's source) must
+// behave as if all copies were simultaneous, in every layer, K and V.
+TEST(CudaOps, CopyKvIsSimultaneous) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(10);
+  for (int64_t d : {16, 128, 6}) {
+    const KvCacheShape kv = small_kv(2, d, 3, 16);
+    CpuGpu b(kv);
+    const int64_t slots = kv.num_blocks * kv.block_size;
+    const int64_t w = kv.num_kv_heads * kv.head_dim;
+    // Fill every slot of every layer.
+    StepInputs s = flat_step(rng, static_cast<int32_t>(slots), 100, kv.num_blocks);
+    b.set_step(s);
+    for (int64_t layer = 0; layer < kv.num_layers; ++layer) {
+      auto kvals = random_vector(rng, static_cast<size_t>(slots * w));
+      auto vvals = random_vector(rng, static_cast<size_t>(slots * w));
+      testing::round_all(&kvals, DType::kBF16);
+      testing::round_all(&vvals, DType::kBF16);
+      Both k = b.input(kvals, slots, w), v = b.input(vvals, slots, w);
+      b.cpu().write_kv(layer, k.c, v.c);
+      b.gpu().write_kv(layer, k.g, v.g);
+    }
+    // A shift left by one over a run (dst[i] = src[i+1]: each source is the next pair's
+    // destination), a 3-cycle, and scattered pairs.
+    std::vector<int64_t> src = {41, 42, 43, 44, 45, 100, 101, 102, 7, 200, 3};
+    std::vector<int64_t> dst = {40, 41, 42, 43, 44, 101, 102, 100, 250, 8, 199};
+    b.cpu().copy_kv(src, dst);
+    b.gpu().copy_kv(src, dst);
+    for (int64_t layer = 0; layer < kv.num_layers; ++layer) {
+      std::vector<float> gk, gv;
+      b.gpu().download_kv(layer, &gk, &gv);
+      EXPECT_EQ(gk, b.cpu().k_cache(layer)) << "layer " << layer << " d=" << d;
+      EXPECT_EQ(gv, b.cpu().v_cache(layer)) << "layer " << layer << " d=" << d;
+    }
+  }
+}
+
+TEST(CudaOps, CopyKvRejectsBadSlots) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu({});
+  gpu.allocate_kv(small_kv(2, 16, 2, 4));
+  EXPECT_THROW(gpu.copy_kv({1, 2}, {3}), Error);
+  try {
+    gpu.copy_kv({1, 64}, {2, 3});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("64"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaOps, InvalidLaunchParametersAreRejected) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  // Unsupported KV dtype and head_dim.
+  CudaBackendOptions f32kv;
+  f32kv.kv_dtype = DType::kF32;
+  EXPECT_THROW(CudaBackend{f32kv}, Error);
+  {
+    CudaBackend gpu({});
+    try {
+      gpu.allocate_kv(small_kv(2, 320));
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+      EXPECT_NE(std::string(e.what()).find("head_dim 320"), std::string::npos) << e.what();
+    }
+  }
+  CudaBackend gpu({});
+  gpu.allocate_kv(small_kv(2, 16, 2, 64));
+  // Block table shorter than the context.
+  StepInputs s = flat_step(rng, 40, 100, 64);
+  s.committed_len = {30};
+  try {
+    gpu.set_step(s);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("block table"), std::string::npos) << e.what();
+  }
+  // A tree larger than supported.
+  CudaBackendOptions small_trees;
+  small_trees.max_tree_nodes = 32;
+  CudaBackend gpu2(small_trees);
+  gpu2.allocate_kv(small_kv(2, 16, 2, 64));
+  StepInputs t = flat_step(rng, 40, 100, 64);
+  t.tree_mask.assign(40 * 2, 1u);
+  t.mask_indptr = {0, 80};
+  try {
+    gpu2.set_step(t);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tree of 40 nodes"), std::string::npos) << e.what();
+  }
+  // Head counts that do not group.
+  gpu.set_step(flat_step(rng, 4, 100, 64));
+  Tensor q = gpu.scratch(4, 3 * 16);
+  Tensor out = gpu.scratch(4, 3 * 16);
+  try {
+    gpu.paged_tree_attention(0, q, 3, out);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("3 query heads"), std::string::npos) << e.what();
+  }
+  // Shape mismatches.
+  Tensor q4 = gpu.scratch(5, 4 * 16);
+  EXPECT_THROW(gpu.paged_tree_attention(0, q4, 4, q4), Error);
+  EXPECT_THROW(gpu.paged_tree_attention(7, q, 2, out), Error);
+}
+
+}  // namespace
+}  // namespace arbor
