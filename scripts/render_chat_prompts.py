@@ -21,12 +21,17 @@ def main():
     ap.add_argument("--prompts", default=os.path.join(ROOT, "..", "shared", "data", "prompts",
                                                       "mt_bench.jsonl"))
     ap.add_argument("--out", required=True)
+    ap.add_argument("--heldout", action="store_true",
+                    help="only question_id % 5 == 0: the 16 questions the heads never saw "
+                         "(scripts/spec_train_common.py holds them out)")
     args = ap.parse_args()
     d, f = os.path.split(os.path.abspath(args.gguf))
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     with open(args.prompts) as src, open(args.out, "w") as dst:
         for line in src:
             q = json.loads(line)
+            if args.heldout and q["question_id"] % 5 != 0:
+                continue
             text = tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}],
                                            add_generation_prompt=True, tokenize=False)
             dst.write(json.dumps({"text": text}) + "\n")
