@@ -14,8 +14,8 @@
   chosen layers) and the evaluation helpers the trainers share.
 
 Generate a data file on its own (the trainers also generate it when --data does not exist):
-  python3 scripts/spec_train_common.py gen-data --base ../shared/models/stories260K/stories260K.bin \
-      --prompt-set stories --out /tmp/stories_data.pt
+  python3 scripts/spec_train_common.py gen-data \
+      --base ../shared/models/stories260K/stories260K.bin --out /tmp/stories_data.pt
 """
 import argparse
 import json
@@ -28,7 +28,6 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -200,7 +199,8 @@ def _eos_ids(model, tok):
 
 def add_base_args(ap):
     ap.add_argument("--base", required=True,
-                    help="base model: HF directory, .gguf file, or llama2.c .bin (tok512.bin beside)")
+                    help="base model: HF directory, .gguf file, or llama2.c .bin "
+                         "(tok512.bin beside it)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
     ap.add_argument("--seed", type=int, default=0)
@@ -562,6 +562,7 @@ def save_safetensors(tensors, path, dtype):
             v = v.to(dtype)
         out[k] = v.contiguous()
     save_file(out, path, metadata={"format": "pt"})
+    os.chmod(path, 0o644)  # safetensors creates the file 0600
     return os.path.getsize(path)
 
 

@@ -4,22 +4,29 @@ generations, and save exactly what engine/spec's EAGLE loaders read.
 
 --version 1 (or 2: the same weights; EAGLE-2 differs only in its dynamic tree at inference):
   OUT/config.json        one-layer LlamaConfig with the base's sizes plus "bias"
-  OUT/model.safetensors  fc.weight [h,2h] (+ fc.bias if bias), layers.0.self_attn.{q,k,v,o}_proj.weight,
-                         layers.0.post_attention_layernorm.weight, layers.0.mlp.{gate,up,down}_proj.weight
+  OUT/model.safetensors  fc.weight [h,2h] (+ fc.bias if bias),
+                         layers.0.self_attn.{q,k,v,o}_proj.weight,
+                         layers.0.post_attention_layernorm.weight,
+                         layers.0.mlp.{gate,up,down}_proj.weight
                          (no input_layernorm; embeddings and LM head are the base's, not saved)
   Forward at position t: x = fc(concat(embed(token_{t+1}), f_t)), f_t = the base's final-norm
   hidden state at t; x += attn(x) (causal, RoPE); x += mlp(post_attention_layernorm(x)); x is the
   predicted f_{t+1} (no final norm) and base_lm_head(x) predicts token_{t+2}. Drafting further
   feeds the predicted feature back in place of f.
   Loss (EAGLE): smooth-L1(x, f_{t+1}) + 0.1 * CE(softmax(base logits at t+1), lm_head(x)), with
-  uniform noise on the input features (EAGLE's data augmentation).
+  uniform noise on the input features (EAGLE's data augmentation). --ttt-steps N > 1 (default 1,
+  the official EAGLE-1 recipe) also unrolls the draft on its own predicted features as
+  EAGLE-3's training-time test below, the same loss at every step, step j weighted 0.8^j.
 
 --version 3:
   OUT/model.safetensors  fc.weight [h,3h] (no bias) over concat(g_low, g_mid, g_high), g_k = the
                          base's residual stream at the input of layer k (official choice
-                         2, L//2, L-3; clamped for shallow models, recorded as "eagle3_layers");
+                         2, L//2, L-3; for L < 7 the project rule of eagle3_capture_layers in
+                         engine/spec/eagle_checkpoint.h; written to config.json as
+                         "eagle3_layers" and eagle_config.eagle_aux_hidden_state_layer_ids);
                          midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight,
-                         midlayer.self_attn.{q,k,v}_proj.weight [.,2h], midlayer.self_attn.o_proj.weight,
+                         midlayer.self_attn.{q,k,v}_proj.weight [.,2h],
+                         midlayer.self_attn.o_proj.weight,
                          midlayer.mlp.{gate,up,down}_proj.weight, norm.weight,
                          lm_head.weight [draft_V,h], d2t [draft_V] int64, t2d [V] bool
   Forward (as SafeAILab/EAGLE eagle/model/cnets.py): h = fc(concat(g)) at the first draft step
@@ -242,7 +249,8 @@ def main():
     ap.add_argument("--version", type=int, choices=[1, 2, 3], default=1)
     ap.add_argument("--no-bias", action="store_true", help="EAGLE-1/2: fc without bias")
     ap.add_argument("--draft-vocab", type=int, default=None,
-                    help="EAGLE-3 draft vocabulary size (default min(V, 32000)/2 for small V)")
+                    help="EAGLE-3 draft vocabulary size (default: V/2 for V <= 4096, else "
+                         "min(V, 32000) as the official Llama-3 heads)")
     ap.add_argument("--eagle3-layers", default=None, help="override, e.g. 2,15,27")
     ap.add_argument("--random-init", action="store_true",
                     help="EAGLE-3: random lm_head / unit norm as the official code")
