@@ -43,16 +43,16 @@ struct KvCacheShape {
 // no mask words (mask_indptr[r] == mask_indptr[r+1]) is causal (t <= i): plain decode (T=1)
 // and prefill chunks. A tree's mask row i has bit j set iff j == i or j is an ancestor of i.
 struct StepInputs {
-  std::vector<int32_t> token_ids;     // [N]
-  std::vector<int32_t> positions;     // [N] RoPE position (committed_len + depth for trees)
-  std::vector<int64_t> slot_mapping;  // [N] slot receiving each token's K/V
-  std::vector<int32_t> qo_indptr;     // [R + 1]
-  std::vector<int32_t> committed_len; // [R]
-  std::vector<int32_t> block_tables;  // [R, max_blocks_per_request], -1 padded
+  std::vector<int32_t> token_ids;      // [N]
+  std::vector<int32_t> positions;      // [N] RoPE position (committed_len + depth for trees)
+  std::vector<int64_t> slot_mapping;   // [N] slot receiving each token's K/V
+  std::vector<int32_t> qo_indptr;      // [R + 1]
+  std::vector<int32_t> committed_len;  // [R]
+  std::vector<int32_t> block_tables;   // [R, max_blocks_per_request], -1 padded
   int32_t max_blocks_per_request = 0;
-  std::vector<uint32_t> tree_mask;    // packed rows: request r has T_r rows of ceil(T_r/32) words
-  std::vector<int32_t> mask_indptr;   // [R + 1] word offsets into tree_mask
-  std::vector<int32_t> logits_rows;   // [M] flat rows whose logits are wanted, ascending
+  std::vector<uint32_t> tree_mask;   // packed rows: request r has T_r rows of ceil(T_r/32) words
+  std::vector<int32_t> mask_indptr;  // [R + 1] word offsets into tree_mask
+  std::vector<int32_t> logits_rows;  // [M] flat rows whose logits are wanted, ascending
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_requests() const {

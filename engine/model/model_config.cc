@@ -26,8 +26,7 @@ void ModelConfig::validate(const std::string& source) const {
   if (head_dim % 2 != 0)
     throw_error(ErrorCode::kCorruptData,
                 source + ": head_dim must be even for RoPE, found " + std::to_string(head_dim));
-  if (rope_scaling.type != "none" && rope_scaling.type != "llama3" &&
-      rope_scaling.type != "linear")
+  if (rope_scaling.type != "none" && rope_scaling.type != "llama3" && rope_scaling.type != "linear")
     throw_error(ErrorCode::kUnsupported,
                 source + ": rope scaling type '" + rope_scaling.type + "' is not supported");
 }

@@ -23,9 +23,9 @@ using RequestId = int64_t;
 // the root of the next tree (sampled or the bonus token, K/V not yet computed).
 struct TargetFeedback {
   RequestId request = -1;
-  int32_t start = 0;                      // first position covered
-  std::span<const int32_t> tokens;        // [n]
-  std::span<const float> hidden;          // [n, hidden_size] (empty if !needs_hidden())
+  int32_t start = 0;                             // first position covered
+  std::span<const int32_t> tokens;               // [n]
+  std::span<const float> hidden;                 // [n, hidden_size] (empty if !needs_hidden())
   std::vector<std::span<const float>> captured;  // per capture layer: [n, hidden_size]
   int32_t next_token = -1;
 };
