@@ -214,15 +214,8 @@ def eagle3_layers(L, override=None):
     scripts/spec_heads_reference.py."""
     if override:
         return [int(x) for x in override.split(",")]
-    if L >= 7:
-        return [2, L // 2, L - 3]
-    if L <= 1:
-        return [0, 0, L]
-    if L == 2:
-        return [0, 1, 2]
-    if L == 3:
-        return [0, 1, 3]
-    return [1, L // 2, L - 1]
+    from spec_heads_reference import eagle3_capture_layers  # one copy of the rule
+    return eagle3_capture_layers(L)
 
 
 def pick_draft_vocab(data, n, vocab):

@@ -2,10 +2,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "engine/backend/backend.h"
+#include "engine/model/llama_model.h"
+#include "engine/runner/model_bundle.h"
 #include "engine/sampling/sampling_params.h"
 #include "engine/spec/proposer_factory.h"
 
@@ -56,6 +61,13 @@ struct SpecBenchOptions {
   SpecConfig spec_config;
   int32_t max_tree_nodes = 64;
 };
+
+// Loads a model bundle onto the CPU backend with a progress line; `before_release` sees the
+// host weights (to build a proposer) before they are freed. Defined in generate_command.cc.
+std::unique_ptr<LlamaModel> load_for_cli(
+    const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
+    std::unique_ptr<Backend>* backend,
+    const std::function<void(const ModelWeights&)>& before_release = {});
 
 void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o);
 int run_spec_bench(const SpecBenchOptions& o);

@@ -21,11 +21,6 @@
 
 namespace arbor {
 
-std::unique_ptr<LlamaModel> load_for_cli(
-    const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
-    std::unique_ptr<Backend>* backend,
-    const std::function<void(const ModelWeights&)>& before_release = {});
-
 void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   CLI::App* c = app.add_subcommand("spec-bench", "Measure speculation acceptance and speed");
   c->add_option("--model,-m", o->model, "Model path")->required();
