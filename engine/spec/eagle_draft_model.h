@@ -36,6 +36,8 @@ class EagleDraftModel {
   int32_t to_target(int32_t draft_id) const;
 
   SeqId create_sequence() { return kv_.create_sequence().seq; }
+  // A sequence sharing every committed row of `seq` (copy-on-write).
+  SeqId fork(SeqId seq) { return kv_.fork(seq); }
   void free_sequence(SeqId seq) { kv_.free_sequence(seq); }
   int32_t length(SeqId seq) const { return kv_.committed_len(seq); }
   const KvCacheManager& kv() const { return kv_; }

@@ -192,6 +192,14 @@ DraftTree EagleProposer::propose(RequestId request, const TreeBudget& budget) {
       root, root_log_probs, params, [this](int32_t id) { return draft_.to_target(id); }, expand);
 }
 
+bool EagleProposer::fork(RequestId src, RequestId dst) {
+  tracker_.fork(src, dst);
+  RequestState s = requests_.at(src);
+  if (s.seq >= 0) s.seq = draft_.fork(s.seq);
+  requests_[dst] = std::move(s);
+  return true;
+}
+
 void EagleProposer::end(RequestId request) {
   tracker_.end(request);
   auto it = requests_.find(request);

@@ -40,6 +40,7 @@ class EagleProposer final : public Proposer {
   // steps after the first (so depth <= budget.max_depth).
   DraftTree propose(RequestId request, const TreeBudget& budget) override;
   void end(RequestId request) override;
+  bool fork(RequestId src, RequestId dst) override;
 
   EagleDraftModel& draft() { return draft_; }
   const EagleOptions& options() const { return options_; }

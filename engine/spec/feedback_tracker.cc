@@ -130,6 +130,15 @@ void FeedbackTracker::end(RequestId request) {
   requests_.erase(request);
 }
 
+void FeedbackTracker::fork(RequestId src, RequestId dst) {
+  const State& s = get(src, "fork");
+  if (requests_.count(dst))
+    throw_error(ErrorCode::kInvalidArgument,
+                where(dst, "fork") + ", which is already open (end it first)");
+  State copy = s;
+  requests_.emplace(dst, std::move(copy));
+}
+
 void FeedbackTracker::check_budget(RequestId request, const TreeBudget& budget) const {
   if (budget.max_nodes < 1 || budget.max_depth < 0)
     throw_error(ErrorCode::kInvalidArgument,

@@ -42,6 +42,8 @@ class FeedbackTracker {
   const std::vector<int32_t>& prompt(RequestId request) const;
   // kInvalidArgument when the request is not open.
   void end(RequestId request);
+  // `dst` becomes a copy of `src` (kInvalidArgument when src is not open or dst is).
+  void fork(RequestId src, RequestId dst);
   bool is_open(RequestId request) const { return requests_.count(request) != 0; }
   const std::string& proposer() const { return proposer_; }
 

@@ -39,6 +39,13 @@ void MedusaProposer::observe(const TargetFeedback& feedback) {
   last_hidden_[feedback.request].assign(last.begin(), last.end());
 }
 
+bool MedusaProposer::fork(RequestId src, RequestId dst) {
+  tracker_.fork(src, dst);
+  auto it = last_hidden_.find(src);
+  if (it != last_hidden_.end()) last_hidden_[dst] = it->second;
+  return true;
+}
+
 const StaticTree& MedusaProposer::tree_for(const TreeBudget& budget) {
   if (budget.max_nodes >= tree_.size() && budget.max_depth >= tree_.max_depth()) return tree_;
   const auto key = std::make_pair(budget.max_nodes, budget.max_depth);

@@ -29,6 +29,7 @@ class MedusaProposer final : public Proposer {
   // most max_nodes in all.
   DraftTree propose(RequestId request, const TreeBudget& budget) override;
   void end(RequestId request) override;
+  bool fork(RequestId src, RequestId dst) override;
 
   const MedusaHeads& heads() const { return heads_; }
   const StaticTree& tree() const { return tree_; }

@@ -40,6 +40,12 @@ void NgramProposer::observe(const TargetFeedback& feedback) {
   }
 }
 
+bool NgramProposer::fork(RequestId src, RequestId dst) {
+  tracker_.fork(src, dst);
+  history_[dst] = history_.at(src);
+  return true;
+}
+
 DraftTree NgramProposer::propose(RequestId request, const TreeBudget& budget) {
   tracker_.check_budget(request, budget);
   const int32_t root = tracker_.root(request);

@@ -31,6 +31,7 @@ class NgramProposer final : public Proposer {
   void observe(const TargetFeedback& feedback) override;
   DraftTree propose(RequestId request, const TreeBudget& budget) override;
   void end(RequestId request) override;
+  bool fork(RequestId src, RequestId dst) override;
 
   // The proposal for a token sequence whose last token is the root (pure; used by propose()).
   static DraftTree propose_for(std::span<const int32_t> sequence, const NgramOptions& options,

@@ -52,6 +52,11 @@ class Proposer {
   // Draft tree rooted at the last feedback's next_token (tree.token[0] == that token).
   virtual DraftTree propose(RequestId request, const TreeBudget& budget) = 0;
   virtual void end(RequestId request) = 0;
+  // n > 1 samples of one prompt: `dst` starts as a copy of `src` (which must have observed its
+  // prompt with next_token -1, i.e. before either request's first token is known); each then
+  // gets an empty-token observe carrying its own next_token. False when unsupported (the
+  // runner then lets `dst` decode without speculation).
+  virtual bool fork(RequestId /*src*/, RequestId /*dst*/) { return false; }
 };
 
 }  // namespace arbor

@@ -1,0 +1,426 @@
+#include "engine/runner/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "engine/core/error.h"
+#include "engine/runner/batch_builder.h"
+
+namespace arbor {
+
+void EngineConfig::validate() const {
+  auto positive = [](const char* name, int64_t v) {
+    if (v <= 0)
+      throw_error(ErrorCode::kInvalidArgument,
+                  std::string(name) + " must be positive, got " + std::to_string(v));
+  };
+  positive("num_blocks", num_blocks);
+  positive("block_size", block_size);
+  positive("max_step_tokens", max_step_tokens);
+  positive("max_running", max_running);
+  positive("tree_budget.max_nodes", tree_budget.max_nodes);
+  if (tree_budget.max_depth < 0)
+    throw_error(ErrorCode::kInvalidArgument,
+                "tree_budget.max_depth must be >= 0, got " + std::to_string(tree_budget.max_depth));
+}
+
+namespace {
+
+KvCacheConfig kv_config(const EngineConfig& c) {
+  c.validate();
+  KvCacheConfig k;
+  k.num_blocks = c.num_blocks;
+  k.block_size = c.block_size;
+  k.enable_prefix_caching = c.prefix_caching;
+  return k;
+}
+
+SchedulerConfig sched_config(const EngineConfig& c) {
+  SchedulerConfig s;
+  s.max_step_tokens = c.max_step_tokens;
+  s.max_running = c.max_running;
+  s.tree.adaptive = c.adaptive_trees;
+  s.tree.max_tree = c.tree_budget;
+  s.tree.max_tree.max_nodes = std::min(c.tree_budget.max_nodes, c.max_step_tokens);
+  s.cost = c.cost;
+  return s;
+}
+
+SamplingParams choice_params(const SamplingParams& p, int32_t choice) {
+  SamplingParams q = p;
+  if (q.seed && choice > 0)
+    q.seed = *q.seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(choice);
+  return q;
+}
+
+TokenLogprob logprob_of(std::span<const float> logits, int32_t token, int32_t k) {
+  float mx = -INFINITY;
+  for (float v : logits) mx = std::max(mx, v);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v) - mx);
+  const float lse = mx + static_cast<float>(std::log(sum));
+  TokenLogprob t;
+  t.token = token;
+  t.logprob = logits[token] - lse;
+  if (k > 0) {
+    std::vector<int32_t> idx(logits.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);
+    const size_t kk = std::min<size_t>(static_cast<size_t>(k), idx.size());
+    std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(kk), idx.end(),
+                      [&](int32_t a, int32_t b) {
+                        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+                      });
+    for (size_t i = 0; i < kk; ++i) t.top.emplace_back(idx[i], logits[idx[i]] - lse);
+  }
+  return t;
+}
+
+}  // namespace
+
+struct Engine::Request {
+  ReqId id = 0;
+  GenerationRequest req;
+  int32_t live = 0;            // choices not finished or cancelled
+  bool forked = false;         // choices 1..n-1 exist
+  std::vector<uint64_t> sids;  // [n] scheduler id per choice (0: not created / gone)
+};
+
+struct Engine::Choice {
+  uint64_t sid = 0;
+  std::shared_ptr<Request> request;
+  int32_t index = 0;
+  Sampler sampler;
+  Rng rng;
+  bool speculate = false;
+  bool begun = false;  // open in the proposer
+  DraftTree draft;
+  GenerationResult result;
+
+  Choice(uint64_t s, std::shared_ptr<Request> r, int32_t i, bool spec)
+      : sid(s),
+        request(std::move(r)),
+        index(i),
+        sampler(choice_params(request->req.sampling, i)),
+        rng(sampler.make_rng()),
+        speculate(spec) {}
+  const GenerationRequest& req() const { return request->req; }
+};
+
+Engine::Engine(LlamaModel& model, const EngineConfig& config, Proposer* proposer)
+    : model_(model),
+      config_(config),
+      proposer_(proposer),
+      kv_(kv_config(config)),
+      sched_(kv_, sched_config(config)) {
+  model_.backend().allocate_kv(model_.kv_shape(config_.num_blocks, config_.block_size));
+  if (proposer_) {
+    want_.final_hidden = proposer_->needs_hidden();
+    want_.capture_layers = proposer_->capture_layers();
+  }
+}
+
+Engine::~Engine() = default;
+
+void Engine::add(ReqId id, const GenerationRequest& r) {
+  const int64_t vocab = model_.config().vocab_size;
+  if (requests_.count(id))
+    throw_error(ErrorCode::kInvalidArgument, "request " + std::to_string(id) + " already exists");
+  if (r.prompt.empty())
+    throw_error(ErrorCode::kInvalidArgument, "the prompt is empty (no prompt tokens)");
+  for (int32_t t : r.prompt)
+    if (t < 0 || t >= vocab)
+      throw_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(t) +
+                                                   " is outside the vocabulary of " +
+                                                   std::to_string(vocab));
+  if (r.max_tokens <= 0)
+    throw_error(ErrorCode::kInvalidArgument,
+                "max_tokens must be positive, got " + std::to_string(r.max_tokens));
+  if (r.n < 1 || r.n > 128)
+    throw_error(ErrorCode::kInvalidArgument, "n must be in [1, 128], got " + std::to_string(r.n));
+  if (r.logprobs < -1 || r.logprobs > 20)
+    throw_error(ErrorCode::kInvalidArgument,
+                "logprobs must be in [0, 20], got " + std::to_string(r.logprobs));
+  for (int32_t t : r.stop_token_ids)
+    if (t < 0 || t >= vocab)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "stop token id " + std::to_string(t) + " is outside the vocabulary");
+  r.sampling.validate();
+  const bool spec = proposer_ != nullptr && r.speculate;
+  const int64_t capacity = static_cast<int64_t>(config_.num_blocks) * config_.block_size;
+  const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.max_tokens +
+                       (spec ? config_.tree_budget.max_nodes : 0);
+  if (need > capacity)
+    throw_error(ErrorCode::kResourceExhausted,
+                "the request needs " + std::to_string(need) + " KV slots (prompt " +
+                    std::to_string(r.prompt.size()) + " + max_tokens " +
+                    std::to_string(r.max_tokens) + ") but the cache holds " +
+                    std::to_string(capacity));
+  auto req = std::make_shared<Request>();
+  req->id = id;
+  req->req = r;
+  req->live = 1;
+  req->sids.assign(static_cast<size_t>(r.n), 0);
+  const uint64_t sid = next_sid_++;
+  req->sids[0] = sid;
+  choices_.emplace(sid, std::make_unique<Choice>(sid, req, 0, spec));
+  sched_.add(sid, r.prompt, spec);
+  requests_.emplace(id, std::move(req));
+}
+
+void Engine::drop(uint64_t sid) {
+  auto it = choices_.find(sid);
+  if (it == choices_.end()) return;
+  Choice& c = *it->second;
+  sched_.remove(sid);
+  if (c.begun) proposer_->end(static_cast<RequestId>(sid));
+  Request& r = *c.request;
+  r.sids[static_cast<size_t>(c.index)] = 0;
+  r.live--;
+  if (r.live == 0) requests_.erase(r.id);
+  choices_.erase(it);
+}
+
+bool Engine::cancel(ReqId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  std::shared_ptr<Request> r = it->second;
+  for (uint64_t sid : r->sids)
+    if (sid) drop(sid);
+  requests_.erase(id);
+  return true;
+}
+
+bool Engine::cancel_choice(ReqId id, int32_t choice) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || choice < 0 || choice >= it->second->req.n) return false;
+  std::shared_ptr<Request> r = it->second;
+  const uint64_t sid = r->sids[static_cast<size_t>(choice)];
+  if (!sid) return false;
+  if (choice == 0 && !r->forked && r->req.n > 1) return cancel(id);  // siblings not born yet
+  drop(sid);
+  return true;
+}
+
+void Engine::feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
+                  const std::vector<int32_t>& rows, int32_t first_row, int32_t next) {
+  if (!c.speculate) return;
+  const int64_t hs = model_.config().hidden_size;
+  std::vector<float> h;
+  if (want_.final_hidden) {
+    h.reserve(rows.size() * hs);
+    for (int32_t r : rows) {
+      const float* src = out_.hidden.data() + (first_row + r) * hs;
+      h.insert(h.end(), src, src + hs);
+    }
+  }
+  std::vector<std::vector<float>> cap(out_.captured.size());
+  for (size_t l = 0; l < out_.captured.size(); ++l)
+    for (int32_t r : rows) {
+      const float* src = out_.captured[l].data() + (first_row + r) * hs;
+      cap[l].insert(cap[l].end(), src, src + hs);
+    }
+  TargetFeedback fb;
+  fb.request = static_cast<RequestId>(c.sid);
+  fb.start = start;
+  fb.tokens = tokens;
+  fb.hidden = h;
+  for (const auto& x : cap) fb.captured.emplace_back(x);
+  fb.next_token = next;
+  proposer_->observe(fb);
+}
+
+std::vector<EngineEvent> Engine::step() {
+  std::vector<EngineEvent> events;
+  const int64_t vocab = model_.config().vocab_size;
+  const int32_t eos = model_.config().eos_token_id;
+
+  auto draft = [&](ReqId sid, const TreeBudget& budget) -> int32_t {
+    Choice& c = *choices_.at(sid);
+    const auto t0 = std::chrono::steady_clock::now();
+    c.draft = proposer_->propose(static_cast<RequestId>(sid), budget);
+    sched_.record_draft_ms(
+        sid,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ARBOR_CHECK(!c.draft.token.empty() && c.draft.token[0] == sched_.context(sid).back(),
+                "proposer tree root differs from the request's newest token");
+    return std::min<int32_t>(c.draft.size(), budget.max_nodes);
+  };
+  const StepPlan plan = sched_.schedule(draft);
+  for (ReqId sid : plan.preempted) {
+    Choice& c = *choices_.at(sid);
+    c.result.preemptions++;
+    stats_.preemptions++;
+    if (c.begun) proposer_->end(static_cast<RequestId>(sid));
+    c.begun = false;
+  }
+  for (ReqId sid : plan.admitted) {
+    Choice& c = *choices_.at(sid);
+    c.result.cached_prompt_tokens += sched_.computed(sid);
+    if (c.speculate) {
+      proposer_->begin(static_cast<RequestId>(sid), sched_.context(sid));
+      c.begun = true;
+    }
+  }
+  if (!plan.copies.empty()) model_.backend().copy_kv(plan.copies.src_slots, plan.copies.dst_slots);
+  if (plan.items.empty()) return events;
+
+  std::vector<StepItem> items;
+  bool any_prefill = false, any_decode = false;
+  for (const ScheduledItem& it : plan.items) {
+    const Choice& c = *choices_.at(it.id);
+    const std::vector<int32_t>& ctx = sched_.context(it.id);
+    StepItem s;
+    s.seq = sched_.seq(it.id);
+    if (it.decode) {
+      any_decode = true;
+      if (it.num_tokens > 1) {
+        ARBOR_CHECK(c.draft.size() == it.num_tokens);
+        s.tokens = c.draft.token;
+        s.parents = c.draft.parent;
+        s.all_logits = true;
+      } else {
+        s.tokens = {ctx.back()};
+      }
+    } else {
+      any_prefill = true;
+      s.tokens.assign(ctx.begin() + it.start, ctx.begin() + it.start + it.num_tokens);
+    }
+    items.push_back(std::move(s));
+  }
+  StepInputs step;
+  const std::vector<int32_t> first_logit = BatchBuilder::build(kv_, items, &step);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  model_.forward(step, &out_, want_);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.steps++;
+  (any_prefill && any_decode ? stats_.mixed_seconds
+   : any_prefill             ? stats_.prefill_seconds
+                             : stats_.decode_seconds) += secs;
+  sched_.observe_step(static_cast<int32_t>(items.size()), step.num_tokens(), secs * 1e3);
+
+  auto logits_row = [&](int32_t row) {
+    return std::span<const float>(out_.logits.data() + static_cast<int64_t>(row) * vocab,
+                                  static_cast<size_t>(vocab));
+  };
+  // Emits tokens for a choice (stopping at a stop token or max_tokens); `rows` are the logits
+  // rows that predicted them.
+  std::vector<uint64_t> finished;
+  auto emit = [&](Choice& c, const std::vector<int32_t>& tokens, const std::vector<int32_t>& rows,
+                  int32_t accepted) {
+    EngineEvent ev;
+    ev.id = c.request->id;
+    ev.choice = c.index;
+    const GenerationRequest& r = c.req();
+    const char* reason = nullptr;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const int32_t tok = tokens[i];
+      c.result.tokens.push_back(tok);
+      ev.tokens.push_back(tok);
+      if (r.logprobs >= 0) ev.logprobs.push_back(logprob_of(logits_row(rows[i]), tok, r.logprobs));
+      stats_.decode_tokens++;
+      const bool stop = (!r.ignore_eos && tok == eos) ||
+                        std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), tok) !=
+                            r.stop_token_ids.end();
+      if (stop)
+        reason = "stop";
+      else if (static_cast<int32_t>(c.result.tokens.size()) >= r.max_tokens)
+        reason = "length";
+      if (reason) break;
+    }
+    ev.accepted_draft_tokens = std::min<int32_t>(accepted, static_cast<int32_t>(ev.tokens.size()));
+    if (reason) {
+      c.result.finish_reason = reason;
+      ev.finished = true;
+      ev.result = c.result;
+      finished.push_back(c.sid);
+    } else {
+      sched_.append(c.sid, ev.tokens);
+    }
+    events.push_back(std::move(ev));
+  };
+
+  for (size_t k = 0; k < plan.items.size(); ++k) {
+    const ScheduledItem& it = plan.items[k];
+    Choice& c = *choices_.at(it.id);
+    const int32_t first_row = step.qo_indptr[k];
+    if (!it.decode) {
+      sched_.commit_prefill(it);
+      stats_.prefill_tokens += it.num_tokens;
+      std::vector<int32_t> rows(static_cast<size_t>(it.num_tokens));
+      for (int32_t i = 0; i < it.num_tokens; ++i) rows[static_cast<size_t>(i)] = i;
+      const std::vector<int32_t>& ctx = sched_.context(it.id);
+      std::vector<int32_t> chunk(ctx.begin() + it.start, ctx.begin() + it.start + it.num_tokens);
+      if (!it.last_chunk) {
+        feed(c, it.start, chunk, rows, first_row,
+             ctx[static_cast<size_t>(it.start + it.num_tokens)]);
+        continue;
+      }
+      Request& req = *c.request;
+      const std::span<const float> logits = logits_row(first_logit[k]);
+      if (c.index == 0 && req.req.n > 1 && !req.forked) {
+        // n > 1: the prompt's KV is computed once; the other choices fork it here and each
+        // draws its own first token from the same logits.
+        req.forked = true;
+        feed(c, it.start, chunk, rows, first_row, -1);
+        std::vector<Choice*> all = {&c};
+        for (int32_t i = 1; i < req.req.n; ++i) {
+          const uint64_t sid = next_sid_++;
+          bool spec = c.speculate &&
+                      proposer_->fork(static_cast<RequestId>(c.sid), static_cast<RequestId>(sid));
+          sched_.fork(c.sid, sid, spec);
+          auto child = std::make_unique<Choice>(sid, c.request, i, spec);
+          child->begun = spec;
+          child->result.cached_prompt_tokens = sched_.computed(sid);
+          req.sids[static_cast<size_t>(i)] = sid;
+          req.live++;
+          all.push_back(child.get());
+          choices_.emplace(sid, std::move(child));
+        }
+        for (Choice* x : all) {
+          const int32_t next =
+              x->sampler.sample_token(logits, x->req().prompt, x->result.tokens, x->rng);
+          if (x->speculate) feed(*x, sched_.computed(x->sid), {}, {}, first_row, next);
+          emit(*x, {next}, {first_logit[k]}, 0);
+        }
+        continue;
+      }
+      const int32_t next = c.sampler.sample_token(logits, req.req.prompt, c.result.tokens, c.rng);
+      feed(c, it.start, chunk, rows, first_row, next);
+      emit(c, {next}, {first_logit[k]}, 0);
+      continue;
+    }
+    // Decode / verify.
+    const std::vector<int32_t>& ctx = sched_.context(it.id);
+    const DraftTree tree = it.num_tokens > 1 ? c.draft : DraftTree::root_only(ctx.back());
+    const int32_t t = tree.size();
+    stats_.tree_tokens += t;
+    std::span<const float> logits(out_.logits.data() + static_cast<int64_t>(first_logit[k]) * vocab,
+                                  static_cast<size_t>(t * vocab));
+    const size_t prompt_len = c.req().prompt.size();
+    const std::span<const int32_t> cs(ctx);
+    // Recomputed requests carry generated tokens in the context: split at the prompt.
+    const VerifyResult v = verify(tree, logits, vocab, c.sampler, cs.subspan(0, prompt_len),
+                                  cs.subspan(prompt_len), c.rng, config_.verify);
+    c.result.acceptance.add(v);
+    if (t > 1) stats_.acceptance.add(v);
+    sched_.record_acceptance(it.id, v, t);
+    std::vector<int32_t> node_tokens;
+    for (int32_t node : v.accepted_nodes) node_tokens.push_back(tree.token[node]);
+    const int32_t start = sched_.computed(it.id);
+    const CommitPlan commit = sched_.commit_tree(it.id, v.accepted_nodes, node_tokens);
+    if (!commit.copies.empty())
+      model_.backend().copy_kv(commit.copies.src_slots, commit.copies.dst_slots);
+    std::vector<int32_t> emitted = v.accepted_tokens;
+    emitted.push_back(v.bonus_token);
+    std::vector<int32_t> rows;
+    for (int32_t node : v.accepted_nodes) rows.push_back(first_logit[k] + node);
+    feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token);
+    emit(c, emitted, rows, v.num_accepted());
+  }
+  for (uint64_t sid : finished) drop(sid);
+  return events;
+}
+
+}  // namespace arbor

@@ -1,0 +1,131 @@
+// The engine: one step at a time over a changing set of requests. Requests are added and
+// cancelled between steps (the server's loop thread owns the engine); each step() asks the
+// scheduler for a plan (admission, chunked prefill beside speculative decode, tree budgets,
+// preemption), drafts trees through the proposer, runs one forward pass, verifies the trees
+// (lossless rejection sampling or greedy), compacts the accepted KV and returns the tokens each
+// request produced. n > 1 samples of a prompt prefill once and fork the prompt's KV blocks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/kv_cache/kv_cache_manager.h"
+#include "engine/model/llama_model.h"
+#include "engine/sampling/sampler.h"
+#include "engine/scheduler/scheduler.h"
+#include "engine/spec/proposer.h"
+#include "engine/spec/verifier.h"
+
+namespace arbor {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // token ids, BOS included when wanted
+  SamplingParams sampling;
+  int32_t max_tokens = 128;             // generated tokens at most (per choice)
+  bool ignore_eos = false;              // keep going past EOS (benchmarks)
+  std::vector<int32_t> stop_token_ids;  // ends the request besides the model's EOS
+  bool speculate = true;                // use the engine's proposer (if it has one)
+  int32_t n = 1;                        // independent samples (choices) of the prompt
+  int32_t logprobs = -1;                // -1: none; k >= 0: chosen token's + top k alternatives
+};
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;       // generated ids (a stop token included)
+  std::string finish_reason;         // "stop" (EOS / stop id), "length" or "cancelled"
+  int32_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  int32_t preemptions = 0;
+  AcceptanceStats acceptance;  // decode / verify steps: tokens emitted per step, by depth
+};
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;                           // log p(token) under the model (raw logits)
+  std::vector<std::pair<int32_t, float>> top;  // the k most likely, best first
+};
+
+// What one step did for one choice of one request.
+struct EngineEvent {
+  ReqId id = 0;
+  int32_t choice = 0;
+  std::vector<int32_t> tokens;         // newly generated
+  std::vector<TokenLogprob> logprobs;  // [tokens.size()] when the request asked for them
+  int32_t accepted_draft_tokens = 0;   // of `tokens`, drafted by the proposer and accepted
+  bool finished = false;
+  GenerationResult result;  // when finished: the choice's whole result
+};
+
+struct EngineConfig {
+  int32_t num_blocks = 256;       // KV cache blocks
+  int32_t block_size = 16;        // tokens per block
+  int32_t max_step_tokens = 512;  // token budget of one step (prefill chunking)
+  int32_t max_running = 64;       // sequences running at once
+  bool prefix_caching = true;
+  TreeBudget tree_budget;       // largest tree a proposer may return
+  bool adaptive_trees = false;  // size trees per step from the cost model (else tree_budget)
+  CostModelConfig cost;         // for adaptive trees
+  VerifyOptions verify;         // rejection sampling (lossless) unless typical is asked for
+  void validate() const;
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;  // prompt tokens run through the model
+  int64_t decode_tokens = 0;   // tokens generated
+  int64_t tree_tokens = 0;     // tokens scored in decode / verify steps (tree nodes)
+  int64_t preemptions = 0;
+  double prefill_seconds = 0;  // wall time of steps that carried prefill only
+  double decode_seconds = 0;   // wall time of steps that carried decode only
+  double mixed_seconds = 0;    // steps with both
+  AcceptanceStats acceptance;  // all verify steps with a tree of more than one node
+};
+
+class Engine {
+ public:
+  // `proposer` (optional, not owned) drafts trees for requests with speculate set.
+  Engine(LlamaModel& model, const EngineConfig& config, Proposer* proposer = nullptr);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates (kInvalidArgument naming the field; kResourceExhausted when the request can never
+  // fit in the KV cache) and queues the request. `id` must be new.
+  void add(ReqId id, const GenerationRequest& request);
+  // Stops a request (every choice, or one choice), freeing its KV blocks at once. Returns false
+  // when it is unknown (already finished). Cancelled choices produce no further events.
+  bool cancel(ReqId id);
+  bool cancel_choice(ReqId id, int32_t choice);
+  // One step; the events of every choice that produced tokens or finished.
+  std::vector<EngineEvent> step();
+  bool idle() const { return requests_.empty(); }
+  size_t num_requests() const { return requests_.size(); }
+
+  const Scheduler& scheduler() const { return sched_; }
+  const KvCacheManager& kv() const { return kv_; }
+  const EngineStats& stats() const { return stats_; }
+  const LlamaModel& model() const { return model_; }
+  bool has_proposer() const { return proposer_ != nullptr; }
+
+ private:
+  struct Choice;
+  struct Request;
+  void drop(uint64_t sid);  // removes a choice from the scheduler and proposer
+  void feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
+            const std::vector<int32_t>& rows, int32_t first_row, int32_t next);
+
+  LlamaModel& model_;
+  EngineConfig config_;
+  Proposer* proposer_;
+  KvCacheManager kv_;
+  Scheduler sched_;
+  EngineStats stats_;
+  ForwardRequest want_;
+  ForwardOutput out_;
+  std::unordered_map<ReqId, std::shared_ptr<Request>> requests_;
+  std::unordered_map<uint64_t, std::unique_ptr<Choice>> choices_;  // by scheduler id
+  uint64_t next_sid_ = 1;
+};
+
+}  // namespace arbor

@@ -1,0 +1,310 @@
+#include "engine/scheduler/scheduler.h"
+
+#include <algorithm>
+
+#include "engine/core/error.h"
+
+namespace arbor {
+
+void SchedulerConfig::validate() const {
+  if (max_step_tokens < 1)
+    throw_error(ErrorCode::kInvalidArgument,
+                "max_step_tokens must be >= 1, got " + std::to_string(max_step_tokens));
+  if (max_running < 1)
+    throw_error(ErrorCode::kInvalidArgument,
+                "max_running must be >= 1, got " + std::to_string(max_running));
+  if (tree.max_tree.max_nodes < 1)
+    throw_error(ErrorCode::kInvalidArgument, "speculation max tree nodes must be >= 1, got " +
+                                                 std::to_string(tree.max_tree.max_nodes));
+  if (tree.max_tree.max_depth < 0)
+    throw_error(ErrorCode::kInvalidArgument, "speculation max tree depth must be >= 0, got " +
+                                                 std::to_string(tree.max_tree.max_depth));
+  if (tree.max_tree.max_nodes > max_step_tokens)
+    throw_error(ErrorCode::kInvalidArgument,
+                "speculation max tree nodes (" + std::to_string(tree.max_tree.max_nodes) +
+                    ") exceed max_step_tokens (" + std::to_string(max_step_tokens) + ")");
+  cost.validate();
+}
+
+int32_t StepPlan::total_tokens() const {
+  int32_t t = 0;
+  for (const auto& i : items) t += i.num_tokens;
+  return t;
+}
+
+Scheduler::Scheduler(KvCacheManager& kv, const SchedulerConfig& config)
+    : kv_(kv), config_((config.validate(), config)), cost_(config.cost) {
+  config_.tree.max_step_tokens = config_.max_step_tokens;
+}
+
+Scheduler::Req& Scheduler::get(ReqId id) {
+  auto it = reqs_.find(id);
+  if (it == reqs_.end())
+    throw_error(ErrorCode::kInvalidArgument, "scheduler: unknown request " + std::to_string(id));
+  return it->second;
+}
+const Scheduler::Req& Scheduler::get(ReqId id) const {
+  return const_cast<Scheduler*>(this)->get(id);
+}
+
+bool Scheduler::running(ReqId id) const {
+  return get(id).seq >= 0;
+}
+bool Scheduler::decoding(ReqId id) const {
+  return is_decoding(get(id));
+}
+int32_t Scheduler::computed(ReqId id) const {
+  return get(id).computed;
+}
+SeqId Scheduler::seq(ReqId id) const {
+  return get(id).seq;
+}
+const std::vector<int32_t>& Scheduler::context(ReqId id) const {
+  return get(id).context;
+}
+int32_t Scheduler::preemptions(ReqId id) const {
+  return get(id).preemptions;
+}
+const AcceptanceEstimate& Scheduler::acceptance(ReqId id) const {
+  return get(id).acceptance;
+}
+
+void Scheduler::add(ReqId id, std::vector<int32_t> context, bool speculate) {
+  if (reqs_.count(id))
+    throw_error(ErrorCode::kInvalidArgument,
+                "scheduler: request " + std::to_string(id) + " is already scheduled");
+  if (context.empty())
+    throw_error(ErrorCode::kInvalidArgument,
+                "scheduler: request " + std::to_string(id) + " has an empty context");
+  Req r;
+  r.context = std::move(context);
+  r.speculate = speculate;
+  reqs_.emplace(id, std::move(r));
+  waiting_.push_back(id);
+}
+
+void Scheduler::fork(ReqId parent, ReqId child, bool speculate) {
+  Req& p = get(parent);
+  if (p.seq < 0 || !p.prefilled || p.computed != static_cast<int32_t>(p.context.size()))
+    throw_error(ErrorCode::kInvalidArgument,
+                "scheduler: fork of request " + std::to_string(parent) +
+                    " needs it running with its prefill just committed");
+  if (reqs_.count(child))
+    throw_error(ErrorCode::kInvalidArgument,
+                "scheduler: request " + std::to_string(child) + " is already scheduled");
+  Req c;
+  c.context = p.context;
+  c.speculate = speculate;
+  c.seq = kv_.fork(p.seq);
+  c.computed = p.computed;
+  c.prefilled = true;
+  reqs_.emplace(child, std::move(c));
+  // Right after the parent, so LIFO preemption takes the siblings with their parent's age.
+  auto it = std::find(running_.begin(), running_.end(), parent);
+  running_.insert(it + 1, child);
+}
+
+bool Scheduler::remove(ReqId id) {
+  auto it = reqs_.find(id);
+  if (it == reqs_.end()) return false;
+  if (it->second.seq >= 0) kv_.free_sequence(it->second.seq);
+  reqs_.erase(it);
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  return true;
+}
+
+void Scheduler::preempt(ReqId id, StepPlan* plan) {
+  Req& r = get(id);
+  kv_.free_sequence(r.seq);  // drops a reservation in flight too
+  r.seq = -1;
+  r.computed = 0;
+  r.prefilled = false;
+  r.preemptions++;
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  waiting_.push_front(id);  // first in line again
+  auto& items = plan->items;
+  items.erase(std::remove_if(items.begin(), items.end(),
+                             [&](const ScheduledItem& i) { return i.id == id; }),
+              items.end());
+  auto& adm = plan->admitted;
+  if (std::find(adm.begin(), adm.end(), id) != adm.end())
+    adm.erase(std::remove(adm.begin(), adm.end(), id), adm.end());
+  else
+    plan->preempted.push_back(id);
+}
+
+bool Scheduler::reserve(Req& r, int32_t n, StepPlan* plan) {
+  ReservePlan rp;
+  if (!kv_.reserve(r.seq, n, &rp)) return false;
+  plan->copies.src_slots.insert(plan->copies.src_slots.end(), rp.copies.src_slots.begin(),
+                                rp.copies.src_slots.end());
+  plan->copies.dst_slots.insert(plan->copies.dst_slots.end(), rp.copies.dst_slots.begin(),
+                                rp.copies.dst_slots.end());
+  return true;
+}
+
+void Scheduler::admit(StepPlan* plan) {
+  const int32_t bs = kv_.block_size();
+  while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < config_.max_running) {
+    Req& r = get(waiting_.front());
+    // A proposer needs the target's features of every position, so speculating requests do not
+    // skip cached prefix tokens.
+    const int32_t cached = r.speculate ? 0 : kv_.cached_prefix_tokens(r.context);
+    const int32_t need =
+        static_cast<int32_t>((r.context.size() - cached + bs - 1) / bs) + (r.speculate ? 1 : 0);
+    if (kv_.num_free_blocks() < need && !running_.empty()) break;
+    const auto created = r.speculate ? kv_.create_sequence() : kv_.create_sequence(r.context);
+    r.seq = created.seq;
+    r.computed = created.cached_tokens;
+    r.prefilled = false;
+    running_.push_back(waiting_.front());
+    plan->admitted.push_back(waiting_.front());
+    waiting_.pop_front();
+  }
+}
+
+StepPlan Scheduler::schedule(const DraftFn& draft) {
+  StepPlan plan;
+  admit(&plan);
+  if (running_.empty()) return plan;
+
+  // Decode items first (every decoding request gets one), then prefill chunks in admission
+  // order within the token budget left after one token per decode.
+  std::vector<ReqId> decodes, prefills;
+  for (ReqId id : running_) (is_decoding(get(id)) ? decodes : prefills).push_back(id);
+  int32_t budget = config_.max_step_tokens - static_cast<int32_t>(decodes.size());
+  std::vector<ScheduledItem> chunks;
+  for (ReqId id : prefills) {
+    if (budget <= 0) break;
+    const Req& r = get(id);
+    const int32_t remaining = static_cast<int32_t>(r.context.size()) - r.computed;
+    const int32_t n = std::min(remaining, budget);
+    ScheduledItem it;
+    it.id = id;
+    it.start = r.computed;
+    it.num_tokens = n;
+    it.last_chunk = n == remaining;
+    chunks.push_back(it);
+    budget -= n;
+  }
+
+  // Tree budgets for the speculating decodes, given the prefill tokens the step carries.
+  std::vector<TreeCandidate> cands;
+  std::vector<size_t> cand_of(decodes.size(), SIZE_MAX);
+  int32_t fixed = 0;
+  for (const auto& c : chunks) fixed += c.num_tokens;
+  for (size_t k = 0; k < decodes.size(); ++k) {
+    const Req& r = get(decodes[k]);
+    if (r.speculate) {
+      cand_of[k] = cands.size();
+      cands.push_back({&r.acceptance, r.draft_ms});
+    } else {
+      fixed += 1;
+    }
+  }
+  const int32_t batch = static_cast<int32_t>(decodes.size() + chunks.size());
+  const std::vector<TreeBudget> budgets =
+      choose_tree_budgets(cands, fixed, batch, cost_, config_.tree);
+
+  // Reserve: decodes, then chunks. Out of blocks: a tree falls back to its root, then the newest
+  // running request is preempted (possibly the one being planned) until the item fits.
+  auto is_running = [&](ReqId id) {
+    return std::find(running_.begin(), running_.end(), id) != running_.end();
+  };
+  for (size_t k = 0; k < decodes.size(); ++k) {
+    const ReqId id = decodes[k];
+    if (!is_running(id)) continue;  // preempted for an earlier item
+    Req& r = get(id);
+    ScheduledItem it;
+    it.id = id;
+    it.decode = true;
+    it.start = r.computed;
+    it.budget = cand_of[k] == SIZE_MAX ? TreeBudget{1, 0} : budgets[cand_of[k]];
+    int32_t n = 1;
+    if (it.budget.max_nodes > 1) {
+      n = draft(id, it.budget);
+      ARBOR_CHECK(n >= 1 && n <= it.budget.max_nodes,
+                  "draft of request " + std::to_string(id) + " returned " + std::to_string(n) +
+                      " nodes for a budget of " + std::to_string(it.budget.max_nodes));
+    }
+    bool ok = reserve(r, n, &plan);
+    if (!ok && n > 1) {
+      n = 1;
+      ok = reserve(r, 1, &plan);
+    }
+    while (!ok) {
+      const ReqId victim = running_.back();
+      preempt(victim, &plan);
+      if (victim == id) break;
+      ok = reserve(r, 1, &plan);
+    }
+    if (!ok) continue;
+    it.num_tokens = n;
+    plan.items.push_back(it);
+  }
+  for (ScheduledItem it : chunks) {
+    if (!is_running(it.id)) continue;
+    Req& r = get(it.id);
+    bool ok = reserve(r, it.num_tokens, &plan);
+    if (!ok) {
+      // Shrink the chunk to what the free blocks hold; an empty chunk waits for a later step.
+      int32_t lo = 0, hi = it.num_tokens;
+      while (lo + 1 < hi) {
+        const int32_t mid = (lo + hi) / 2;
+        (kv_.blocks_needed(r.seq, mid) <= kv_.num_free_blocks() ? lo : hi) = mid;
+      }
+      if (lo > 0 && reserve(r, lo, &plan)) {
+        it.num_tokens = lo;
+        it.last_chunk = false;
+        ok = true;
+      }
+    }
+    if (ok) plan.items.push_back(it);
+  }
+  if (plan.items.empty() && !running_.empty()) {
+    // Nothing fits: the newest request gives its blocks back (unless it is alone, which the
+    // engine's admission check rules out) and the next step tries again.
+    if (running_.size() > 1) preempt(running_.back(), &plan);
+  }
+  return plan;
+}
+
+void Scheduler::commit_prefill(const ScheduledItem& item) {
+  Req& r = get(item.id);
+  ARBOR_CHECK(!item.decode && item.start == r.computed);
+  std::span<const int32_t> tokens(r.context.data() + item.start,
+                                  static_cast<size_t>(item.num_tokens));
+  const CommitPlan c = kv_.commit_all(r.seq, tokens);
+  ARBOR_CHECK(c.copies.empty());
+  r.computed += item.num_tokens;
+  if (r.computed == static_cast<int32_t>(r.context.size())) r.prefilled = true;
+}
+
+CommitPlan Scheduler::commit_tree(ReqId id, std::span<const int32_t> nodes,
+                                  std::span<const int32_t> tokens) {
+  Req& r = get(id);
+  const CommitPlan c = kv_.plan_commit(r.seq, nodes, tokens);
+  kv_.apply(c);
+  r.computed += static_cast<int32_t>(nodes.size());
+  return c;
+}
+
+void Scheduler::append(ReqId id, std::span<const int32_t> tokens) {
+  Req& r = get(id);
+  r.context.insert(r.context.end(), tokens.begin(), tokens.end());
+}
+
+void Scheduler::record_acceptance(ReqId id, const VerifyResult& result, int32_t tree_nodes) {
+  if (tree_nodes <= 1) return;
+  AcceptanceStats one;
+  one.add(result);
+  get(id).acceptance.update(one.offered, one.accepted);
+}
+
+void Scheduler::record_draft_ms(ReqId id, double ms) {
+  Req& r = get(id);
+  r.draft_ms = r.draft_ms == 0 ? ms : 0.8 * r.draft_ms + 0.2 * ms;
+}
+
+}  // namespace arbor

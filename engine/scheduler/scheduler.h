@@ -1,0 +1,127 @@
+// The continuous-batching scheduler: pure logic over the paged KV cache manager, no device.
+// Each step it (1) admits waiting requests FIFO while their prompt's blocks fit, (2) gives every
+// decoding request a decode item (a speculation tree sized by the tree-budget policy, or the
+// root alone), (3) fills the rest of the step's token budget with chunked prefill of the others
+// (prefill and speculative verification share one step), and (4) reserves KV slots, preempting
+// the newest running request (its KV is dropped and recomputed later) when blocks run out. A
+// request never fails for memory pressure once admitted: it waits. Cancellation frees every
+// block at once. See README.md.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/kv_cache/kv_cache_manager.h"
+#include "engine/scheduler/cost_model.h"
+#include "engine/scheduler/tree_policy.h"
+#include "engine/spec/verifier.h"
+
+namespace arbor {
+
+using ReqId = uint64_t;
+
+struct SchedulerConfig {
+  int32_t max_step_tokens = 512;  // tokens one step scores (prefill chunks + trees)
+  int32_t max_running = 64;       // sequences decoding or prefilling at once
+  TreePolicyConfig tree;          // adaptive budgets; tree.max_step_tokens follows the above
+  CostModelConfig cost;
+  void validate() const;  // throws kInvalidArgument naming the field
+};
+
+struct ScheduledItem {
+  ReqId id = 0;
+  bool decode = false;      // a tree (T = num_tokens nodes; 1 = plain decode), else a prefill chunk
+  int32_t start = 0;        // position of the item's first token (the request's computed length)
+  int32_t num_tokens = 0;   // tokens scored
+  bool last_chunk = false;  // prefill: the chunk reaches the end of the context (sample after it)
+  TreeBudget budget;        // decode: what the proposer was allowed
+};
+
+struct StepPlan {
+  std::vector<ScheduledItem> items;
+  std::vector<ReqId> admitted;   // started running this step (proposers begin them)
+  std::vector<ReqId> preempted;  // lost their KV this step and wait again (proposers end them)
+  SlotCopies copies;             // copy-on-write copies of the reservations: run before the step
+  int32_t total_tokens() const;
+};
+
+class Scheduler {
+ public:
+  Scheduler(KvCacheManager& kv, const SchedulerConfig& config);
+
+  // Queues a request. `context` is what its KV must hold before decoding (the prompt). Throws
+  // kInvalidArgument for a duplicate id or an empty context.
+  void add(ReqId id, std::vector<int32_t> context, bool speculate);
+  // Draws the tree of a decode item: returns its node count in [1, budget.max_nodes].
+  using DraftFn = std::function<int32_t(ReqId, const TreeBudget&)>;
+  // Plans one step and applies its reservations (items hold exactly num_tokens reserved slots).
+  // Empty when nothing is runnable.
+  StepPlan schedule(const DraftFn& draft);
+
+  // --- after the step ran ---------------------------------------------------------------------
+  // A prefill chunk's tokens are in the cache.
+  void commit_prefill(const ScheduledItem& item);
+  // A verify step accepted `nodes` (ascending, node 0 first) holding `tokens`; returns the
+  // compaction plan, already applied to the bookkeeping (its copies must run on the backend).
+  CommitPlan commit_tree(ReqId id, std::span<const int32_t> nodes, std::span<const int32_t> tokens);
+  // Generated tokens join the request's context (the last one is the next tree's root).
+  void append(ReqId id, std::span<const int32_t> tokens);
+  void record_acceptance(ReqId id, const VerifyResult& result, int32_t tree_nodes);
+  void record_draft_ms(ReqId id, double ms);
+  void observe_step(int32_t batch, int32_t tokens, double ms) { cost_.observe(batch, tokens, ms); }
+  // A new running request `child` sharing every KV block of `parent` (n > 1 samples of one
+  // prompt): parent must have finished its prefill; child's context is parent's committed
+  // tokens. The child decodes next once its first token is appended.
+  void fork(ReqId parent, ReqId child, bool speculate);
+  // Removes a request (waiting or running), freeing its blocks. False when unknown.
+  bool remove(ReqId id);
+
+  // --- queries --------------------------------------------------------------------------------
+  bool has(ReqId id) const { return reqs_.count(id) != 0; }
+  bool running(ReqId id) const;
+  bool decoding(ReqId id) const;
+  int32_t computed(ReqId id) const;
+  SeqId seq(ReqId id) const;
+  const std::vector<int32_t>& context(ReqId id) const;
+  int32_t preemptions(ReqId id) const;
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size(); }
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  const KvCacheManager& kv() const { return kv_; }
+  const CostModel& cost() const { return cost_; }
+  const AcceptanceEstimate& acceptance(ReqId id) const;
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  struct Req {
+    std::vector<int32_t> context;
+    bool speculate = false;
+    SeqId seq = -1;
+    int32_t computed = 0;    // tokens whose K/V are in the cache
+    bool prefilled = false;  // computed reached the end of the context once since admission
+    int32_t preemptions = 0;
+    AcceptanceEstimate acceptance;
+    double draft_ms = 0;
+  };
+  Req& get(ReqId id);
+  const Req& get(ReqId id) const;
+  bool is_decoding(const Req& r) const {
+    return r.prefilled && r.computed + 1 == static_cast<int32_t>(r.context.size());
+  }
+  void admit(StepPlan* plan);
+  void preempt(ReqId id, StepPlan* plan);
+  // Reserves n slots; copies go to the plan. False when the pool is short.
+  bool reserve(Req& r, int32_t n, StepPlan* plan);
+
+  KvCacheManager& kv_;
+  SchedulerConfig config_;
+  CostModel cost_;
+  std::unordered_map<ReqId, Req> reqs_;
+  std::deque<ReqId> waiting_;
+  std::vector<ReqId> running_;  // admission order (newest last: preempted first)
+};
+
+}  // namespace arbor
