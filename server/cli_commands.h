@@ -32,6 +32,7 @@ struct GenerateOptions {
   SpecConfig spec_config;    // heads, tree options (method filled from `spec`)
   bool typical = false;      // Medusa typical acceptance (NOT lossless)
   int32_t max_tree_nodes = 64;
+  std::string backend = "cpu";  // cpu | cuda
 };
 
 struct BenchOptions {
@@ -43,6 +44,7 @@ struct BenchOptions {
   int32_t repeats = 3;
   int32_t threads = 0;
   int32_t block_size = 16;
+  std::string backend = "cpu";  // cpu | cuda
 };
 
 struct SpecBenchOptions {
@@ -60,6 +62,7 @@ struct SpecBenchOptions {
   std::string spec;
   SpecConfig spec_config;
   int32_t max_tree_nodes = 64;
+  std::string backend = "cpu";  // cpu | cuda
 };
 
 // Loads a model bundle onto the CPU backend with a progress line; `before_release` sees the
@@ -68,6 +71,12 @@ std::unique_ptr<LlamaModel> load_for_cli(
     const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
     std::unique_ptr<Backend>* backend,
     const std::function<void(const ModelWeights&)>& before_release = {});
+// The same on a named backend: "cpu", or "cuda" (bf16 weights on GPU 0; builds with
+// -DARBOR_CUDA=ON only, else a kUnsupported error naming the build option).
+std::unique_ptr<LlamaModel> load_for_cli(
+    const std::string& path, const std::string& tokenizer, const std::string& backend_kind,
+    int32_t threads, ModelBundle* bundle, std::unique_ptr<Backend>* backend,
+    const std::function<void(const ModelWeights&)>& before_release = {});
 
 void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o);
 int run_spec_bench(const SpecBenchOptions& o);
@@ -75,5 +84,8 @@ void add_generate_command(CLI::App& app, GenerateOptions* o);
 void add_bench_command(CLI::App& app, BenchOptions* o);
 int run_generate(const GenerateOptions& o);
 int run_bench(const BenchOptions& o);
+// `arbor serve` (serve_command.cc): options live in the command's own state.
+void add_serve_command(CLI::App& app);
+int run_serve();
 
 }  // namespace arbor

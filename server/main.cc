@@ -1,5 +1,5 @@
 // `arbor`: the command line. Subcommands: generate (stream text from a model), bench (CPU/GPU
-// tokens per second). The network server joins here as `arbor serve`.
+// tokens per second), spec-bench, serve (the OpenAI-compatible HTTP + gRPC server).
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
@@ -17,11 +17,13 @@ int main(int argc, char** argv) {
   arbor::add_bench_command(app, &bench);
   arbor::SpecBenchOptions spec_bench;
   arbor::add_spec_bench_command(app, &spec_bench);
+  arbor::add_serve_command(app);
   CLI11_PARSE(app, argc, argv);
   try {
     if (app.got_subcommand("generate")) return arbor::run_generate(gen);
     if (app.got_subcommand("bench")) return arbor::run_bench(bench);
     if (app.got_subcommand("spec-bench")) return arbor::run_spec_bench(spec_bench);
+    if (app.got_subcommand("serve")) return arbor::run_serve();
   } catch (const arbor::Error& e) {
     std::fprintf(stderr, "error (%s): %s\n", arbor::error_code_name(e.code()), e.what());
     return 2;

@@ -150,9 +150,10 @@ void Scheduler::admit(StepPlan* plan) {
     Req& r = get(waiting_.front());
     // A proposer needs the target's features of every position, so speculating requests do not
     // skip cached prefix tokens.
-    const int32_t cached = r.speculate ? 0 : kv_.cached_prefix_tokens(r.context);
+    // Every block of the context counts, cached ones too: an unreferenced cached block is part
+    // of the free pool, and taking it leaves less for the prefill that follows.
     const int32_t need =
-        static_cast<int32_t>((r.context.size() - cached + bs - 1) / bs) + (r.speculate ? 1 : 0);
+        static_cast<int32_t>((r.context.size() + bs - 1) / bs) + (r.speculate ? 1 : 0);
     if (kv_.num_free_blocks() < need && !running_.empty()) break;
     const auto created = r.speculate ? kv_.create_sequence() : kv_.create_sequence(r.context);
     r.seq = created.seq;

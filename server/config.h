@@ -1,0 +1,56 @@
+// `arbor serve` configuration: one YAML file (configs/*.yaml) with command-line overrides,
+// validated with messages that name the field, and echoed at start-up.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace arbor {
+
+struct ServeConfig {
+  // model
+  std::string model_path;
+  std::string tokenizer_path;
+  std::string model_name;  // served id; default: the file or directory name
+  std::string backend = "cpu";
+  int32_t threads = 0;
+  // engine
+  int32_t kv_blocks = 2048;
+  int32_t block_size = 16;
+  int32_t max_step_tokens = 512;
+  int32_t max_running = 64;
+  bool prefix_caching = true;
+  // speculation
+  std::string spec_method = "off";  // off | ngram | medusa | eagle | eagle3
+  std::string spec_heads;
+  std::string spec_tree = "mc_sim_7b_63";
+  int32_t spec_total_tokens = 60;
+  int32_t spec_depth = 5;
+  int32_t spec_top_k = 10;
+  int32_t spec_max_nodes = 64;
+  bool spec_adaptive = true;
+  std::string spec_cost_model;  // JSON curve (configs/verify_cost_*.json); empty: learned online
+  // server
+  std::string host = "127.0.0.1";
+  int32_t port = 8000;
+  int32_t grpc_port = 50051;  // 0: no gRPC
+  std::string api_key;
+  int64_t max_body_bytes = 1 << 20;
+  int32_t max_prompt_tokens = 0;  // 0: the context length - 1
+  int32_t max_queue = 256;
+  int32_t http_threads = 128;
+  double drain_timeout_s = 30;
+  int32_t default_max_tokens = 256;
+
+  // Throws arbor::Error(kInvalidArgument) naming the field ("server.port: 70000 is outside
+  // [0, 65535]").
+  void validate() const;
+  // The effective configuration as YAML (the API key masked).
+  std::string to_yaml() const;
+};
+
+// Reads a YAML file over `base` (fields absent from the file keep base's values). Unknown
+// fields and wrong types are errors naming the file and the field.
+ServeConfig load_serve_config(const std::string& path, ServeConfig base = {});
+
+}  // namespace arbor

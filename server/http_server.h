@@ -1,0 +1,46 @@
+// The OpenAI-compatible HTTP front end (cpp-httplib): /v1/completions, /v1/chat/completions
+// (JSON or SSE streaming), /v1/models, /health, /metrics, /tokenize. Optional bearer API key,
+// body size limit, OpenAI-style error bodies. A client that disconnects cancels its request:
+// streams notice on the next write (SSE keep-alive comments are sent while waiting), and
+// non-streamed responses are sent chunked with whitespace keep-alives before the JSON.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "server/engine_service.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+#include "server/served_model.h"
+
+namespace arbor {
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;               // empty: no authentication
+  int64_t max_body_bytes = 1 << 20;  // larger bodies get 413
+  int threads = 128;                 // connections served at once
+  int keepalive_ms = 200;            // while waiting for output
+};
+
+class HttpServer {
+ public:
+  HttpServer(EngineService& service, Metrics& metrics, ServedModelInfo info, ApiContext api,
+             HttpOptions options);
+  ~HttpServer();
+  // Binds (throws arbor::Error naming host:port when it cannot) and serves on a thread.
+  void start();
+  void set_draining() { draining_ = true; }
+  void stop();
+  int port() const { return port_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+  std::atomic<bool> draining_{false};
+};
+
+}  // namespace arbor

@@ -1,0 +1,213 @@
+// `arbor serve`: loads the model (and speculation heads), starts the engine loop, the
+// OpenAI-compatible HTTP server and the gRPC server, and drains gracefully on SIGTERM / SIGINT.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/core/error.h"
+#include "engine/runner/engine.h"
+#include "engine/tokenizer/chat_template.h"
+#include "server/cli_commands.h"
+#include "server/config.h"
+#include "server/engine_service.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/served_model.h"
+#ifdef ARBOR_WITH_GRPC
+#include "server/grpc/grpc_server.h"
+#endif
+
+namespace arbor {
+
+namespace {
+
+struct ServeCli {
+  std::string config;
+  ServeConfig values;
+  std::vector<std::pair<CLI::Option*, std::function<void(ServeConfig&, const ServeConfig&)>>>
+      overrides;
+};
+
+template <typename T>
+void flag(CLI::App* c, ServeCli* s, const std::string& name, T ServeConfig::*member,
+          const std::string& help) {
+  CLI::Option* o = c->add_option(name, s->values.*member, help);
+  s->overrides.emplace_back(
+      o, [member](ServeConfig& dst, const ServeConfig& src) { dst.*member = src.*member; });
+}
+
+ServeCli* serve_cli() {
+  static ServeCli cli;
+  return &cli;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  ServeCli* s = serve_cli();
+  CLI::App* c = app.add_subcommand(
+      "serve", "Serve a model over an OpenAI-compatible HTTP API and gRPC (see configs/)");
+  c->add_option("-c,--config", s->config, "YAML configuration file (flags override it)");
+  flag(c, s, "-m,--model", &ServeConfig::model_path, "Model path (HF dir, .gguf, llama2.c .bin)");
+  flag(c, s, "--tokenizer", &ServeConfig::tokenizer_path, "Tokenizer override");
+  flag(c, s, "--name", &ServeConfig::model_name, "Model id clients pass as `model`");
+  flag(c, s, "--backend", &ServeConfig::backend, "cpu or cuda");
+  flag(c, s, "--threads", &ServeConfig::threads, "CPU backend threads (0: default)");
+  flag(c, s, "--kv-blocks", &ServeConfig::kv_blocks, "KV cache blocks");
+  flag(c, s, "--block-size", &ServeConfig::block_size, "Tokens per KV block");
+  flag(c, s, "--max-step-tokens", &ServeConfig::max_step_tokens, "Tokens per engine step");
+  flag(c, s, "--max-running", &ServeConfig::max_running, "Sequences running at once");
+  flag(c, s, "--prefix-caching", &ServeConfig::prefix_caching, "Share cached prompt blocks");
+  flag(c, s, "--spec", &ServeConfig::spec_method, "off | ngram | medusa | eagle | eagle3");
+  flag(c, s, "--spec-heads", &ServeConfig::spec_heads, "Medusa / EAGLE heads");
+  flag(c, s, "--spec-tree", &ServeConfig::spec_tree, "Medusa tree (name, JSON or file)");
+  flag(c, s, "--spec-total-tokens", &ServeConfig::spec_total_tokens, "EAGLE tree nodes");
+  flag(c, s, "--spec-depth", &ServeConfig::spec_depth, "EAGLE draft depth");
+  flag(c, s, "--spec-top-k", &ServeConfig::spec_top_k, "EAGLE top-k");
+  flag(c, s, "--spec-max-nodes", &ServeConfig::spec_max_nodes, "Largest tree per request");
+  flag(c, s, "--spec-adaptive", &ServeConfig::spec_adaptive,
+       "Size trees per step from the cost model (true/false)");
+  flag(c, s, "--cost-model", &ServeConfig::spec_cost_model, "Verify-cost curve (JSON)");
+  flag(c, s, "--host", &ServeConfig::host, "Bind address (default 127.0.0.1)");
+  flag(c, s, "-p,--port", &ServeConfig::port, "HTTP port (0: any free port)");
+  flag(c, s, "--grpc-port", &ServeConfig::grpc_port, "gRPC port (0: no gRPC)");
+  flag(c, s, "--api-key", &ServeConfig::api_key, "Require this bearer key");
+  flag(c, s, "--max-body-bytes", &ServeConfig::max_body_bytes, "Largest request body");
+  flag(c, s, "--max-prompt-tokens", &ServeConfig::max_prompt_tokens, "Longest prompt");
+  flag(c, s, "--max-queue", &ServeConfig::max_queue, "Waiting requests before 429");
+  flag(c, s, "--http-threads", &ServeConfig::http_threads, "HTTP connections served at once");
+  flag(c, s, "--drain-timeout", &ServeConfig::drain_timeout_s, "Seconds to finish on SIGTERM");
+  flag(c, s, "--default-max-tokens", &ServeConfig::default_max_tokens,
+       "Chat max_tokens when the request gives none");
+}
+
+int run_serve() {
+  ServeCli* s = serve_cli();
+  ServeConfig cfg;
+  if (!s->config.empty()) cfg = load_serve_config(s->config, cfg);
+  for (auto& [opt, apply] : s->overrides)
+    if (opt->count() > 0) apply(cfg, s->values);
+  cfg.validate();
+  if (cfg.model_name.empty())
+    cfg.model_name = std::filesystem::path(cfg.model_path).filename().string();
+  std::fprintf(stderr, "[serve] configuration:\n%s\n", cfg.to_yaml().c_str());
+
+  // Signals go to the main thread (sigwait below); the threads started later inherit the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  SpecConfig sc;
+  sc.method = parse_spec_method(cfg.spec_method);
+  sc.head_path = cfg.spec_heads;
+  sc.tree = cfg.spec_tree;
+  sc.total_tokens = cfg.spec_total_tokens;
+  sc.depth = cfg.spec_depth;
+  sc.top_k = cfg.spec_top_k;
+  sc.num_threads = cfg.threads;
+  sc.validate();
+  if (cfg.backend != "cpu")
+    throw_error(ErrorCode::kUnsupported,
+                "model.backend '" + cfg.backend + "': this build serves on the CPU backend");
+  ModelBundle bundle;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Proposer> proposer;
+  auto model = load_for_cli(cfg.model_path, cfg.tokenizer_path, cfg.threads, &bundle, &backend,
+                            [&](const ModelWeights& w) { proposer = make_proposer(sc, w); });
+  const Tokenizer& tok = *bundle.tokenizer;
+
+  EngineConfig ec;
+  ec.num_blocks = cfg.kv_blocks;
+  ec.block_size = cfg.block_size;
+  ec.max_step_tokens = cfg.max_step_tokens;
+  ec.max_running = cfg.max_running;
+  ec.prefix_caching = cfg.prefix_caching;
+  ec.tree_budget.max_nodes = cfg.spec_max_nodes;
+  ec.tree_budget.max_depth = 16;
+  ec.adaptive_trees = cfg.spec_adaptive;
+  if (!cfg.spec_cost_model.empty()) ec.cost = load_cost_model(cfg.spec_cost_model);
+  Engine engine(*model, ec, proposer.get());
+
+  Metrics metrics;
+  ServiceOptions so;
+  so.max_queue = cfg.max_queue;
+  EngineService service(engine, tok, bundle.stop_token_ids, so, &metrics);
+
+  std::unique_ptr<ChatTemplate> chat;
+  if (!tok.spec().chat_template.empty()) {
+    chat = std::make_unique<ChatTemplate>(chat_template_from_spec(tok.spec()));
+  } else {
+    spdlog::warn("the model has no chat template: /v1/chat/completions answers 400");
+  }
+
+  ServedModelInfo info;
+  info.id = cfg.model_name;
+  info.max_context = service.max_context();
+  info.vocab_size = tok.vocab_size();
+  info.speculation = cfg.spec_method;
+  info.backend = cfg.backend;
+
+  ApiContext api;
+  api.tokenizer = &tok;
+  api.chat_template = chat.get();
+  api.model_id = info.id;
+  api.max_context = info.max_context;
+  api.max_prompt_tokens = cfg.max_prompt_tokens;
+  api.default_max_tokens = cfg.default_max_tokens;
+  api.speculation_available = proposer != nullptr;
+  api.add_bos = tok.spec().add_bos;
+
+  service.start();
+  HttpOptions ho;
+  ho.host = cfg.host;
+  ho.port = cfg.port;
+  ho.api_key = cfg.api_key;
+  ho.max_body_bytes = cfg.max_body_bytes;
+  ho.threads = cfg.http_threads;
+  HttpServer http(service, metrics, info, api, ho);
+  http.start();
+  std::printf("arbor: HTTP listening on http://%s:%d (model '%s')\n", cfg.host.c_str(), http.port(),
+              info.id.c_str());
+#ifdef ARBOR_WITH_GRPC
+  std::unique_ptr<GrpcServer> grpc;
+  if (cfg.grpc_port > 0) {
+    GrpcOptions go;
+    go.host = cfg.host;
+    go.port = cfg.grpc_port;
+    go.api_key = cfg.api_key;
+    grpc = std::make_unique<GrpcServer>(service, info, go);
+    grpc->start();
+    std::printf("arbor: gRPC listening on %s:%d\n", cfg.host.c_str(), grpc->port());
+  }
+#else
+  if (cfg.grpc_port > 0) spdlog::warn("built without gRPC: server.grpc_port ignored");
+#endif
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::printf("arbor: %s received, draining (up to %.0f s)\n",
+              sig == SIGTERM ? "SIGTERM" : "SIGINT", cfg.drain_timeout_s);
+  std::fflush(stdout);
+  http.set_draining();
+#ifdef ARBOR_WITH_GRPC
+  if (grpc) grpc->set_draining();
+#endif
+  service.drain(std::chrono::milliseconds(static_cast<int64_t>(cfg.drain_timeout_s * 1000)));
+  http.stop();
+#ifdef ARBOR_WITH_GRPC
+  if (grpc) grpc->shutdown();
+#endif
+  std::printf("arbor: stopped\n");
+  return 0;
+}
+
+}  // namespace arbor

@@ -1,0 +1,277 @@
+// The scheduler as tick tables (no model, no device): each tick lists what the step carries,
+// e.g. "A:P6* B:P2" (A prefills 6 tokens, its last chunk; B prefills 2), "A:D4" (A verifies a
+// 4-node tree), "-B" (B was preempted this tick), "+A" (admitted). After each tick the harness
+// plays the model: prefill chunks are committed (a last chunk then samples one token), a tree
+// accepts a chain of `accept` nodes. KV invariants are checked every tick.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <sstream>
+
+#include "engine/core/error.h"
+#include "engine/scheduler/scheduler.h"
+
+namespace arbor {
+namespace {
+
+struct Harness {
+  KvCacheManager kv;
+  Scheduler sched;
+  std::map<ReqId, std::string> names;
+  std::map<std::string, ReqId> ids;
+  int32_t accept = 1;  // draft nodes accepted per tree (chain)
+  int32_t next_token = 7;
+
+  Harness(int32_t blocks, int32_t block_size, SchedulerConfig cfg)
+      : kv(KvCacheConfig{blocks, block_size, true}), sched(kv, cfg) {}
+
+  void add(const std::string& name, int32_t prompt_len, bool spec, int32_t first_token = 1) {
+    const ReqId id = static_cast<ReqId>(ids.size() + 1);
+    ids[name] = id;
+    names[id] = name;
+    std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
+    for (int32_t i = 0; i < prompt_len; ++i) prompt[static_cast<size_t>(i)] = first_token + i;
+    sched.add(id, prompt, spec);
+  }
+
+  // Runs one tick; returns its description.
+  std::string tick() {
+    std::map<ReqId, int32_t> drafted;
+    StepPlan plan = sched.schedule([&](ReqId id, const TreeBudget& b) {
+      drafted[id] = b.max_nodes;
+      return b.max_nodes;
+    });
+    std::ostringstream o;
+    for (ReqId id : plan.admitted) o << "+" << names[id] << " ";
+    for (ReqId id : plan.preempted) o << "-" << names[id] << " ";
+    for (const ScheduledItem& it : plan.items) {
+      o << names[it.id] << ":" << (it.decode ? "D" : "P") << it.num_tokens
+        << (it.last_chunk ? "*" : "") << " ";
+    }
+    kv.check_invariants();
+    // Play the model.
+    for (const ScheduledItem& it : plan.items) {
+      if (!it.decode) {
+        sched.commit_prefill(it);
+        if (it.last_chunk) {
+          const int32_t t = next_token++;
+          sched.append(it.id, std::span<const int32_t>(&t, 1));
+        }
+        continue;
+      }
+      const int32_t k = std::min(accept, it.num_tokens - 1);
+      std::vector<int32_t> nodes, tokens, out;
+      for (int32_t i = 0; i <= k; ++i) {
+        nodes.push_back(i);
+        tokens.push_back(i == 0 ? sched.context(it.id).back() : next_token++);
+        if (i > 0) out.push_back(tokens.back());
+      }
+      sched.commit_tree(it.id, nodes, tokens);
+      out.push_back(next_token++);  // bonus
+      sched.append(it.id, out);
+    }
+    kv.check_invariants();
+    std::string s = o.str();
+    if (!s.empty()) s.pop_back();
+    return s;
+  }
+};
+
+SchedulerConfig fixed_trees(int32_t step_tokens, int32_t max_running, int32_t max_nodes) {
+  SchedulerConfig c;
+  c.max_step_tokens = step_tokens;
+  c.max_running = max_running;
+  c.tree.adaptive = false;
+  c.tree.max_tree = {max_nodes, 8};
+  return c;
+}
+
+TEST(SchedulerTicks, ChunkedPrefillSharesStepsWithSpeculativeDecode) {
+  Harness h(64, 4, fixed_trees(8, 4, 4));
+  h.add("A", 6, /*spec=*/true);
+  h.add("B", 10, /*spec=*/false, 100);
+  h.accept = 3;
+  EXPECT_EQ(h.tick(), "+A +B A:P6* B:P2");  // both admitted; the budget of 8 is split
+  EXPECT_EQ(h.tick(), "A:D1 B:P7");         // prefill comes first: one node left for A's tree
+  EXPECT_EQ(h.tick(), "A:D4 B:P1*");        // a 4-node tree verified beside B's last chunk
+  EXPECT_EQ(h.tick(), "A:D4 B:D1");         // B does not speculate: one node
+  EXPECT_EQ(h.sched.context(h.ids["A"]).size(), 6u + 1 + 1 + 4 + 4);
+}
+
+TEST(SchedulerTicks, AdmissionWaitsForBlocksAndRunningSlots) {
+  // 6 blocks of 4 tokens; max_running 2.
+  Harness h(6, 4, fixed_trees(64, 2, 1));
+  h.add("A", 8, false);
+  h.add("B", 8, false, 50);
+  h.add("C", 4, false, 90);
+  EXPECT_EQ(h.tick(), "+A +B A:P8* B:P8*");  // C waits: max_running
+  EXPECT_EQ(h.tick(), "A:D1 B:D1");
+  EXPECT_EQ(h.sched.num_waiting(), 1u);
+  h.sched.remove(h.ids["A"]);  // cancellation frees A's blocks at once
+  EXPECT_EQ(h.tick(), "+C B:D1 C:P4*");
+}
+
+TEST(SchedulerTicks, PreemptsTheNewestWhenBlocksRunOutAndRecomputesIt) {
+  // 5 blocks of 4 tokens = 20 slots; two requests of 8 prompt tokens grow until they collide.
+  Harness h(5, 4, fixed_trees(64, 4, 1));
+  h.add("A", 8, false);
+  h.add("B", 8, false, 50);
+  EXPECT_EQ(h.tick(), "+A +B A:P8* B:P8*");  // 4 blocks used
+  // Both need a 3rd block, one is left: A (oldest) takes it, B (newest) gives its 2 back.
+  EXPECT_EQ(h.tick(), "-B A:D1");
+  EXPECT_EQ(h.sched.preemptions(h.ids["B"]), 1);
+  // B (9 tokens of context: 3 blocks) waits while only 2 blocks are free; it never fails.
+  for (int t = 0; t < 3; ++t) EXPECT_EQ(h.tick(), "A:D1");
+  EXPECT_EQ(h.sched.num_waiting(), 1u);
+  EXPECT_EQ(h.sched.preemptions(h.ids["A"]), 0);
+  // Once A is gone B comes back: its two full prompt blocks are still in the prefix cache, so
+  // only the tail (the generated token) is recomputed.
+  h.sched.remove(h.ids["A"]);
+  EXPECT_EQ(h.tick(), "+B B:P1*");
+  EXPECT_EQ(h.tick(), "B:D1");
+  h.sched.remove(h.ids["B"]);
+  EXPECT_EQ(h.kv.stats().used_blocks, 0);
+  EXPECT_TRUE(h.sched.idle());
+}
+
+TEST(SchedulerTicks, TreeFallsBackToItsRootWhenItsBlocksAreShort) {
+  // 4 blocks of 4: A holds 3 blocks after prefill of 11 + 1 generated; a 8-node tree needs 2
+  // more blocks, only 1 is free: the tree shrinks to the root alone instead of preempting.
+  Harness h(4, 4, fixed_trees(64, 2, 8));
+  h.add("A", 11, true);
+  EXPECT_EQ(h.tick(), "+A A:P11*");
+  EXPECT_EQ(h.tick(), "A:D1");  // 8 nodes at positions 11..18 need 2 new blocks; 1 free
+}
+
+TEST(SchedulerTicks, ForkSharesThePromptBlocks) {
+  Harness h(16, 4, fixed_trees(64, 8, 1));
+  h.add("A", 9, false);
+  StepPlan plan = h.sched.schedule([](ReqId, const TreeBudget&) { return 1; });
+  ASSERT_EQ(plan.items.size(), 1u);
+  h.sched.commit_prefill(plan.items[0]);
+  const int32_t used = h.kv.stats().used_blocks;
+  h.sched.fork(h.ids["A"], 99, false);
+  h.names[99] = "A2";
+  EXPECT_EQ(h.kv.stats().used_blocks, used);  // no new block: shared
+  int32_t t1 = 5, t2 = 6;
+  h.sched.append(h.ids["A"], std::span<const int32_t>(&t1, 1));
+  h.sched.append(99, std::span<const int32_t>(&t2, 1));
+  EXPECT_EQ(h.tick(), "A:D1 A2:D1");
+  h.sched.remove(h.ids["A"]);
+  h.sched.remove(99);
+  EXPECT_EQ(h.kv.stats().used_blocks, 0);
+}
+
+// --- the tree-budget policy --------------------------------------------------------------------
+
+// An H100-like verify curve: flat (weight-bandwidth bound) up to ~64 tokens, then linear.
+CostModelConfig gpu_curve() {
+  CostModelConfig c;
+  for (int32_t b : {1, 8, 32, 64}) {
+    std::vector<CostCurvePoint> pts;
+    for (int32_t t : {1, 16, 64, 128, 256, 512, 1024, 4096}) {
+      const int32_t tokens = std::max(t, b);
+      if (!pts.empty() && pts.back().tokens >= tokens) continue;
+      pts.push_back({tokens, 5.0 + 0.02 * b + (tokens > 64 ? 0.03 * (tokens - 64) : 0.0)});
+    }
+    c.curves[b] = pts;
+  }
+  c.online = false;
+  return c;
+}
+
+std::vector<int32_t> budgets(int32_t batch, double acceptance, const CostModelConfig& cc,
+                             double draft_ms = 0.0) {
+  AcceptanceEstimate est(acceptance);
+  std::vector<TreeCandidate> cands(static_cast<size_t>(batch), TreeCandidate{&est, draft_ms});
+  TreePolicyConfig tp;
+  tp.max_tree = {64, 8};
+  tp.max_step_tokens = 8192;
+  CostModel cost(cc);
+  std::vector<int32_t> out;
+  for (const TreeBudget& b : choose_tree_budgets(cands, 0, batch, cost, tp))
+    out.push_back(b.max_nodes);
+  return out;
+}
+
+double predicted_throughput(const std::vector<int32_t>& nodes, double acceptance,
+                            const CostModelConfig& cc, double draft_ms) {
+  AcceptanceEstimate est(acceptance);
+  CostModel cost(cc);
+  double e = 0, d = 0;
+  int32_t t = 0;
+  for (int32_t n : nodes) {
+    e += n > 1 ? est.expected_emitted(budget_depth(n, 8)) : 1.0;
+    d += n > 1 ? draft_ms : 0.0;
+    t += n;
+  }
+  return e / (cost.step_ms(static_cast<int32_t>(nodes.size()), t) + d);
+}
+
+TEST(TreePolicy, SpeculationShrinksThenTurnsOffAsTheBatchGrows) {
+  const CostModelConfig cc = gpu_curve();
+  const auto b1 = budgets(1, 0.8, cc);
+  const auto b8 = budgets(8, 0.8, cc);
+  const auto b64 = budgets(64, 0.8, cc);
+  EXPECT_GE(b1[0], 16);  // alone: verification is free up to ~64 tokens
+  int64_t s8 = 0;
+  for (int32_t n : b8) s8 += n;
+  EXPECT_LT(s8, 8 * b1[0]);  // smaller per request at batch 8
+  for (int32_t n : b64) EXPECT_EQ(n, 1) << "batch 64 is compute-bound: no speculation";
+}
+
+TEST(TreePolicy, LowAcceptanceOrLinearCostMeansNoSpeculation) {
+  for (int32_t n : budgets(4, 0.02, gpu_curve())) EXPECT_EQ(n, 1);
+  CostModelConfig cpu;  // compute-bound: every token costs the same
+  cpu.fixed_ms = 0.1;
+  cpu.per_token_ms = 1.0;
+  cpu.online = false;
+  for (int32_t n : budgets(1, 0.7, cpu)) EXPECT_EQ(n, 1);
+  // A large drafting cost turns speculation off where it would otherwise pay.
+  for (int32_t n : budgets(1, 0.8, gpu_curve(), /*draft_ms=*/100.0)) EXPECT_EQ(n, 1);
+}
+
+TEST(TreePolicy, NeverPredictsSlowerThanPlainDecoding) {
+  const CostModelConfig cc = gpu_curve();
+  for (int32_t batch : {1, 2, 4, 8, 16, 32, 64, 100})
+    for (double a : {0.01, 0.2, 0.5, 0.8, 0.95})
+      for (double draft : {0.0, 0.5, 3.0}) {
+        const auto chosen = budgets(batch, a, cc, draft);
+        const std::vector<int32_t> plain(static_cast<size_t>(batch), 1);
+        EXPECT_GE(predicted_throughput(chosen, a, cc, draft),
+                  predicted_throughput(plain, a, cc, draft) - 1e-12)
+            << "batch " << batch << " acceptance " << a << " draft " << draft;
+      }
+}
+
+TEST(TreePolicy, AcceptanceEstimateFollowsObservedSteps) {
+  AcceptanceEstimate est(0.6, 0.2);
+  EXPECT_DOUBLE_EQ(est.rate(1), 0.6);
+  for (int i = 0; i < 50; ++i) est.update({1, 1}, {1, 0});  // depth 1 always, depth 2 never
+  EXPECT_GT(est.rate(1), 0.95);
+  EXPECT_LT(est.rate(2), 0.05);
+  EXPECT_LT(est.rate(3), 0.05);  // unseen deeper levels are no better than the deepest seen
+  EXPECT_NEAR(est.expected_emitted(3),
+              1 + est.rate(1) + est.rate(1) * est.rate(2) + est.rate(1) * est.rate(2) * est.rate(3),
+              1e-12);
+}
+
+TEST(CostModel, CurveInterpolatesAndOnlineObservationsCorrectTheLevel) {
+  CostModelConfig c;
+  c.curves[1] = {{1, 5.0}, {64, 5.0}, {128, 7.0}};
+  c.curves[8] = {{8, 6.0}, {64, 6.0}, {128, 9.0}};
+  CostModel m(c);
+  EXPECT_DOUBLE_EQ(m.step_ms(1, 32), 5.0);
+  EXPECT_DOUBLE_EQ(m.step_ms(1, 96), 6.0);
+  EXPECT_DOUBLE_EQ(m.step_ms(1, 256), 11.0);  // extrapolated with the last slope
+  EXPECT_DOUBLE_EQ(m.step_ms(4, 32), 5.0 + (6.0 - 5.0) * 3.0 / 7.0);
+  for (int i = 0; i < 10; ++i) m.observe(1, 32, 10.0);  // this machine is 2x slower
+  EXPECT_NEAR(m.step_ms(1, 32), 10.0, 1e-9);
+  EXPECT_NEAR(m.step_ms(1, 96), 12.0, 1e-9);  // the neighbours scale with it
+  CostModelConfig bad;
+  bad.curves[1] = {{10, 1.0}, {5, 2.0}};
+  EXPECT_THROW(CostModel{bad}, Error);
+}
+
+}  // namespace
+}  // namespace arbor
