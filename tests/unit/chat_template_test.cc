@@ -1,0 +1,210 @@
+// Chat templates and the Jinja interpreter against Python jinja2: every expected string in
+// tests/data/chat_templates/expected.json was rendered by jinja2 configured as transformers does
+// (scripts/make_chat_template_fixtures.py); outputs must match byte for byte, and templates that
+// call raise_exception must fail with the same message.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "engine/core/error.h"
+#include "engine/model/gguf_file.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/jinja/interpreter.h"
+#include "engine/tokenizer/tokenizer_loaders.h"
+
+namespace arbor {
+namespace {
+
+using nlohmann::ordered_json;
+
+const std::string kDataDir = std::string(ARBOR_TEST_DATA_DIR) + "/chat_templates";
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot open " << path;
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+const ordered_json& fixtures() {
+  static const ordered_json kFixtures = ordered_json::parse(read_text(kDataDir + "/expected.json"));
+  return kFixtures;
+}
+
+std::string template_source(const ordered_json& spec) {
+  if (spec["file"].is_null()) return chatml_template_source();
+  return read_text(kDataDir + "/" + spec["file"].get<std::string>());
+}
+
+// Checks one rendering against a fixture entry holding "expected", or "error" + "error_kind".
+template <typename Render>
+void expect_matches(const ordered_json& entry, Render&& render) {
+  SCOPED_TRACE(entry["name"].get<std::string>());
+  if (entry.contains("expected")) {
+    try {
+      EXPECT_EQ(render(), entry["expected"].get<std::string>());
+    } catch (const Error& e) {
+      ADD_FAILURE() << "unexpected error: " << e.what();
+    }
+    return;
+  }
+  const std::string message = entry["error"].get<std::string>();
+  try {
+    const std::string out = render();
+    ADD_FAILURE() << "expected an error '" << message << "', rendered: " << out;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    if (entry["error_kind"] == "raise_exception") {
+      EXPECT_EQ(std::string(e.what()), message);  // the template's own message, verbatim
+    } else {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("line "), std::string::npos) << e.what();
+    }
+  }
+}
+
+class ChatTemplateFixtureTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ChatTemplateFixtureTest, RendersLikeJinja2) {
+  const ordered_json& spec = fixtures()["templates"][GetParam()];
+  const ChatTemplate tpl(template_source(spec), spec["bos_token"].get<std::string>(),
+                         spec["eos_token"].get<std::string>());
+  ASSERT_FALSE(spec["cases"].empty());
+  for (const ordered_json& c : spec["cases"]) {
+    expect_matches(c, [&] {
+      return tpl.render(c["messages"], c["add_generation_prompt"].get<bool>(), c["extra"]);
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Templates, ChatTemplateFixtureTest,
+                         ::testing::Values("llama2", "llama3", "llama3_1", "mistral_v1",
+                                           "mistral_v3", "qwen2_5", "smollm2", "vicuna", "chatml"),
+                         [](const auto& info) { return info.param; });
+
+TEST(ChatTemplateTest, ChatMessageVectorRendersLikeJsonMessages) {
+  for (const char* name : {"llama2", "llama3", "qwen2_5", "vicuna"}) {
+    const ordered_json& spec = fixtures()["templates"][name];
+    const ChatTemplate tpl(template_source(spec), spec["bos_token"].get<std::string>(),
+                           spec["eos_token"].get<std::string>());
+    for (const ordered_json& c : spec["cases"]) {
+      bool plain = c.contains("expected") && c["extra"].empty();
+      for (const auto& m : c["messages"])
+        plain = plain && m.size() == 2 && m["content"].is_string();
+      if (!plain) continue;
+      std::vector<ChatMessage> messages;
+      for (const auto& m : c["messages"]) {
+        messages.push_back(
+            {m["role"].get<std::string>(), m["content"].get<std::string>(), "", "", {}});
+      }
+      SCOPED_TRACE(std::string(name) + "/" + c["name"].get<std::string>());
+      EXPECT_EQ(tpl.render(messages, c["add_generation_prompt"].get<bool>()),
+                c["expected"].get<std::string>());
+      // nlohmann::json (sorted keys) gives the same text for templates that never print dicts.
+      EXPECT_EQ(tpl.render(nlohmann::json::parse(c["messages"].dump()),
+                           c["add_generation_prompt"].get<bool>()),
+                c["expected"].get<std::string>());
+    }
+  }
+}
+
+TEST(ChatTemplateTest, AlternationViolationsRaiseTheTemplatesMessage) {
+  const std::vector<ChatMessage> two_users = {{"user", "a", "", "", {}}, {"user", "b", "", "", {}}};
+  for (const char* name : {"llama2", "mistral_v1"}) {
+    const ChatTemplate tpl(read_text(kDataDir + "/" + name + ".jinja"), "<s>", "</s>");
+    try {
+      tpl.render(two_users, true);
+      ADD_FAILURE() << name << ": expected raise_exception";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_STREQ(e.what(), "Conversation roles must alternate user/assistant/user/assistant/...");
+    }
+  }
+}
+
+TEST(JinjaInterpreterTest, SnippetsRenderLikeJinja2) {
+  ASSERT_FALSE(fixtures()["snippets"].empty());
+  for (const ordered_json& s : fixtures()["snippets"]) {
+    expect_matches(s, [&] {
+      const jinja::Template tpl(s["template"].get<std::string>());
+      const jinja::Value vars = jinja::Value::from_json(s["variables"]);
+      return tpl.render(vars.entries());
+    });
+  }
+}
+
+TEST(JinjaInterpreterTest, SyntaxErrorsNameLineAndColumn) {
+  struct Case {
+    std::string source;
+    std::string where;   // "line L, column C"
+    std::string detail;  // part of the message
+  };
+  const std::vector<Case> cases = {
+      {"hello\n  {{ a + }}", "line 2, column 10", "unexpected '}}'"},
+      {"{% if x %}\nyes", "line 2, column 4", "expected 'elif' or 'else' or 'endif'"},
+      {"{% for x in items %}{% endif %}", "line 1, column 24",
+       "unknown tag 'endif', expected 'endfor' or 'else'"},
+      {"a\nb\n{{ 'unterminated }}", "line 3, column 4", "unterminated string"},
+      {"{% endfor %}", "line 1, column 4", "unknown tag 'endfor'"},
+      {"{{ x | no_such_filter }}", "line 1, column 6", "no filter named 'no_such_filter'"},
+      {"{% if x is no_such_test %}{% endif %}", "line 1, column 9", "no test named 'no_such_test'"},
+      {"{# never closed", "line 1, column 1", "missing end of comment tag"},
+      {"{{ x ]}}", "line 1, column 6", "unexpected ']'"},
+      {"{% break %}", "line 1, column 4", "'break' outside of a loop"},
+      {"{{ (1, 2 }}", "line 1, column 10", "unexpected '}'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.source);
+    try {
+      ChatTemplate tpl(c.source, "", "");
+      ADD_FAILURE() << "expected a syntax error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      const std::string what = e.what();
+      EXPECT_NE(what.find(c.where), std::string::npos) << what;
+      EXPECT_NE(what.find(c.detail), std::string::npos) << what;
+    }
+  }
+}
+
+TEST(JinjaInterpreterTest, RuntimeErrorsNamePosition) {
+  const ChatTemplate tpl("{% for m in messages %}\n{{ m.content.nope.deeper }}{% endfor %}", "",
+                         "");
+  try {
+    tpl.render(std::vector<ChatMessage>{{"user", "hi", "", "", {}}}, false);
+    ADD_FAILURE() << "expected an undefined-attribute error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'str object' has no attribute 'nope'"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ChatTemplateTest, MissingTemplateIsNotFound) {
+  TokenizerSpec spec;
+  try {
+    chat_template_from_spec(spec);
+    ADD_FAILURE() << "expected kNotFound";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  }
+}
+
+TEST(ChatTemplateTest, SmolLm2GgufTemplateRendersLikeJinja2) {
+  const std::string path = std::string(ARBOR_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "missing " << path;
+  const TokenizerSpec spec = tokenizer_spec_from_gguf(GgufFile::open(path).metadata());
+  EXPECT_EQ(spec.chat_template, read_text(kDataDir + "/smollm2.jinja"));
+  const ChatTemplate tpl = chat_template_from_spec(spec);
+  const ordered_json& fixture = fixtures()["templates"]["smollm2"];
+  for (const ordered_json& c : fixture["cases"]) {
+    expect_matches(c, [&] {
+      return tpl.render(c["messages"], c["add_generation_prompt"].get<bool>(), c["extra"]);
+    });
+  }
+}
+
+}  // namespace
+}  // namespace arbor
