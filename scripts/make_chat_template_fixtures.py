@@ -9,7 +9,8 @@ Namespace that rejects underscore attributes. Templates are rendered with messag
 documents=None, add_generation_prompt, bos_token, eos_token and any extra kwargs, as
 render_jinja_template does.
 
-tests/unit/chat_template_test.cc compares arbor::ChatTemplate / jinja::Template output with these
+When transformers is importable, every template case is also rendered with its own
+render_jinja_template and must agree. tests/unit/chat_template_test.cc compares arbor::ChatTemplate / jinja::Template output with these
 strings byte for byte. Usage: python3 scripts/make_chat_template_fixtures.py
 """
 import json
@@ -311,7 +312,48 @@ SNIPPETS = [
     ("namespace_underscore_error", "{% set ns = namespace() %}{% set ns._x = 1 %}", {}),
     ("raise_exception", "{% if true %}{{ raise_exception('custom failure: ' ~ 42) }}{% endif %}", {}),
     ("call_undefined", "{{ nope() }}", {}),
+    # edge cases
+    ("lstrip_only_at_line_start", "x  {% if true %}y{% endif %}\n\t {% if true %}z{% endif %}\n{{ 'a' }}\n  {% if true %}b{% endif %}", {}),
+    ("strip_after_variable_end", "{{ 'a' -}}\n   {% if true %}b{% endif %}\n{# c #}\n  {#- d #} e", {}),
+    ("unicode_whitespace_trim", "[{{ s | trim }}][{{ s.strip() }}][{{ s.split() }}]", {"s": "\u00a0\u3000 x y \u2003\n"}),
+    ("float_formatting", "{{ 1e22 }} {{ 123456.789 }} {{ 1 / 3 * 3 }} {{ 2 ** -1 }} {{ -2 ** 2 }} {{ 10 // 3 * 2 }} {{ 1.0e-10 }} {{ 100.0 }} {{ 3 / 1 }}", {}),
+    ("repr_quotes", "{{ [\"it's\", 'say \"hi\"', 'both \\' and \"', 'tab\there'] }}", {}),
+    ("dict_method_shadowing", "{{ d['items'] }}|{{ d.keys() | list }}|{{ d.values() | list }}|{{ 'items' in d }}", {"d": {"items": 3, "x": 1}}),
+    ("empty_list_index_error", "{{ l[0]['role'] }}", {"l": []}),
+    ("undefined_is_defined_error", "{{ x.y is defined }}", {}),
+    ("inline_if_without_else", "[{{ 1 if none }}][{{ 'a' if 'x' in 'xyz' }}]", {}),
+    ("selectattr_dotted", "{{ calls | selectattr('function.name', 'equalto', 'b') | map(attribute='function.arguments') | list }}",
+     {"calls": [{"function": {"name": "a", "arguments": "1"}}, {"function": {"name": "b", "arguments": "2"}}]}),
+    ("tojson_nested_indent_unicode", "{{ v | tojson(indent=2) }}", {"v": [{"k": "ü\u0001\u007f", "e": {}, "l": [[]]}, 1.25, -0.0, 10 ** 18]}),
+    ("string_concat_loop", "{% set ns = namespace(out='') %}{% for c in 'héllo' %}{% set ns.out = c ~ ns.out %}{% endfor %}{{ ns.out }}|{{ 'héllo' | length }}|{{ 'héllo'[1] }}", {}),
+    ("truthiness", "{% for v in [0, 1, '', 'a', [], [0], {}, none, 0.0] %}{{ 'T' if v else 'F' }}{% endfor %}", {}),
+    ("comparisons_mixed", "{{ 1 == '1' }}{{ [1] == [1.0] }}{{ {'a': 1} == {'a': 1} }}{{ none != false }}{{ 'B' < 'a' }}{{ 'é' > 'z' }}", {}),
+    ("macro_scope", "{% set g = 'global' %}{% macro m(x) %}{{ x }}-{{ g }}-{{ y }}{% endmacro %}{% for y in [1] %}{{ m('a') }}{% endfor %}", {}),
+    ("loop_unpack_tuple_literal", "{% for a, b in [(1, 2), [3, 4]] %}{{ a + b }}{% endfor %}", {}),
+    ("nested_data_access", "{{ m.tool_calls[0].function.arguments.city }}|{{ m['tool_calls'][0]['id'] }}|{{ m.tool_calls | length }}",
+     {"m": {"tool_calls": [{"id": "x1", "function": {"arguments": {"city": "Oslo"}}}]}}),
+    ("generation_block_absent_tag", "{% for m in ms %}{{ m }}{% endfor %}", {"ms": ["a", "b"]}),
 ]
+
+
+def cross_check_with_transformers(source, messages, add_generation_prompt, kwargs, entry):
+    """When transformers is installed, its own render_jinja_template must agree with ENV."""
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template
+    except ImportError:
+        return
+    kwargs = dict(kwargs)
+    tools = kwargs.pop("tools")
+    documents = kwargs.pop("documents")
+    try:
+        rendered, _ = render_jinja_template([json.loads(json.dumps(messages))], tools=tools,
+                                            documents=documents, chat_template=source,
+                                            add_generation_prompt=add_generation_prompt, **kwargs)
+        got = {"expected": rendered[0]}
+    except Exception as e:  # noqa: BLE001 - compare whatever transformers raises
+        got = {"error": str(e)}
+    want = {k: v for k, v in entry.items() if k in ("expected", "error")}
+    assert got == want, f"{entry['name']}: transformers gives {got!r}, ENV gives {want!r}"
 
 
 def main():
@@ -342,6 +384,7 @@ def main():
             entry = {"name": case_name, "messages": messages,
                      "add_generation_prompt": add_generation_prompt, "extra": extra}
             entry.update(run(render))
+            cross_check_with_transformers(source, messages, add_generation_prompt, kwargs, entry)
             cases.append(entry)
         templates[name] = {"file": file, "bos_token": spec["bos_token"], "eos_token": spec["eos_token"],
                            "cases": cases}
