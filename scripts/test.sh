@@ -6,6 +6,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup_debian.sh
+bash scripts/setup_python.sh
 bash scripts/fetch_default_model.sh
 BUILD="${ARBOR_BUILD_DIR:-build}"
 SAN=OFF

@@ -38,6 +38,7 @@ const std::map<std::string, Reader>& fields() {
       {"model.path", field(&ServeConfig::model_path, "a string")},
       {"model.tokenizer", field(&ServeConfig::tokenizer_path, "a string")},
       {"model.name", field(&ServeConfig::model_name, "a string")},
+      {"model.chat_template", field(&ServeConfig::chat_template, "a string")},
       {"model.backend", field(&ServeConfig::backend, "a string")},
       {"model.threads", field(&ServeConfig::threads, "an integer")},
       {"engine.kv_blocks", field(&ServeConfig::kv_blocks, "an integer")},
@@ -152,6 +153,7 @@ std::string ServeConfig::to_yaml() const {
   e << YAML::Key << "path" << YAML::Value << model_path;
   e << YAML::Key << "tokenizer" << YAML::Value << tokenizer_path;
   e << YAML::Key << "name" << YAML::Value << model_name;
+  e << YAML::Key << "chat_template" << YAML::Value << chat_template;
   e << YAML::Key << "backend" << YAML::Value << backend;
   e << YAML::Key << "threads" << YAML::Value << threads << YAML::EndMap;
   e << YAML::Key << "engine" << YAML::Value << YAML::BeginMap;

@@ -11,7 +11,8 @@ struct ServeConfig {
   // model
   std::string model_path;
   std::string tokenizer_path;
-  std::string model_name;  // served id; default: the file or directory name
+  std::string model_name;     // served id; default: the file or directory name
+  std::string chat_template;  // Jinja file overriding the tokenizer's template
   std::string backend = "cpu";
   int32_t threads = 0;
   // engine

@@ -134,7 +134,8 @@ std::shared_ptr<RequestStream> EngineService::submit(std::vector<ServiceRequest>
   for (size_t i = 0; i < requests.size(); ++i)
     for (int32_t j = 0; j < live->n; ++j)
       live->choices[i * live->n + j].decoder = std::make_unique<IncrementalDecoder>(
-          tokenizer_, requests[i].skip_special, /*at_text_start=*/false);
+          tokenizer_, requests[i].skip_special,
+          /*at_text_start=*/tokenizer_.decode(requests[i].gen.prompt, true).empty());
   live->requests = std::move(requests);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -183,8 +184,8 @@ void EngineService::admit(uint64_t key, const std::shared_ptr<Live>& live) {
   for (size_t i = 0; i < live->requests.size(); ++i) {
     ServiceRequest& r = live->requests[i];
     for (int32_t t : stop_token_ids_)
-      if (std::find(r.gen.stop_token_ids.begin(), r.gen.stop_token_ids.end(), t) ==
-          r.gen.stop_token_ids.end())
+      if (!r.gen.ignore_eos && std::find(r.gen.stop_token_ids.begin(), r.gen.stop_token_ids.end(),
+                                         t) == r.gen.stop_token_ids.end())
         r.gen.stop_token_ids.push_back(t);
     const ReqId id = next_engine_id_++;
     try {

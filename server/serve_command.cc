@@ -3,8 +3,10 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -56,6 +58,8 @@ void add_serve_command(CLI::App& app) {
   flag(c, s, "-m,--model", &ServeConfig::model_path, "Model path (HF dir, .gguf, llama2.c .bin)");
   flag(c, s, "--tokenizer", &ServeConfig::tokenizer_path, "Tokenizer override");
   flag(c, s, "--name", &ServeConfig::model_name, "Model id clients pass as `model`");
+  flag(c, s, "--chat-template", &ServeConfig::chat_template,
+       "Jinja chat template file (overrides the tokenizer's)");
   flag(c, s, "--backend", &ServeConfig::backend, "cpu or cuda");
   flag(c, s, "--threads", &ServeConfig::threads, "CPU backend threads (0: default)");
   flag(c, s, "--kv-blocks", &ServeConfig::kv_blocks, "KV cache blocks");
@@ -142,7 +146,16 @@ int run_serve() {
   EngineService service(engine, tok, bundle.stop_token_ids, so, &metrics);
 
   std::unique_ptr<ChatTemplate> chat;
-  if (!tok.spec().chat_template.empty()) {
+  if (!cfg.chat_template.empty()) {
+    std::ifstream in(cfg.chat_template);
+    if (!in)
+      throw_error(ErrorCode::kNotFound,
+                  "model.chat_template: cannot open '" + cfg.chat_template + "'");
+    std::stringstream text;
+    text << in.rdbuf();
+    auto special = [&](int32_t id) { return id >= 0 ? tok.token_bytes(id) : std::string(); };
+    chat = std::make_unique<ChatTemplate>(text.str(), special(tok.bos_id()), special(tok.eos_id()));
+  } else if (!tok.spec().chat_template.empty()) {
     chat = std::make_unique<ChatTemplate>(chat_template_from_spec(tok.spec()));
   } else {
     spdlog::warn("the model has no chat template: /v1/chat/completions answers 400");

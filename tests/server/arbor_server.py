@@ -56,7 +56,8 @@ class ArborServer:
         raise RuntimeError("server did not become healthy:\n" + self.output())
 
     def output(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path) as f:
             return f.read()
 
@@ -68,6 +69,8 @@ class ArborServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if not self.log.closed:
+            self.log.close()
         return self.proc.returncode
 
     def __enter__(self):

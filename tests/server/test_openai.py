@@ -1,0 +1,447 @@
+"""`arbor serve` as clients use it: a real server process on loopback, driven by the official
+`openai` Python client and by raw HTTP. References from outside the server: Hugging Face
+transformers' greedy tokens for stories260K (tests/data/golden), Python jinja2 rendering the
+SmolLM2 GGUF's own chat template, and the same prompts run alone.
+
+Run: ARBOR_BIN=build/server/arbor ARBOR_SHARED_DIR=../shared python3 tests/server/test_openai.py
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import unittest
+import urllib.request
+
+import openai
+
+sys.path.insert(0, os.path.dirname(__file__))
+from arbor_server import ArborServer, SHARED, STORIES  # noqa: E402
+
+REPO = os.environ.get("ARBOR_REPO", os.path.join(os.path.dirname(__file__), "..", ".."))
+SMOLLM2 = os.path.join(REPO, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+GOLDEN = os.path.join(REPO, "tests", "data", "golden", "stories260K.json")
+CHATML = os.path.join(REPO, "tests", "data", "chat_templates", "smollm2.jinja")
+
+
+def tok512_decode(ids):
+    """Decodes stories260K ids with llama2.c's tokenizer file (tok512.bin), as run.c does."""
+    path = os.path.join(SHARED, "models", "stories260K", "tok512.bin")
+    with open(path, "rb") as f:
+        data = f.read()
+    off = 4
+    vocab = []
+    for _ in range(512):
+        off += 4  # score
+        (n,) = struct.unpack_from("<i", data, off)
+        off += 4
+        vocab.append(data[off:off + n])
+        off += n
+    out = b""
+    prev = 1
+    for t in ids:
+        piece = vocab[t]
+        if prev == 1 and piece.startswith(b" "):
+            piece = piece[1:]
+        if piece.startswith(b"<0x") and piece.endswith(b">") and len(piece) == 6:
+            piece = bytes([int(piece[3:5], 16)])
+        out += piece
+        prev = t
+    return out.decode("utf-8", errors="replace")
+
+
+def raw(port, method, path, body=None, headers=None, timeout=60):
+    """(status, parsed JSON or text) over a fresh connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request(method, path, body=body, headers=headers or {})
+    r = conn.getresponse()
+    data = r.read().decode("utf-8", errors="replace")
+    conn.close()
+    try:
+        return r.status, json.loads(data)
+    except ValueError:
+        return r.status, data
+
+
+class StoriesServer(unittest.TestCase):
+    """stories260K, plain decoding, a ChatML template given on the command line."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = ArborServer(["--kv-blocks", "512", "--max-running", "64",
+                               "--chat-template", CHATML, "--max-body-bytes", "65536"],
+                              grpc=False).start()
+        cls.client = openai.OpenAI(base_url=cls.srv.base_url + "/v1", api_key="unused",
+                                   max_retries=0, timeout=120)
+        cls.model = cls.client.models.list().data[0].id
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.srv.stop()
+        assert code == 0, f"server exited with {code}:\n{cls.srv.output()}"
+
+    def complete(self, prompt, n_tokens=24, **kw):
+        return self.client.completions.create(model=self.model, prompt=prompt,
+                                              max_tokens=n_tokens, temperature=0, **kw)
+
+    def test_greedy_equals_transformers(self):
+        with open(GOLDEN) as f:
+            golden = json.load(f)
+        r = self.complete([1], n_tokens=60, extra_body={"ignore_eos": True})
+        self.assertEqual(r.choices[0].text, tok512_decode(golden["greedy_tokens"][:60]))
+        self.assertEqual(r.usage.prompt_tokens, 1)
+        self.assertEqual(r.usage.completion_tokens, 60)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+
+    def test_streaming_equals_non_streaming(self):
+        full = self.complete("Once upon a time", 40).choices[0].text
+        parts, reasons = [], []
+        for chunk in self.client.completions.create(model=self.model, prompt="Once upon a time",
+                                                    max_tokens=40, temperature=0, stream=True):
+            parts.append(chunk.choices[0].text)
+            reasons.append(chunk.choices[0].finish_reason)
+        self.assertEqual("".join(parts), full)
+        self.assertEqual(reasons[-1], "length")
+        self.assertGreater(len(parts), 10)
+
+    def test_chat_streaming_and_usage(self):
+        msgs = [{"role": "system", "content": "You tell stories."},
+                {"role": "user", "content": "Tell me about a cat."}]
+        r = self.client.chat.completions.create(model=self.model, messages=msgs, max_tokens=20,
+                                                temperature=0)
+        self.assertEqual(r.choices[0].message.role, "assistant")
+        text = r.choices[0].message.content
+        stream = self.client.chat.completions.create(
+            model=self.model, messages=msgs, max_tokens=20, temperature=0, stream=True,
+            stream_options={"include_usage": True})
+        chunks = list(stream)
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
+                         text)
+        self.assertEqual(chunks[-1].usage.completion_tokens, r.usage.completion_tokens)
+        self.assertEqual(chunks[-1].usage.prompt_tokens, r.usage.prompt_tokens)
+
+    def test_n_samples_and_seed(self):
+        greedy = self.complete("The dog", 16).choices[0].text
+        r = self.client.completions.create(model=self.model, prompt="The dog", max_tokens=16,
+                                           temperature=0, n=3)
+        self.assertEqual([c.index for c in r.choices], [0, 1, 2])
+        self.assertEqual([c.text for c in r.choices], [greedy] * 3)
+        one = self.complete("The dog", 2).usage.prompt_tokens
+        self.assertEqual(r.usage.prompt_tokens, one)  # counted once for all choices
+        a = self.client.completions.create(model=self.model, prompt="The dog", max_tokens=24,
+                                           temperature=1.0, n=4, seed=7)
+        b = self.client.completions.create(model=self.model, prompt="The dog", max_tokens=24,
+                                           temperature=1.0, n=4, seed=7)
+        self.assertEqual([c.text for c in a.choices], [c.text for c in b.choices])
+        self.assertGreater(len({c.text for c in a.choices}), 1, "choices should differ")
+        # Batched prompts: choices are prompt-major.
+        r = self.client.completions.create(model=self.model, prompt=["The dog", "The cat"],
+                                           max_tokens=8, temperature=0, n=2)
+        self.assertEqual(len(r.choices), 4)
+        self.assertEqual(r.choices[0].text, r.choices[1].text)
+        self.assertEqual(r.choices[0].text, self.complete("The dog", 8).choices[0].text)
+        self.assertEqual(r.choices[2].text, self.complete("The cat", 8).choices[0].text)
+
+    def test_stop_strings_and_logprobs(self):
+        full = self.complete("Once upon a time", 40).choices[0].text
+        cut = full.index(" a ", 5) if " a " in full[5:] else None
+        self.assertIsNotNone(cut)
+        r = self.complete("Once upon a time", 40, stop=[" a "])
+        self.assertEqual(r.choices[0].text, full[:cut])
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        r = self.complete("Once upon a time", 6, logprobs=3)
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.tokens), 6)
+        self.assertEqual("".join(lp.tokens).lstrip(" "), r.choices[0].text.lstrip(" "))
+        for tok, lpv, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            self.assertLessEqual(lpv, 0.0)
+            self.assertEqual(len(top), 3)
+            self.assertAlmostEqual(max(top.values()), lpv, places=5)  # greedy = the best
+        c = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+            temperature=0, logprobs=True, top_logprobs=2)
+        content = c.choices[0].logprobs.content
+        self.assertEqual(len(content), 5)
+        self.assertEqual(len(content[0].top_logprobs), 2)
+
+    def test_errors_with_the_openai_client(self):
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.complete("Once", -1)
+        self.assertIn("max_tokens", str(e.exception))
+        with self.assertRaises(openai.BadRequestError):
+            self.complete("Once", 10**9)
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.complete("Once upon a time " * 200, 10)
+        self.assertIn("context", str(e.exception))
+        with self.assertRaises(openai.NotFoundError):
+            self.client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+        with self.assertRaises(openai.BadRequestError):
+            self.client.completions.create(model=self.model, prompt="x", max_tokens=2,
+                                           temperature=5)
+        with self.assertRaises(openai.BadRequestError):
+            self.client.chat.completions.create(model=self.model, messages=[], max_tokens=2)
+        # Still serving.
+        self.assertEqual(self.complete("Once", 4).usage.completion_tokens, 4)
+
+    def test_malformed_requests_get_4xx_json(self):
+        port = self.srv.port
+        cases = [
+            (b"{not json", 400),
+            (json.dumps({"prompt": "x", "max_tokens": "ten"}).encode(), 400),
+            (json.dumps({"prompt": 5}).encode(), 400),
+            (json.dumps({"prompt": "x", "temperature": "hot"}).encode(), 400),
+            (json.dumps({"prompt": "x", "n": 0}).encode(), 400),
+            (json.dumps({"prompt": "x", "stop": 3}).encode(), 400),
+            (json.dumps({"prompt": [1, 2, 99999]}).encode(), 400),
+            (json.dumps({"prompt": "x", "max_tokens": -5}).encode(), 400),
+            (json.dumps({"prompt": "x", "max_tokens": 2**40}).encode(), 400),
+            (b'{"prompt": "\xff\xfe invalid utf-8"}', 400),
+            (json.dumps({"prompt": "x", "model": "gpt-4"}).encode(), 404),
+            (json.dumps([1, 2, 3]).encode(), 400),
+            (json.dumps({"prompt": "x" * 70000}).encode(), 413),
+        ]
+        for body, status in cases:
+            code, resp = raw(port, "POST", "/v1/completions", body,
+                             {"Content-Type": "application/json"})
+            self.assertEqual(code, status, (body[:60], resp))
+            self.assertIsInstance(resp, dict, body[:60])
+            self.assertIn("message", resp["error"])
+            self.assertIn("type", resp["error"])
+        code, resp = raw(port, "GET", "/v1/nothing-here")
+        self.assertEqual(code, 404)
+        self.assertIn("error", resp)
+        code, resp = raw(port, "POST", "/v1/chat/completions",
+                         json.dumps({"messages": [{"role": "wizard", "content": "x"}]}),
+                         {"Content-Type": "application/json"})
+        self.assertEqual(code, 400)
+        self.assertEqual(resp["error"]["param"], "messages[0].role")
+        self.assertEqual(self.complete("Once", 3).usage.completion_tokens, 3)
+
+    def test_concurrent_streams_equal_alone(self):
+        prompts = [f"Once upon a time there was a {w}" for w in
+                   ["dog", "cat", "bird", "girl", "boy", "tree", "car", "ball"]] * 8
+        alone = {}
+        for p in set(prompts):
+            alone[p] = self.complete(p, 24).choices[0].text
+        results = [None] * len(prompts)
+        errors = []
+
+        def run(i):
+            try:
+                client = openai.OpenAI(base_url=self.srv.base_url + "/v1", api_key="x",
+                                       max_retries=0, timeout=300)
+                text = ""
+                for ch in client.completions.create(model=self.model, prompt=prompts[i],
+                                                    max_tokens=24, temperature=0, stream=True):
+                    text += ch.choices[0].text
+                results[i] = text
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(len(prompts), 64)
+        for p, r in zip(prompts, results):
+            self.assertEqual(r, alone[p], p)
+
+    def test_disconnect_storm_frees_every_block(self):
+        socks = []
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 400, "stream": True,
+                           "ignore_eos": True, "temperature": 0.8}).encode()
+        for _ in range(32):
+            s = socket.create_connection(("127.0.0.1", self.srv.port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: " + str(len(body)).encode() +
+                      b"\r\n\r\n" + body)
+            socks.append(s)
+        for s in socks:
+            got = b""
+            while b"data:" not in got:  # the stream has started producing tokens
+                got += s.recv(4096)
+        m = self.srv.metrics()
+        self.assertGreater(m["arbor_kv_blocks_used"], 0)
+        for s in socks:
+            s.close()
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            m = self.srv.metrics()
+            if m["arbor_kv_blocks_used"] == 0 and m["arbor_running_sequences"] == 0:
+                break
+            time.sleep(0.2)
+        self.assertEqual(m["arbor_kv_blocks_used"], 0)
+        self.assertEqual(m["arbor_running_sequences"], 0)
+        self.assertGreaterEqual(m['arbor_requests_total{status="cancelled"}'], 32)
+        self.assertEqual(self.complete("Once", 3).usage.completion_tokens, 3)
+
+    def test_metrics_and_models(self):
+        self.complete("Once", 5)
+        m = self.srv.metrics()
+        self.assertGreater(m["arbor_time_to_first_token_seconds_count"], 0)
+        self.assertGreater(m["arbor_time_per_output_token_seconds_count"], 0)
+        self.assertGreater(m["arbor_generation_tokens_total"], 0)
+        self.assertGreater(m["arbor_kv_blocks_total"], 0)
+        self.assertIn("arbor_queue_depth", m)
+        models = self.client.models.list().data
+        self.assertEqual(len(models), 1)
+        self.assertEqual(models[0].id, "stories260K.bin")
+
+
+class SpeculatingServer(unittest.TestCase):
+    """stories260K with its trained EAGLE heads: lossless, and usage reports the speculation."""
+
+    def test_eagle_greedy_equals_plain_and_reports_acceptance(self):
+        heads = os.path.join(REPO, "tests", "data", "heads", "stories260K", "eagle")
+        prompts = ["Once upon a time", "Lily and Ben", "The little dog was sad because"]
+        with ArborServer(["--spec", "eagle", "--spec-heads", heads, "--spec-adaptive", "false"],
+                         grpc=False) as srv:
+            c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+            spec = [c.completions.create(model="stories260K.bin", prompt=p, max_tokens=64,
+                                         temperature=0) for p in prompts]
+            off = [c.completions.create(model="stories260K.bin", prompt=p, max_tokens=64,
+                                        temperature=0, extra_body={"speculate": False})
+                   for p in prompts]
+            m = srv.metrics()
+        for s, o in zip(spec, off):
+            self.assertEqual(s.choices[0].text, o.choices[0].text)
+            sp = s.usage.model_extra["speculation"]
+            self.assertGreater(sp["mean_accepted_length"], 1.5)
+            self.assertGreater(sp["accepted_draft_tokens"], 0)
+            self.assertEqual(o.usage.model_extra["speculation"]["accepted_draft_tokens"], 0)
+        self.assertGreater(m['arbor_spec_draft_accepted_total{depth="1"}'], 0)
+        self.assertGreater(m["arbor_spec_verify_steps_total"], 0)
+
+    def test_spec_override_rejected_without_a_proposer(self):
+        with ArborServer([], grpc=False) as srv:
+            code, resp = raw(srv.port, "POST", "/v1/completions",
+                             json.dumps({"prompt": "x", "speculate": True}))
+            self.assertEqual(code, 400)
+            self.assertEqual(resp["error"]["param"], "speculate")
+
+
+class Operations(unittest.TestCase):
+    def test_api_key(self):
+        with ArborServer(["--api-key", "s3cret"], grpc=False) as srv:
+            bad = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="wrong", max_retries=0)
+            with self.assertRaises(openai.AuthenticationError):
+                bad.completions.create(model="stories260K.bin", prompt="x", max_tokens=2)
+            code, _ = raw(srv.port, "POST", "/v1/completions", json.dumps({"prompt": "x"}))
+            self.assertEqual(code, 401)
+            good = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="s3cret", max_retries=0)
+            r = good.completions.create(model="stories260K.bin", prompt="x", max_tokens=2)
+            self.assertEqual(r.usage.completion_tokens, 2)
+            self.assertEqual(raw(srv.port, "GET", "/health")[0], 200)  # health stays open
+
+    def test_full_queue_answers_429(self):
+        with ArborServer(["--max-running", "1", "--max-queue", "1"], grpc=False) as srv:
+            statuses = []
+            lock = threading.Lock()
+
+            def run():
+                code, _ = raw(srv.port, "POST", "/v1/completions",
+                              json.dumps({"prompt": "Once", "max_tokens": 480,
+                                          "ignore_eos": True}))
+                with lock:
+                    statuses.append(code)
+
+            threads = [threading.Thread(target=run) for _ in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertIn(429, statuses)
+            self.assertIn(200, statuses)
+            self.assertEqual(set(statuses), {200, 429})
+            c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+            self.assertEqual(c.completions.create(model="stories260K.bin", prompt="x",
+                                                  max_tokens=2).usage.completion_tokens, 2)
+
+    def test_sigterm_drains_running_requests(self):
+        srv = ArborServer([], grpc=False).start()
+        result = {}
+
+        def run():
+            result["r"] = raw(srv.port, "POST", "/v1/completions",
+                              json.dumps({"prompt": "Once", "max_tokens": 300,
+                                          "ignore_eos": True}))
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.3)
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        code_during = raw(srv.port, "GET", "/health")[0] if srv.proc.poll() is None else 503
+        t.join()
+        self.assertEqual(srv.proc.wait(60), 0, srv.output())
+        code, body = result["r"]
+        self.assertEqual(code, 200)
+        self.assertEqual(body["choices"][0]["finish_reason"], "length")
+        self.assertEqual(body["usage"]["completion_tokens"], 300)
+        self.assertEqual(code_during, 503)
+
+    def test_config_file_and_bad_values(self):
+        import subprocess
+        import tempfile
+        from arbor_server import ARBOR_BIN
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write("model:\n  path: %s\nengine:\n  kv_blocks: 300\nserver:\n  port: 0\n"
+                    "  grpc_port: 0\n" % STORIES)
+            good = f.name
+        with ArborServer(["--config", good], grpc=False) as srv:
+            self.assertIn("kv_blocks: 300", srv.output())  # echoed at start-up
+            self.assertEqual(srv.metrics()["arbor_kv_blocks_total"], 300)
+        for text, needle in [("engine:\n  kv_blocks: -3\n", "engine.kv_blocks"),
+                             ("engine:\n  kv_blok: 3\n", "engine.kv_blok"),
+                             ("server:\n  port: many\n", "server.port"),
+                             ("speculation:\n  method: magic\n", "speculation.method")]:
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+                f.write("model:\n  path: %s\n" % STORIES + text)
+            p = subprocess.run([ARBOR_BIN, "serve", "--config", f.name], capture_output=True,
+                               text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn(needle, p.stderr)
+
+
+class SmolLM2Chat(unittest.TestCase):
+    """The default model with the chat template from its GGUF, against Python jinja2."""
+
+    def test_chat_equals_completion_of_the_jinja2_rendering(self):
+        import gguf
+        import jinja2
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        reader = gguf.GGUFReader(SMOLLM2)
+        field = reader.fields["tokenizer.chat_template"]
+        template = bytes(field.parts[field.data[0]]).decode()
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[jinja2.ext.loopcontrols])
+        msgs = [{"role": "system", "content": "You are a concise assistant."},
+                {"role": "user", "content": "What is the capital of France?"}]
+        rendered = env.from_string(template).render(messages=msgs, add_generation_prompt=True,
+                                                    bos_token="<|im_start|>",
+                                                    eos_token="<|im_end|>")
+        with ArborServer([], model=SMOLLM2, grpc=False) as srv:
+            c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0,
+                              timeout=300)
+            model = c.models.list().data[0].id
+            chat = c.chat.completions.create(model=model, messages=msgs, max_tokens=12,
+                                             temperature=0)
+            _, tok = raw(srv.port, "POST", "/tokenize",
+                         json.dumps({"prompt": rendered, "add_special_tokens": False}))
+            comp = c.completions.create(model=model, prompt=tok["tokens"], max_tokens=12,
+                                        temperature=0)
+        self.assertEqual(chat.usage.prompt_tokens, tok["count"])
+        self.assertEqual(chat.choices[0].message.content, comp.choices[0].text)
+        self.assertIn("Paris", chat.choices[0].message.content)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
