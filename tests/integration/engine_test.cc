@@ -1,0 +1,220 @@
+// The step-at-a-time Engine on stories260K: logprobs against Hugging Face transformers' logits
+// (tests/data/golden), speculative logprobs equal plain ones, n > 1 samples fork the prompt's KV
+// (prefilled once) and, with speculation, the proposer state; cancellation frees blocks at once.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include "engine/backend/backend.h"
+#include "engine/core/error.h"
+#include "engine/model/llama_model.h"
+#include "engine/runner/engine.h"
+#include "engine/runner/model_bundle.h"
+#include "engine/spec/proposer_factory.h"
+#include "tests/common/golden.h"
+
+namespace arbor {
+namespace {
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    bundle_ = new ModelBundle(
+        load_model_bundle(std::string(ARBOR_SHARED_DIR) + "/models/stories260K/stories260K.bin"));
+  }
+  static void TearDownTestSuite() { delete bundle_; }
+
+  void SetUp() override {
+    backend_ = make_cpu_backend(1);
+    model_ = std::make_unique<LlamaModel>(*backend_, bundle_->weights);
+  }
+
+  std::unique_ptr<Proposer> eagle() {
+    SpecConfig sc;
+    sc.method = SpecMethod::kEagle;
+    sc.head_path = std::string(ARBOR_TEST_DATA_DIR) + "/heads/stories260K/eagle";
+    return make_proposer(sc, bundle_->weights);
+  }
+
+  // Runs to completion; events grouped per (id, choice).
+  static std::map<std::pair<ReqId, int32_t>, std::vector<EngineEvent>> drain(Engine& e) {
+    std::map<std::pair<ReqId, int32_t>, std::vector<EngineEvent>> out;
+    for (int guard = 0; !e.idle() && guard < 100000; ++guard)
+      for (EngineEvent& ev : e.step()) out[{ev.id, ev.choice}].push_back(std::move(ev));
+    EXPECT_TRUE(e.idle());
+    return out;
+  }
+  static std::vector<int32_t> tokens_of(const std::vector<EngineEvent>& evs) {
+    std::vector<int32_t> t;
+    for (const auto& e : evs) t.insert(t.end(), e.tokens.begin(), e.tokens.end());
+    return t;
+  }
+  static std::vector<TokenLogprob> logprobs_of(const std::vector<EngineEvent>& evs) {
+    std::vector<TokenLogprob> t;
+    for (const auto& e : evs) t.insert(t.end(), e.logprobs.begin(), e.logprobs.end());
+    return t;
+  }
+
+  GenerationRequest greedy(std::vector<int32_t> prompt, int32_t n) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0;
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    return r;
+  }
+
+  static ModelBundle* bundle_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<LlamaModel> model_;
+};
+ModelBundle* EngineTest::bundle_ = nullptr;
+
+TEST_F(EngineTest, LogprobsMatchTransformers) {
+  const nlohmann::json g =
+      testing::read_json(std::string(ARBOR_TEST_DATA_DIR) + "/golden/stories260K.json");
+  const auto ids = g["input_ids"].get<std::vector<int32_t>>();
+  const auto ref = g["logits"].get<std::vector<std::vector<float>>>();
+  Engine engine(*model_, EngineConfig{});
+  for (size_t k : {size_t{5}, size_t{17}, ids.size()}) {
+    GenerationRequest r = greedy(std::vector<int32_t>(ids.begin(), ids.begin() + k), 1);
+    r.logprobs = 5;
+    engine.add(k, r);
+    const auto evs = drain(engine)[{k, 0}];
+    const auto lps = logprobs_of(evs);
+    ASSERT_EQ(lps.size(), 1u);
+    // log_softmax of transformers' logits at the last prompt position.
+    const std::vector<float>& row = ref[k - 1];
+    double mx = -INFINITY, sum = 0;
+    for (float v : row) mx = std::max<double>(mx, v);
+    for (float v : row) sum += std::exp(v - mx);
+    const double lse = mx + std::log(sum);
+    std::vector<int32_t> order(row.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    EXPECT_EQ(lps[0].token, order[0]);
+    EXPECT_NEAR(lps[0].logprob, row[order[0]] - lse, 1e-4);
+    ASSERT_EQ(lps[0].top.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(lps[0].top[i].first, order[i]) << "rank " << i;
+      EXPECT_NEAR(lps[0].top[i].second, row[order[i]] - lse, 1e-4) << "rank " << i;
+    }
+  }
+}
+
+TEST_F(EngineTest, SpeculativeLogprobsEqualPlain) {
+  const std::vector<int32_t> prompt = bundle_->tokenizer->encode("Once upon a time", true, false);
+  GenerationRequest r = greedy(prompt, 60);
+  r.logprobs = 3;
+  Engine plain(*model_, EngineConfig{});
+  plain.add(1, r);
+  const auto p = drain(plain)[{1, 0}];
+  auto backend2 = make_cpu_backend(1);
+  LlamaModel model2(*backend2, bundle_->weights);
+  auto proposer = eagle();
+  Engine spec(model2, EngineConfig{}, proposer.get());
+  spec.add(1, r);
+  const auto s = drain(spec)[{1, 0}];
+  ASSERT_EQ(tokens_of(p), tokens_of(s));
+  const auto lp = logprobs_of(p), ls = logprobs_of(s);
+  ASSERT_EQ(lp.size(), 60u);
+  ASSERT_EQ(ls.size(), 60u);
+  for (size_t i = 0; i < lp.size(); ++i) {
+    EXPECT_NEAR(lp[i].logprob, ls[i].logprob, 1e-4) << i;
+    for (size_t j = 0; j < 3; ++j) EXPECT_EQ(lp[i].top[j].first, ls[i].top[j].first) << i;
+  }
+  EXPECT_LT(s.size(), p.size()) << "speculation should emit several tokens per step";
+}
+
+TEST_F(EngineTest, SamplesForkThePromptOnceAndEqualAlone) {
+  const std::vector<int32_t> prompt =
+      bundle_->tokenizer->encode("Lily and Ben went to the park. They saw a big dog", true, false);
+  for (bool speculate : {false, true}) {
+    auto proposer = speculate ? eagle() : nullptr;
+    auto backend = make_cpu_backend(1);
+    LlamaModel model(*backend, bundle_->weights);
+    Engine alone(model, EngineConfig{}, proposer.get());
+    alone.add(1, greedy(prompt, 40));
+    const auto a = tokens_of(drain(alone)[{1, 0}]);
+
+    auto backend2 = make_cpu_backend(1);
+    LlamaModel model2(*backend2, bundle_->weights);
+    Engine engine(model2, EngineConfig{}, proposer.get());
+    GenerationRequest r = greedy(prompt, 40);
+    r.n = 4;
+    engine.add(7, r);
+    const auto evs = drain(engine);
+    ASSERT_EQ(evs.size(), 4u);
+    EXPECT_EQ(engine.stats().prefill_tokens, static_cast<int64_t>(prompt.size()))
+        << "the prompt is prefilled once for all choices";
+    for (int32_t c = 0; c < 4; ++c) {
+      const auto& ev = evs.at({7, c});
+      EXPECT_EQ(tokens_of(ev), a) << "choice " << c << " speculate " << speculate;
+      ASSERT_TRUE(ev.back().finished);
+      if (c > 0) {
+        EXPECT_EQ(ev.back().result.cached_prompt_tokens, static_cast<int32_t>(prompt.size()));
+      }
+      if (speculate) {
+        EXPECT_GT(ev.back().result.acceptance.mean_emitted_per_step(), 1.5) << c;
+      }
+    }
+    EXPECT_EQ(engine.kv().stats().used_blocks, 0);
+    engine.kv().check_invariants();
+  }
+}
+
+TEST_F(EngineTest, SeededSamplesAreReproducibleAndDistinct) {
+  const std::vector<int32_t> prompt = bundle_->tokenizer->encode("The cat", true, false);
+  auto run = [&]() {
+    Engine e(*model_, EngineConfig{});
+    GenerationRequest r = greedy(prompt, 30);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = 42;
+    r.n = 3;
+    e.add(1, r);
+    auto evs = drain(e);
+    std::vector<std::vector<int32_t>> out;
+    for (int32_t c = 0; c < 3; ++c) out.push_back(tokens_of(evs[{1, c}]));
+    return out;
+  };
+  const auto x = run(), y = run();
+  EXPECT_EQ(x, y);
+  EXPECT_TRUE(x[0] != x[1] || x[1] != x[2]);
+}
+
+TEST_F(EngineTest, CancellationFreesBlocksAtOnce) {
+  auto proposer = eagle();
+  Engine e(*model_, EngineConfig{}, proposer.get());
+  const std::vector<int32_t> prompt = bundle_->tokenizer->encode("Once upon a time", true, false);
+  for (ReqId id = 1; id <= 3; ++id) {
+    GenerationRequest r = greedy(prompt, 200);
+    r.n = id == 3 ? 2 : 1;
+    e.add(id, r);
+  }
+  for (int i = 0; i < 5; ++i) e.step();
+  const int32_t before = e.kv().stats().used_blocks;
+  ASSERT_GT(before, 0);
+  EXPECT_TRUE(e.cancel(2));
+  EXPECT_FALSE(e.cancel(2));
+  EXPECT_LT(e.kv().stats().used_blocks, before);
+  EXPECT_TRUE(e.cancel_choice(3, 1));
+  e.step();
+  EXPECT_TRUE(e.cancel(1));
+  EXPECT_TRUE(e.cancel(3));
+  EXPECT_TRUE(e.idle());
+  EXPECT_EQ(e.kv().stats().used_blocks, 0);
+  EXPECT_EQ(e.kv().stats().num_sequences, 0);
+  e.kv().check_invariants();
+  // The ids (and the proposer's per-request state) can be used again.
+  e.add(1, greedy(prompt, 5));
+  EXPECT_EQ(tokens_of(drain(e)[{1, 0}]).size(), 5u);
+  EXPECT_THROW(e.add(9, greedy({}, 5)), Error);
+  GenerationRequest bad = greedy(prompt, 5);
+  bad.n = 0;
+  EXPECT_THROW(e.add(9, bad), Error);
+}
+
+}  // namespace
+}  // namespace arbor
