@@ -95,6 +95,7 @@ struct Engine::Choice {
   bool speculate = false;
   bool begun = false;  // open in the proposer
   DraftTree draft;
+  double draft_ms = 0;  // this step's propose time
   GenerationResult result;
 
   Choice(uint64_t s, std::shared_ptr<Request> r, int32_t i, bool spec)
@@ -239,9 +240,8 @@ std::vector<EngineEvent> Engine::step() {
     Choice& c = *choices_.at(sid);
     const auto t0 = std::chrono::steady_clock::now();
     c.draft = proposer_->propose(static_cast<RequestId>(sid), budget);
-    sched_.record_draft_ms(
-        sid,
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    c.draft_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     ARBOR_CHECK(!c.draft.token.empty() && c.draft.token[0] == sched_.context(sid).back(),
                 "proposer tree root differs from the request's newest token");
     return std::min<int32_t>(c.draft.size(), budget.max_nodes);
@@ -257,10 +257,17 @@ std::vector<EngineEvent> Engine::step() {
   for (ReqId sid : plan.admitted) {
     Choice& c = *choices_.at(sid);
     c.result.cached_prompt_tokens += sched_.computed(sid);
+    c.speculate = c.speculate && sched_.speculating(sid);
     if (c.speculate) {
       proposer_->begin(static_cast<RequestId>(sid), sched_.context(sid));
       c.begun = true;
     }
+  }
+  for (ReqId sid : plan.detached) {
+    Choice& c = *choices_.at(sid);
+    if (c.begun) proposer_->end(static_cast<RequestId>(sid));
+    c.begun = false;
+    c.speculate = false;
   }
   if (!plan.copies.empty()) model_.backend().copy_kv(plan.copies.src_slots, plan.copies.dst_slots);
   if (plan.items.empty()) return events;
@@ -291,8 +298,11 @@ std::vector<EngineEvent> Engine::step() {
   StepInputs step;
   const std::vector<int32_t> first_logit = BatchBuilder::build(kv_, items, &step);
 
+  ForwardRequest want;  // features only when a speculating request needs them
+  for (const ScheduledItem& it : plan.items)
+    if (choices_.at(it.id)->speculate) want = want_;
   const auto t0 = std::chrono::steady_clock::now();
-  model_.forward(step, &out_, want_);
+  model_.forward(step, &out_, want);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_.steps++;
   (any_prefill && any_decode ? stats_.mixed_seconds
@@ -416,7 +426,16 @@ std::vector<EngineEvent> Engine::step() {
     emitted.push_back(v.bonus_token);
     std::vector<int32_t> rows;
     for (int32_t node : v.accepted_nodes) rows.push_back(first_logit[k] + node);
-    feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token);
+    if (c.speculate) {
+      const auto f0 = std::chrono::steady_clock::now();
+      feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token);
+      const double observe_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - f0).count();
+      // What a tree costs beyond verification: drafting it and folding the accepted path into
+      // the proposer's state (steps without a tree do not tell it).
+      if (t > 1) sched_.record_draft_ms(it.id, observe_ms + c.draft_ms);
+      c.draft_ms = 0;
+    }
     emit(c, emitted, rows, v.num_accepted());
   }
   for (uint64_t sid : finished) drop(sid);

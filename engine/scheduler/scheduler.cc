@@ -155,6 +155,17 @@ void Scheduler::admit(StepPlan* plan) {
     const int32_t need =
         static_cast<int32_t>((r.context.size() + bs - 1) / bs) + (r.speculate ? 1 : 0);
     if (kv_.num_free_blocks() < need && !running_.empty()) break;
+    if (r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0) {
+      // Would a tree pay for this request at the load it joins? If not, it never starts
+      // speculating (no drafting, no feature bookkeeping). It starts from what other requests
+      // measured.
+      r.acceptance = global_acceptance_;
+      r.draft_ms = global_draft_ms_;
+      const int32_t batch = static_cast<int32_t>(running_.size()) + 1;
+      const auto b = choose_tree_budgets({TreeCandidate{&r.acceptance, r.draft_ms}}, batch - 1,
+                                         batch - 1, batch, cost_, config_.tree);
+      if (b[0].max_nodes <= 1) r.speculate = false;
+    }
     const auto created = r.speculate ? kv_.create_sequence() : kv_.create_sequence(r.context);
     r.seq = created.seq;
     r.computed = created.cached_tokens;
@@ -193,8 +204,11 @@ StepPlan Scheduler::schedule(const DraftFn& draft) {
   // Tree budgets for the speculating decodes, given the prefill tokens the step carries.
   std::vector<TreeCandidate> cands;
   std::vector<size_t> cand_of(decodes.size(), SIZE_MAX);
-  int32_t fixed = 0;
-  for (const auto& c : chunks) fixed += c.num_tokens;
+  int32_t fixed = 0, fixed_emitted = 0;
+  for (const auto& c : chunks) {
+    fixed += c.num_tokens;
+    fixed_emitted += c.last_chunk ? 1 : 0;
+  }
   for (size_t k = 0; k < decodes.size(); ++k) {
     const Req& r = get(decodes[k]);
     if (r.speculate) {
@@ -202,11 +216,12 @@ StepPlan Scheduler::schedule(const DraftFn& draft) {
       cands.push_back({&r.acceptance, r.draft_ms});
     } else {
       fixed += 1;
+      fixed_emitted += 1;
     }
   }
   const int32_t batch = static_cast<int32_t>(decodes.size() + chunks.size());
   const std::vector<TreeBudget> budgets =
-      choose_tree_budgets(cands, fixed, batch, cost_, config_.tree);
+      choose_tree_budgets(cands, fixed, fixed_emitted, batch, cost_, config_.tree);
 
   // Reserve: decodes, then chunks. Out of blocks: a tree falls back to its root, then the newest
   // running request is preempted (possibly the one being planned) until the item fits.
@@ -222,6 +237,13 @@ StepPlan Scheduler::schedule(const DraftFn& draft) {
     it.decode = true;
     it.start = r.computed;
     it.budget = cand_of[k] == SIZE_MAX ? TreeBudget{1, 0} : budgets[cand_of[k]];
+    if (r.speculate && config_.tree.adaptive) {
+      r.steps_without_tree = it.budget.max_nodes > 1 ? 0 : r.steps_without_tree + 1;
+      if (r.steps_without_tree >= config_.detach_after) {
+        r.speculate = false;
+        plan.detached.push_back(id);
+      }
+    }
     int32_t n = 1;
     if (it.budget.max_nodes > 1) {
       n = draft(id, it.budget);
@@ -301,11 +323,13 @@ void Scheduler::record_acceptance(ReqId id, const VerifyResult& result, int32_t 
   AcceptanceStats one;
   one.add(result);
   get(id).acceptance.update(one.offered, one.accepted);
+  global_acceptance_.update(one.offered, one.accepted);
 }
 
 void Scheduler::record_draft_ms(ReqId id, double ms) {
   Req& r = get(id);
   r.draft_ms = r.draft_ms == 0 ? ms : 0.8 * r.draft_ms + 0.2 * ms;
+  global_draft_ms_ = global_draft_ms_ == 0 ? ms : 0.9 * global_draft_ms_ + 0.1 * ms;
 }
 
 }  // namespace arbor

@@ -27,6 +27,7 @@ struct SchedulerConfig {
   int32_t max_step_tokens = 512;  // tokens one step scores (prefill chunks + trees)
   int32_t max_running = 64;       // sequences decoding or prefilling at once
   TreePolicyConfig tree;          // adaptive budgets; tree.max_step_tokens follows the above
+  int32_t detach_after = 8;       // adaptive: steps at one node before speculation stops
   CostModelConfig cost;
   void validate() const;  // throws kInvalidArgument naming the field
 };
@@ -44,6 +45,10 @@ struct StepPlan {
   std::vector<ScheduledItem> items;
   std::vector<ReqId> admitted;   // started running this step (proposers begin them)
   std::vector<ReqId> preempted;  // lost their KV this step and wait again (proposers end them)
+  // Speculating requests the policy kept at one node for `detach_after` steps in a row: they
+  // stop speculating for good (the runner ends them in the proposer), so a loaded server stops
+  // paying for drafting and feature bookkeeping it does not use.
+  std::vector<ReqId> detached;
   SlotCopies copies;             // copy-on-write copies of the reservations: run before the step
   int32_t total_tokens() const;
 };
@@ -70,6 +75,7 @@ class Scheduler {
   // Generated tokens join the request's context (the last one is the next tree's root).
   void append(ReqId id, std::span<const int32_t> tokens);
   void record_acceptance(ReqId id, const VerifyResult& result, int32_t tree_nodes);
+  // Drafting cost of one step for a speculating request: propose + observe time.
   void record_draft_ms(ReqId id, double ms);
   void observe_step(int32_t batch, int32_t tokens, double ms) { cost_.observe(batch, tokens, ms); }
   // A new running request `child` sharing every KV block of `parent` (n > 1 samples of one
@@ -83,6 +89,9 @@ class Scheduler {
   bool has(ReqId id) const { return reqs_.count(id) != 0; }
   bool running(ReqId id) const;
   bool decoding(ReqId id) const;
+  // Still speculating (false once detached, or when admitted under a load where the policy
+  // predicts no gain from speculation).
+  bool speculating(ReqId id) const { return get(id).speculate; }
   int32_t computed(ReqId id) const;
   SeqId seq(ReqId id) const;
   const std::vector<int32_t>& context(ReqId id) const;
@@ -105,6 +114,7 @@ class Scheduler {
     int32_t preemptions = 0;
     AcceptanceEstimate acceptance;
     double draft_ms = 0;
+    int32_t steps_without_tree = 0;
   };
   Req& get(ReqId id);
   const Req& get(ReqId id) const;
@@ -119,6 +129,9 @@ class Scheduler {
   KvCacheManager& kv_;
   SchedulerConfig config_;
   CostModel cost_;
+  // Across requests: the prior a new request starts from (acceptance, drafting cost).
+  AcceptanceEstimate global_acceptance_;
+  double global_draft_ms_ = 0;
   std::unordered_map<ReqId, Req> reqs_;
   std::deque<ReqId> waiting_;
   std::vector<ReqId> running_;  // admission order (newest last: preempted first)

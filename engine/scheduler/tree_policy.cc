@@ -46,8 +46,9 @@ int32_t budget_depth(int32_t nodes, int32_t max_depth) {
 }
 
 std::vector<TreeBudget> choose_tree_budgets(const std::vector<TreeCandidate>& candidates,
-                                            int32_t fixed_tokens, int32_t batch,
-                                            const CostModel& cost, const TreePolicyConfig& config) {
+                                            int32_t fixed_tokens, int32_t fixed_emitted,
+                                            int32_t batch, const CostModel& cost,
+                                            const TreePolicyConfig& config) {
   const size_t n = candidates.size();
   std::vector<TreeBudget> out(n, TreeBudget{1, 0});
   if (n == 0) return out;
@@ -66,7 +67,7 @@ std::vector<TreeBudget> choose_tree_budgets(const std::vector<TreeCandidate>& ca
     return candidates[i].acceptance->expected_emitted(budget_depth(nn, config.max_tree.max_depth));
   };
   int32_t tokens = fixed_tokens + static_cast<int32_t>(n);
-  double sum_emitted = static_cast<double>(n), draft_ms = 0;
+  double sum_emitted = static_cast<double>(n + fixed_emitted), draft_ms = 0;
   auto throughput = [&](double e, int32_t t, double d) { return e / (cost.step_ms(batch, t) + d); };
   double best = throughput(sum_emitted, tokens, draft_ms);
   while (true) {

@@ -54,9 +54,12 @@ struct TreeCandidate {
 int32_t budget_depth(int32_t nodes, int32_t max_depth);
 
 // Budgets for `candidates` (same order), given the tokens the step already carries (prefill
-// chunks and non-speculating decodes) and the number of requests in the step.
+// chunks and non-speculating decodes), the tokens those emit (one per decode and per last
+// prefill chunk) and the number of requests in the step. The objective is the whole step's
+// throughput, so one request's tree is weighed against slowing every other request's token.
 std::vector<TreeBudget> choose_tree_budgets(const std::vector<TreeCandidate>& candidates,
-                                            int32_t fixed_tokens, int32_t batch,
-                                            const CostModel& cost, const TreePolicyConfig& config);
+                                            int32_t fixed_tokens, int32_t fixed_emitted,
+                                            int32_t batch, const CostModel& cost,
+                                            const TreePolicyConfig& config);
 
 }  // namespace arbor
