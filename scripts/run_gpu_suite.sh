@@ -10,8 +10,10 @@
 #                                            # .gpu/payload.tar.gz (git-ignored) to carry
 #   (a .gpu/payload.tar.gz present is used instead of building)
 #
-# Environment: ARBOR_GPU_SKIP_BENCH=1 skips the benchmark, ARBOR_GPU_BENCH_ARGS passes
-# arguments to attention_bench, ARBOR_GPU_TEST_FILTER restricts the gtest run.
+# Environment: ARBOR_GPU_SKIP_BENCH=1 skips the attention benchmark, ARBOR_GPU_BENCH_ARGS passes
+# arguments to attention_bench, ARBOR_GPU_TEST_FILTER restricts the gtest run,
+# ARBOR_GPU_SKIP_SANITIZER=1 skips compute-sanitizer, ARBOR_GPU_SKIP_MODEL_BENCH=1 skips the
+# Llama-3-8B-shaped model benchmark (model_bench; ARBOR_GPU_MODEL_BENCH_ARGS adds arguments).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -21,9 +23,13 @@ if [ "${1:-}" = pack ]; then
   STAGE="$(mktemp -d)"
   mkdir -p "$STAGE/lib" .gpu
   cp "$BUILD/tests/cuda/arbor_cuda_tests" "$BUILD/tests/cuda/attention_bench" "$STAGE/"
-  strip --strip-debug "$STAGE/arbor_cuda_tests" "$STAGE/attention_bench"
+  # Optional: the model benchmark and the CLI (for `arbor spec-bench --backend cuda`).
+  for extra in tests/cuda/model_bench server/arbor; do
+    [ -x "$BUILD/$extra" ] && cp "$BUILD/$extra" "$STAGE/"
+  done
+  for f in "$STAGE"/*; do [ -f "$f" ] && [ -x "$f" ] && strip --strip-debug "$f"; done
   # Non-system libraries (the device machine has glibc, libstdc++, the driver and cuBLAS).
-  ldd "$BUILD/tests/cuda/arbor_cuda_tests" | awk '/=>/ {print $3}' |
+  for f in "$STAGE"/*; do [ -x "$f" ] && [ -f "$f" ] && ldd "$f"; done | awk '/=>/ {print $3}' | sort -u |
     grep -Ev 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|ld-linux|libcublas|libcuda' |
     while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
   SHARED="${ARBOR_SHARED_DIR:-$ROOT/../shared}"
@@ -43,7 +49,7 @@ if [ -f .gpu/payload.tar.gz ]; then
 else
   cmake -S . -B build-gpu -G Ninja -DARBOR_CUDA=ON -DARBOR_TESTS=ON \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$LOG/build.log" 2>&1 &&
-    cmake --build build-gpu -j "$(nproc)" --target arbor_cuda_tests attention_bench \
+    cmake --build build-gpu -j "$(nproc)" --target arbor_cuda_tests attention_bench model_bench \
       >>"$LOG/build.log" 2>&1 || { tail -30 "$LOG/build.log"; exit 1; }
   BIN="$ROOT/build-gpu/tests/cuda"
 fi
@@ -64,7 +70,7 @@ timeout 240 "$BIN/arbor_cuda_tests" --gtest_filter="${ARBOR_GPU_TEST_FILTER:-*}"
 grep -E '^\[  FAILED|Failure|rror' "$LOG/tests.log" | head -40
 grep -E '^  .*(worst|greedy|speculation)' "$LOG/tests.log" | grep -E 'model|greedy|speculation|d128_g4_(mma|wgmma)|long_split_d128' | head -40
 
-if [ -n "$SANITIZER" ]; then
+if [ -n "$SANITIZER" ] && [ "${ARBOR_GPU_SKIP_SANITIZER:-0}" != 1 ]; then
   echo "== compute-sanitizer memcheck (attention, KV write, compaction)"
   MEMCHECK_FILTER='*mixed_d128_g4_mma:*mixed_d128_g4_wgmma:*mixed_d64_g8_mma:*mixed_d16_g4:*long_split_d128_g4_*:*block8_wgmma:CudaOps.CopyKv*:CudaOps.WriteKv*'
   timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 3 "$BIN/arbor_cuda_tests" \
@@ -93,6 +99,14 @@ if [ "${ARBOR_GPU_SKIP_BENCH:-0}" != 1 ]; then
   { timeout 60 "$BIN/attention_bench" --batch 8,16 --context 2048 --tree 64 --iters 30 &&
     timeout 60 "$BIN/attention_bench" --batch 32 --context 4096 --tree 32 --iters 30; } 2>&1 |
     grep '^| [0-9]' | tee "$LOG/bench_issue_points.log"
+fi
+if [ "${ARBOR_GPU_SKIP_MODEL_BENCH:-0}" != 1 ] && [ -x "$BIN/model_bench" ]; then
+  echo "== model_bench ${ARBOR_GPU_MODEL_BENCH_ARGS:-}"
+  # shellcheck disable=SC2086
+  timeout 300 "$BIN/model_bench" --json "$LOG/model_bench.json" \
+    --verify-json "$LOG/verify_cost.json" ${ARBOR_GPU_MODEL_BENCH_ARGS:-} 2>&1 |
+    tee "$LOG/model_bench.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || STATUS=1
 fi
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
 if [ "${ARBOR_GPU_NCU:-0}" = 1 ] && [ -n "$NCU" ]; then

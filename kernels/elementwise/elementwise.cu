@@ -49,7 +49,29 @@ __global__ void gather_rows_kernel(const GatherRowsParams p) {
   }
 }
 
+__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_random_kernel(const FillRandomParams p) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t h = splitmix64(p.seed * 0x2545f4914f6cdd1dull + static_cast<uint64_t>(i));
+    const float u = static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
+    store_elem(p.dst, p.dst_type, i, p.offset + p.scale * u);
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_fill_random(const FillRandomParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  fill_random_kernel<<<blocks_for(p.n), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_add(const AddParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;

@@ -61,4 +61,16 @@ struct GatherRowsParams {
 };
 cudaError_t launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream);
 
+// dst[i] = offset + scale * u_i with u_i uniform in [-1, 1), a hash of (seed, i): random
+// weights made on the device (the benchmarks' dummy load format), reproducible per seed.
+struct FillRandomParams {
+  void* dst = nullptr;  // [n] dst_type
+  ElemType dst_type = ElemType::kBF16;
+  int64_t n = 0;
+  uint64_t seed = 0;
+  float scale = 1.f;
+  float offset = 0.f;
+};
+cudaError_t launch_fill_random(const FillRandomParams& p, cudaStream_t stream);
+
 }  // namespace arbor::kernels

@@ -33,6 +33,30 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const RmsNormPar
                p.weight[c] * (load_elem(p.x, p.x_type, base + c) * inv));
 }
 
+__global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(const AddRmsNormParams p) {
+  __shared__ float partial[kNormThreads / 32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * p.cols;
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) {
+    const float v = p.a[base + c] + p.b[base + c];
+    p.sum[base + c] = v;
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) partial[0] = v;
+  }
+  __syncthreads();
+  const float inv = 1.0f / sqrtf(partial[0] / static_cast<float>(p.cols) + p.eps);
+  // Each thread re-reads only the sums it wrote itself.
+  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x)
+    p.out[base + c] = p.weight[c] * (p.sum[base + c] * inv);
+}
+
 __global__ void rope_kernel(const RopeParams p) {
   const int half = p.head_dim / 2;
   const int heads = p.num_q_heads + p.num_k_heads;
@@ -60,6 +84,14 @@ cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   const int threads =
       p.cols >= kNormThreads ? kNormThreads : 32 * static_cast<int>((p.cols + 31) / 32);
   rms_norm_kernel<<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  const int threads =
+      p.cols >= kNormThreads ? kNormThreads : 32 * static_cast<int>((p.cols + 31) / 32);
+  add_rms_norm_kernel<<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -23,6 +23,20 @@ struct RmsNormParams {
 };
 cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream);
 
+// Residual add fused with the RMSNorm that reads its result (one launch instead of two, same
+// arithmetic as launch_add then launch_rms_norm, all fp32): sum = a + b; out = rmsnorm(sum).
+struct AddRmsNormParams {
+  const float* a = nullptr;       // [rows, cols] (may alias sum)
+  const float* b = nullptr;       // [rows, cols] (may alias sum)
+  float* sum = nullptr;           // [rows, cols] the residual stream after the add
+  const float* weight = nullptr;  // [cols]
+  float* out = nullptr;           // [rows, cols] (may alias sum)
+  int64_t rows = 0;
+  int64_t cols = 0;
+  float eps = 1e-5f;
+};
+cudaError_t launch_add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream);
+
 // In place, rotate-halves (Hugging Face) RoPE: for every token n, head h and i < head_dim / 2,
 // angle = float(positions[n]) * inv_freq[i] (fp32, as transformers computes it) and
 // (x[i], x[i + half]) <- (x[i] cos - x[i + half] sin, x[i + half] cos + x[i] sin).

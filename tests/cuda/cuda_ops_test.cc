@@ -235,6 +235,74 @@ TEST(CudaOps, Linear) {
   }
 }
 
+// The skinny GEMM (1..8 token rows, fp32 activations rounded to bf16 in the kernel): every row
+// count against the CPU reference, K with a tail past the unrolled loop, an odd number of
+// outputs (a warp's second row missing), bias; K not a multiple of 8 and 9 rows take cuBLAS.
+// Three linears of the same x in a row (deferred into one multi-segment launch) and an add
+// followed by the RMSNorm of its result (fused) give what the separate ops give.
+TEST(CudaOps, LinearSkinnyGemmEveryRowCount) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(55);
+  for (int max_rows : {8, 0}) {
+    CudaBackendOptions opts;
+    opts.skinny_gemm_max_rows = max_rows;
+    struct Shape {
+      int in, out;
+      bool bias;
+    };
+    for (const Shape sh :
+         std::vector<Shape>{{4104, 1001, true}, {256, 37, false}, {100, 64, true}}) {
+      CpuGpu b(small_kv(), opts);
+      std::vector<Both> ws, biases;
+      for (int m = 0; m < 3; ++m) {
+        HostTensor wt({sh.out + 8 * m, sh.in});
+        wt.data = random_vector(rng, wt.data.size(), 0.5f);
+        ws.push_back(b.weight(wt));
+        Both bias;
+        if (sh.bias) {
+          HostTensor bt({sh.out + 8 * m});
+          bt.data = random_vector(rng, sh.out + 8 * m);
+          bias = b.weight(bt);
+        }
+        biases.push_back(bias);
+      }
+      for (int n = 1; n <= 9; ++n) {
+        auto xv = random_vector(rng, static_cast<size_t>(n) * sh.in);
+        for (auto& v : xv) v = testing::round_bf16(v);
+        Both x = b.input(xv, n, sh.in);
+        std::vector<Both> outs;
+        for (int m = 0; m < 3; ++m) outs.push_back(b.output(n, sh.out + 8 * m));
+        for (int m = 0; m < 3; ++m) {
+          b.cpu().linear(x.c, ws[m].c, biases[m].c, outs[m].c);
+          b.gpu().linear(x.g, ws[m].g, biases[m].g, outs[m].g);
+        }
+        const bool skinny = max_rows > 0 && n <= 8 && sh.in % 8 == 0;
+        for (int m = 0; m < 3; ++m)
+          expect_close(b.get(outs[m]), 1e-5,
+                       "linear " + std::to_string(n) + "x" + std::to_string(sh.in) + "->" +
+                           std::to_string(sh.out + 8 * m) + (skinny ? " skinny" : " cuBLAS"));
+      }
+    }
+  }
+  // add, then rms_norm of the sum (fused), then the sum itself is read.
+  CpuGpu b(small_kv());
+  for (int rows : {1, 5}) {
+    const int cols = 4096;
+    HostTensor wt({cols});
+    wt.data = random_vector(rng, cols, 2.f);
+    Both w = b.weight(wt);
+    Both x = b.input(random_vector(rng, static_cast<size_t>(rows) * cols, 3.f), rows, cols);
+    Both y = b.input(random_vector(rng, static_cast<size_t>(rows) * cols, 3.f), rows, cols);
+    Both normed = b.output(rows, cols);
+    b.cpu().add(x.c, y.c, x.c);
+    b.gpu().add(x.g, y.g, x.g);
+    b.cpu().rms_norm(x.c, w.c, 1e-5, normed.c);
+    b.gpu().rms_norm(x.g, w.g, 1e-5, normed.g);
+    expect_close(b.get(normed), 1e-5, "add + rms_norm (fused) " + std::to_string(rows));
+    expect_close(b.get(x), 0, "add + rms_norm: the sum " + std::to_string(rows));
+  }
+}
+
 TEST(CudaOps, AddAndSiluMul) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(6);

@@ -12,6 +12,7 @@
 #include "engine/core/error.h"
 #include "kernels/attention/paged_tree_attention.h"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/gemm/skinny_gemm.h"
 #include "kernels/kv/kv_cache_ops.h"
 #include "kernels/norm_rope/norm_rope.h"
 
@@ -148,6 +149,7 @@ struct CudaBackend::State {
   int num_sms = 0;
 
   std::vector<void*> weights;  // owned weight allocations
+  uint64_t random_weight_seed = 1;
 
   // Scratch arena: chunks handed out in order; reset_scratch() rewinds (and, when a step
   // outgrew the first chunk, replaces the chunks with one that fits the whole step).
@@ -197,6 +199,25 @@ struct CudaBackend::State {
   std::vector<float> inv_freq_host;
   DeviceBuffer inv_freq;
 
+  // Deferred launches (see flush()): consecutive skinny linears reading the same x become one
+  // multi-segment launch (Q/K/V, gate/up); a residual add followed by the RMSNorm of its result
+  // becomes one fused launch. Every other op, download and synchronize flush first.
+  bool gemm_pending = false;
+  kernels::SkinnyGemmParams pending_gemm;
+  bool add_pending = false;
+  kernels::AddParams pending_add;
+
+  void flush() {
+    if (add_pending) {
+      add_pending = false;
+      cuda_check(kernels::launch_add(pending_add, stream), "add");
+    }
+    if (gemm_pending) {
+      gemm_pending = false;
+      cuda_check(kernels::launch_skinny_gemm(pending_gemm, stream), "linear (skinny)");
+    }
+  }
+
   DeviceBuffer gemm_input;  // bf16 copy of linear()'s fp32 input
   DeviceBuffer convert;     // fp32 staging for download/upload of 16-bit tensors
   StagedUpload copy_slots;  // copy_kv's slot lists
@@ -237,6 +258,12 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : s_(std::make_uniqu
                                                  std::to_string(options.attention_kernel) +
                                                  " (0 auto, 1 mma.sync, 2 wgmma)");
   s_->use_wgmma = wgmma && options.attention_kernel != 1;
+  if (options.skinny_gemm_max_rows < 0 ||
+      options.skinny_gemm_max_rows > kernels::kSkinnyGemmMaxRows)
+    throw_error(ErrorCode::kInvalidArgument, "cuda backend: skinny_gemm_max_rows " +
+                                                 std::to_string(options.skinny_gemm_max_rows) +
+                                                 " (0.." +
+                                                 std::to_string(kernels::kSkinnyGemmMaxRows) + ")");
 }
 
 CudaBackend::~CudaBackend() {
@@ -254,13 +281,27 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(options);
 }
 
+void CudaBackend::set_random_weight_seed(uint64_t seed) {
+  s_->random_weight_seed = seed;
+}
+
+void* CudaBackend::stream_handle() const {
+  return s_->stream;
+}
+
+void CudaBackend::flush() {
+  s_->flush();
+}
+
 void CudaBackend::synchronize() {
+  s_->flush();
   cuda_check(cudaStreamSynchronize(s_->stream), "cudaStreamSynchronize");
 }
 
 // --- memory -------------------------------------------------------------------------------
 
 Tensor CudaBackend::upload_weight(const HostTensor& w) {
+  s_->flush();
   Tensor t;
   t.rows = w.shape.empty() ? 0 : w.shape[0];
   t.cols = w.shape.size() >= 2 ? w.numel() / std::max<int64_t>(t.rows, 1) : 1;
@@ -270,11 +311,24 @@ Tensor CudaBackend::upload_weight(const HostTensor& w) {
   }
   const bool vector = w.shape.size() <= 1;
   t.dtype = vector ? DType::kF32 : DType::kBF16;
-  const size_t bytes = static_cast<size_t>(w.numel()) * (vector ? 4 : 2);
+  const bool dummy = s_->options.random_weights && w.data.empty() && !w.shape.empty();
+  const int64_t numel = dummy ? HostTensor::numel_of(w.shape) : w.numel();
+  if (dummy && !vector) t.cols = numel / std::max<int64_t>(t.rows, 1);
+  const size_t bytes = static_cast<size_t>(numel) * (vector ? 4 : 2);
   void* ptr = nullptr;
   cuda_check(cudaMalloc(&ptr, std::max<size_t>(bytes, 16)), "upload_weight");
   s_->weights.push_back(ptr);
-  if (vector) {
+  if (dummy) {
+    kernels::FillRandomParams p;
+    p.dst = ptr;
+    p.dst_type = vector ? kernels::ElemType::kF32 : kernels::ElemType::kBF16;
+    p.n = numel;
+    p.seed = s_->random_weight_seed++;
+    p.scale = vector ? 0.1f : std::sqrt(3.0f / static_cast<float>(t.cols));
+    p.offset = vector ? 1.0f : 0.0f;
+    cuda_check(kernels::launch_fill_random(p, s_->stream), "upload_weight (random)");
+    cuda_check(cudaStreamSynchronize(s_->stream), "upload_weight (random)");
+  } else if (vector) {
     cuda_check(cudaMemcpy(ptr, w.data.data(), bytes, cudaMemcpyHostToDevice), "upload_weight");
   } else {
     std::vector<uint16_t> h(static_cast<size_t>(w.numel()));
@@ -308,6 +362,7 @@ Tensor CudaBackend::scratch(int64_t rows, int64_t cols) {
 }
 
 void CudaBackend::reset_scratch() {
+  s_->flush();
   State& s = *s_;
   if (s.chunks.size() > 1) {  // the step outgrew one chunk: replace them with one that fits
     cuda_check(cudaStreamSynchronize(s.stream), "reset_scratch");
@@ -327,6 +382,7 @@ void CudaBackend::reset_scratch() {
 }
 
 void CudaBackend::download(const Tensor& src, float* dst) {
+  s_->flush();
   State& s = *s_;
   const size_t n = static_cast<size_t>(src.numel());
   const void* from = src.data;
@@ -343,6 +399,7 @@ void CudaBackend::download(const Tensor& src, float* dst) {
 }
 
 void CudaBackend::upload(const float* src, const Tensor& dst) {
+  s_->flush();
   State& s = *s_;
   const size_t n = static_cast<size_t>(dst.numel());
   if (dst.dtype == DType::kF32) {
@@ -360,6 +417,7 @@ void CudaBackend::upload(const float* src, const Tensor& dst) {
 }
 
 void CudaBackend::allocate_kv(const KvCacheShape& shape) {
+  s_->flush();
   if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
       shape.num_kv_heads <= 0 || shape.head_dim <= 0)
     throw_error(ErrorCode::kInvalidArgument,
@@ -386,6 +444,7 @@ void CudaBackend::allocate_kv(const KvCacheShape& shape) {
 }
 
 void CudaBackend::poison_kv() {
+  s_->flush();
   State& s = *s_;
   const size_t bytes = static_cast<size_t>(2 * kv_shape_.num_layers * s.num_slots * s.kv_width) * 2;
   // 0xFFFF is a NaN in both bf16 and fp16.
@@ -421,6 +480,7 @@ bool CudaBackend::last_attention_wgmma() const {
 // --- step metadata ---------------------------------------------------------------------------
 
 void CudaBackend::set_step(const StepInputs& step) {
+  s_->flush();
   if (kv_shape_.num_layers == 0)
     throw_error(ErrorCode::kInvalidArgument, "set_step: allocate_kv() must come first");
   step.validate(kv_shape_);
@@ -472,6 +532,7 @@ void require_step(bool has_step, const char* op) {
 }  // namespace
 
 void CudaBackend::embedding(const Tensor& table, const Tensor& out) {
+  s_->flush();
   State& s = *s_;
   require_step(s.has_step, "embedding");
   if (out.rows != s.step.num_tokens() || out.cols != table.cols)
@@ -500,6 +561,25 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, co
     throw_error(ErrorCode::kInvalidArgument, "rms_norm: weight " + shape(weight) + " for rows of " +
                                                  std::to_string(x.cols) +
                                                  " (an fp32 vector expected)");
+  State& s = *s_;
+  if (s.add_pending && s.pending_add.out == x.data && s.pending_add.n == x.numel() &&
+      x.dtype == DType::kF32 && out.dtype == DType::kF32) {
+    // The residual add just before, fused: same arithmetic, one launch.
+    s.add_pending = false;
+    kernels::AddRmsNormParams f;
+    f.a = static_cast<const float*>(s.pending_add.a);
+    f.b = static_cast<const float*>(s.pending_add.b);
+    f.sum = static_cast<float*>(x.data);
+    f.weight = static_cast<const float*>(weight.data);
+    f.out = static_cast<float*>(out.data);
+    f.rows = x.rows;
+    f.cols = x.cols;
+    f.eps = static_cast<float>(eps);
+    s.flush();
+    cuda_check(kernels::launch_add_rms_norm(f, s.stream), "add + rms_norm");
+    return;
+  }
+  s.flush();
   kernels::RmsNormParams p;
   p.x = x.data;
   p.weight = static_cast<const float*>(weight.data);
@@ -524,6 +604,40 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
     throw_error(ErrorCode::kInvalidArgument,
                 "linear: bias " + shape(bias) + " for " + std::to_string(w.rows) + " outputs");
   if (x.rows == 0) return;
+  if (x.dtype == DType::kF32 && x.rows <= s.options.skinny_gemm_max_rows) {
+    const kernels::SkinnyGemmSegment seg{w.data, static_cast<const float*>(bias.data),
+                                         static_cast<float*>(out.data), w.rows};
+    auto disjoint = [](const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+      const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+      return pa + static_cast<uintptr_t>(a_bytes) <= pb ||
+             pb + static_cast<uintptr_t>(b_bytes) <= pa;
+    };
+    const int64_t out_bytes = out.numel() * 4;
+    kernels::SkinnyGemmParams& pg = s.pending_gemm;
+    bool join = s.gemm_pending && pg.x == x.data && pg.rows == x.rows && pg.in_features == x.cols &&
+                pg.num_segments < kernels::kSkinnyGemmMaxSegments &&
+                disjoint(out.data, out_bytes, x.data, x.numel() * 4);
+    for (int i = 0; join && i < pg.num_segments; ++i)
+      join = disjoint(out.data, out_bytes, pg.seg[i].out, pg.seg[i].out_features * x.rows * 4);
+    if (join) {  // another matrix reading the same x (Q/K/V, gate/up): one launch
+      pg.seg[pg.num_segments++] = seg;
+      if (kernels::skinny_gemm_supported(pg)) return;
+      --pg.num_segments;
+    }
+    s.flush();
+    kernels::SkinnyGemmParams p;
+    p.x = static_cast<const float*>(x.data);
+    p.rows = static_cast<int32_t>(x.rows);
+    p.in_features = x.cols;
+    p.seg[0] = seg;
+    p.num_segments = 1;
+    if (kernels::skinny_gemm_supported(p)) {
+      pg = p;
+      s.gemm_pending = true;
+      return;
+    }
+  }
+  s.flush();
   const void* xin = x.data;
   if (x.dtype != DType::kBF16) {  // round the activations to bf16 for the tensor cores
     s.gemm_input.ensure(static_cast<size_t>(x.numel()) * 2 + 16, "linear");
@@ -554,13 +668,20 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
 void CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
   check_same_shape(a, b, "add");
   check_same_shape(a, out, "add");
-  cuda_check(kernels::launch_add({a.data, b.data, out.data, elem(a.dtype), elem(b.dtype),
-                                  elem(out.dtype), a.numel()},
-                                 s_->stream),
-             "add");
+  State& s = *s_;
+  s.flush();
+  const kernels::AddParams p{a.data,        b.data,          out.data, elem(a.dtype),
+                             elem(b.dtype), elem(out.dtype), a.numel()};
+  if (a.dtype == DType::kF32 && b.dtype == DType::kF32 && out.dtype == DType::kF32) {
+    s.pending_add = p;  // launched by the next op, fused when that is the RMSNorm of `out`
+    s.add_pending = true;
+    return;
+  }
+  cuda_check(kernels::launch_add(p, s.stream), "add");
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  s_->flush();
   check_same_shape(gate, up, "silu_mul");
   check_same_shape(gate, out, "silu_mul");
   cuda_check(kernels::launch_silu_mul({gate.data, up.data, out.data, elem(gate.dtype),
@@ -570,6 +691,7 @@ void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& o
 }
 
 void CudaBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& rp) {
+  s_->flush();
   State& s = *s_;
   require_step(s.has_step, "rope");
   const int64_t d = rp.head_dim;
@@ -602,6 +724,7 @@ void CudaBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& rp) {
 }
 
 void CudaBackend::write_kv(int64_t layer, const Tensor& k, const Tensor& v) {
+  s_->flush();
   State& s = *s_;
   require_step(s.has_step, "write_kv");
   if (layer < 0 || layer >= kv_shape_.num_layers)
@@ -628,6 +751,7 @@ void CudaBackend::write_kv(int64_t layer, const Tensor& k, const Tensor& v) {
 
 void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t num_heads,
                                        const Tensor& out) {
+  s_->flush();
   State& s = *s_;
   require_step(s.has_step, "paged_tree_attention");
   const int64_t d = kv_shape_.head_dim;
@@ -718,6 +842,7 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
 }
 
 void CudaBackend::gather_logit_rows(const Tensor& x, const Tensor& out) {
+  s_->flush();
   State& s = *s_;
   require_step(s.has_step, "gather_logit_rows");
   if (out.rows != static_cast<int64_t>(s.step.logits_rows.size()) || out.cols != x.cols ||
@@ -738,6 +863,7 @@ void CudaBackend::gather_logit_rows(const Tensor& x, const Tensor& out) {
 
 void CudaBackend::copy_kv(const std::vector<int64_t>& src_slots,
                           const std::vector<int64_t>& dst_slots) {
+  s_->flush();
   State& s = *s_;
   if (src_slots.size() != dst_slots.size())
     throw_error(ErrorCode::kInvalidArgument,

@@ -24,6 +24,18 @@ struct CudaBackendOptions {
   // (sm_90a), else mma.sync (head_dim 64 always); 1 = mma.sync; 2 = wgmma for head_dim 128
   // (kUnsupported where unavailable).
   int attention_kernel = 0;
+  // linear() with at most this many token rows (and fp32 input) runs the bandwidth-bound skinny
+  // GEMM (kernels/gemm: bf16-rounded input, fp32 accumulation, as cuBLAS) instead of bf16
+  // rounding + cuBLAS. 0 = always cuBLAS (the default: one summation order for every batch
+  // shape, so speculative greedy output stays identical to plain greedy on the GPU; the
+  // skinny kernel sums in another order, which flips near-ties between a T = 1 decode and a
+  // tree verify). 1-2 is its fast range (docs/benchmarks.md); at most 8.
+  int skinny_gemm_max_rows = 0;
+  // Dummy load format for benchmarks: upload_weight() of a HostTensor that has a shape but no
+  // data fills the weight on the device with uniform random values (matrices [out, in]:
+  // +-sqrt(3 / in), unit-variance outputs for unit-variance inputs; vectors: 1 +- 0.1, i.e.
+  // norm weights), seeded per upload (set_random_weight_seed). No host copy of the weights.
+  bool random_weights = false;
 };
 
 class CudaBackend final : public Backend {
@@ -67,6 +79,15 @@ class CudaBackend final : public Backend {
   bool last_attention_tensor_core() const;
   bool last_attention_wgmma() const;
   void synchronize();
+  // Launches deferred work now (consecutive skinny linears and a residual add are held back to
+  // be fused with the op that follows; every op, download and synchronize() does this first).
+  // For callers that record events or capture a graph on stream_handle().
+  void flush();
+  // Seed of the next random (dummy) weight; each upload advances it by one. Two models built in
+  // the same order from the same seed get identical weights.
+  void set_random_weight_seed(uint64_t seed);
+  // The backend's CUDA stream (cudaStream_t), for benchmarks that time or capture its work.
+  void* stream_handle() const;
 
  private:
   struct State;

@@ -1,0 +1,747 @@
+// Model benchmark of the CUDA backend at Llama-3-8B shapes (hidden 4096, 32 layers, 32 query /
+// 8 KV heads, head_dim 128, intermediate 14336, vocab 128256, llama3 RoPE) with random bf16
+// weights made on the GPU (CudaBackendOptions::random_weights: no weight file). Measures
+//   * the linear layers alone: skinny GEMM vs cuBLAS per shape and token count (--linear);
+//   * plain decode: step time and tokens/s at each batch after a prefill of --context tokens,
+//     through LlamaModel::forward (logits copied to the host, the engine's path today), through
+//     the same op sequence with the logits left on the device, and as a CUDA-graph replay of
+//     one step (launch gaps removed), against the floor (weights + KV bytes / copy bandwidth);
+//   * the verification step time vs tree tokens per request at each batch (random trees after
+//     the prefix, logits of every tree row left on the device): the curve a scheduler sizes
+//     trees with, written as JSON (--verify-json, configs/verify_cost_h100.json's format);
+//   * where a step's GPU time goes (event-timed per op kind).
+//
+//   model_bench [--batch 1,8,32,64] [--context 512] [--decode-steps 32]
+//               [--verify-batch 1,8,32] [--tree 1,2,4,...,256] [--verify-iters 10]
+//               [--skinny-max-rows 0] [--max-splits 0] [--linear] [--no-graphs] [--json out.json]
+//               [--verify-json curve.json]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/backend/cuda/cuda_backend.h"
+#include "engine/model/llama_model.h"
+
+namespace arbor {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::atoi(item.c_str()));
+  return v;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+ModelConfig llama3_8b_config(int64_t layers) {
+  ModelConfig c;
+  c.vocab_size = 128256;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_layers = layers;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.rope_scaling.type = "llama3";
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.low_freq_factor = 1.0;
+  c.rope_scaling.high_freq_factor = 4.0;
+  c.rope_scaling.original_max_position = 8192;
+  c.max_position = 131072;
+  c.bos_token_id = 128000;
+  c.eos_token_id = 128001;
+  return c;
+}
+
+HostTensor shape_only(std::vector<int64_t> shape) {
+  HostTensor t;
+  t.shape = std::move(shape);  // no data: the backend fills it on the device
+  return t;
+}
+
+ModelWeights dummy_weights(const ModelConfig& c) {
+  ModelWeights w;
+  w.config = c;
+  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim,
+                f = c.intermediate_size;
+  w.embed = shape_only({c.vocab_size, h});
+  w.final_norm = shape_only({h});
+  w.lm_head = shape_only({c.vocab_size, h});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LayerWeights lw;
+    lw.attn_norm = shape_only({h});
+    lw.wq = shape_only({q, h});
+    lw.wk = shape_only({kv, h});
+    lw.wv = shape_only({kv, h});
+    lw.wo = shape_only({h, q});
+    lw.ffn_norm = shape_only({h});
+    lw.w_gate = shape_only({f, h});
+    lw.w_up = shape_only({f, h});
+    lw.w_down = shape_only({h, f});
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+// Matrix bytes a decode step streams: every linear weight once (the embedding is gathered).
+double streamed_weight_bytes(const ModelConfig& c) {
+  const double h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim,
+               f = c.intermediate_size;
+  const double per_layer = h * q + 2 * h * kv + q * h + 3 * h * f;
+  return 2.0 * (c.num_layers * per_layer + c.vocab_size * h);
+}
+
+// The weights as device tensors, uploaded in LlamaModel's constructor order, so that with the
+// same seed they equal the LlamaModel's (checked at start-up).
+struct BenchModel {
+  struct Layer {
+    Tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+  };
+  ModelConfig config;
+  RopeParams rope;
+  Tensor embed, final_norm, lm_head;
+  std::vector<Layer> layers;
+};
+
+BenchModel upload_bench_model(Backend& b, const ModelWeights& w) {
+  BenchModel m;
+  m.config = w.config;
+  const ModelConfig& c = w.config;
+  m.rope.head_dim = c.head_dim;
+  m.rope.theta = c.rope_theta;
+  m.rope.scaling = c.rope_scaling.type;
+  m.rope.factor = c.rope_scaling.factor;
+  m.rope.low_freq_factor = c.rope_scaling.low_freq_factor;
+  m.rope.high_freq_factor = c.rope_scaling.high_freq_factor;
+  m.rope.original_max_position = c.rope_scaling.original_max_position;
+  m.embed = b.upload_weight(w.embed);
+  m.final_norm = b.upload_weight(w.final_norm);
+  m.lm_head = b.upload_weight(w.lm_head);
+  for (const LayerWeights& lw : w.layers) {
+    BenchModel::Layer l;
+    l.attn_norm = b.upload_weight(lw.attn_norm);
+    l.wq = b.upload_weight(lw.wq);
+    l.wk = b.upload_weight(lw.wk);
+    l.wv = b.upload_weight(lw.wv);
+    l.wo = b.upload_weight(lw.wo);
+    l.ffn_norm = b.upload_weight(lw.ffn_norm);
+    l.w_gate = b.upload_weight(lw.w_gate);
+    l.w_up = b.upload_weight(lw.w_up);
+    l.w_down = b.upload_weight(lw.w_down);
+    m.layers.push_back(l);
+  }
+  return m;
+}
+
+// Event-timed GPU intervals per op kind (one event after each op; an interval includes any
+// idle gap before the op, i.e. host launch latency the GPU waited for).
+class OpProfiler {
+ public:
+  OpProfiler(CudaBackend& b, cudaStream_t s) : backend_(b), stream_(s) {}
+  ~OpProfiler() {
+    for (auto& e : events_) cudaEventDestroy(e.second);
+  }
+  void mark(const char* kind) {
+    backend_.flush();  // deferred (fused) launches belong to the ops before the mark
+    cudaEvent_t e;
+    check(cudaEventCreate(&e), "event");
+    check(cudaEventRecord(e, stream_), "event");
+    events_.push_back({kind, e});
+  }
+  std::map<std::string, double> totals_ms() const {
+    std::map<std::string, double> t;
+    for (size_t i = 1; i < events_.size(); ++i) {
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, events_[i - 1].second, events_[i].second), "elapsed");
+      t[events_[i].first] += ms;
+    }
+    return t;
+  }
+
+ private:
+  CudaBackend& backend_;
+  cudaStream_t stream_;
+  std::vector<std::pair<std::string, cudaEvent_t>> events_;
+};
+
+// LlamaModel::forward's op sequence without the host copies: the logits rows stay on the device
+// (where a GPU sampler / verifier reads them). Assumes set_step() was called.
+Tensor forward_ops(CudaBackend& b, const BenchModel& m, const StepInputs& step, OpProfiler* prof) {
+  const ModelConfig& c = m.config;
+  auto mark = [&](const char* k) {
+    if (prof != nullptr) prof->mark(k);
+  };
+  b.reset_scratch();
+  const int64_t n = step.num_tokens(), hidden = c.hidden_size;
+  const int64_t q_width = c.num_heads * c.head_dim, kv_width = c.num_kv_heads * c.head_dim;
+  const double eps = c.rms_norm_eps;
+  mark("start");
+  Tensor x = b.scratch(n, hidden);
+  b.embedding(m.embed, x);
+  mark("embedding");
+  Tensor normed = b.scratch(n, hidden);
+  Tensor q = b.scratch(n, q_width), k = b.scratch(n, kv_width), v = b.scratch(n, kv_width);
+  Tensor attn = b.scratch(n, q_width), proj = b.scratch(n, hidden);
+  Tensor gate = b.scratch(n, c.intermediate_size), up = b.scratch(n, c.intermediate_size);
+  for (size_t li = 0; li < m.layers.size(); ++li) {
+    const BenchModel::Layer& l = m.layers[li];
+    b.rms_norm(x, l.attn_norm, eps, normed);
+    mark("rms_norm");
+    b.linear(normed, l.wq, Tensor{}, q);
+    b.linear(normed, l.wk, Tensor{}, k);
+    b.linear(normed, l.wv, Tensor{}, v);
+    mark("linear qkv");
+    b.rope(q, k, m.rope);
+    mark("rope");
+    b.write_kv(static_cast<int64_t>(li), k, v);
+    mark("write_kv");
+    b.paged_tree_attention(static_cast<int64_t>(li), q, c.num_heads, attn);
+    mark("attention");
+    b.linear(attn, l.wo, Tensor{}, proj);
+    mark("linear o");
+    b.add(x, proj, x);
+    mark("add");
+    b.rms_norm(x, l.ffn_norm, eps, normed);
+    mark("rms_norm");
+    b.linear(normed, l.w_gate, Tensor{}, gate);
+    b.linear(normed, l.w_up, Tensor{}, up);
+    mark("linear gate+up");
+    b.silu_mul(gate, up, gate);
+    mark("silu_mul");
+    b.linear(gate, l.w_down, Tensor{}, proj);
+    mark("linear down");
+    b.add(x, proj, x);
+    mark("add");
+  }
+  const int64_t rows_m = static_cast<int64_t>(step.logits_rows.size());
+  Tensor rows = b.scratch(rows_m, hidden), rows_normed = b.scratch(rows_m, hidden);
+  b.gather_logit_rows(x, rows);
+  b.rms_norm(rows, m.final_norm, eps, rows_normed);
+  mark("final norm");
+  Tensor logits = b.scratch(rows_m, c.vocab_size);
+  b.linear(rows_normed, m.lm_head, Tensor{}, logits);
+  mark("lm_head");
+  return logits;
+}
+
+// Paged KV layout of the benchmark's requests: request r owns blocks_per_request blocks taken
+// from a scrambled permutation of the cache.
+struct KvLayout {
+  int32_t block_size = 16;
+  int32_t blocks_per_request = 0;
+  std::vector<int32_t> table;  // [max_requests, blocks_per_request]
+
+  int64_t slot(int32_t r, int64_t j) const {
+    return int64_t{table[static_cast<size_t>(r) * blocks_per_request + j / block_size]} *
+               block_size +
+           j % block_size;
+  }
+};
+
+// One request of a step: T new tokens after `committed`, causal (parents empty) or a tree.
+struct StepRequest {
+  int32_t request;
+  int32_t committed;
+  int32_t tokens;
+  std::vector<int> parents;  // [tokens] parent node (-1 root); empty: causal
+  bool all_logits;           // logits for every row, else for the last row only
+};
+
+StepInputs make_step(const KvLayout& kv, const std::vector<StepRequest>& reqs, int64_t vocab,
+                     std::mt19937& rng) {
+  StepInputs s;
+  s.max_blocks_per_request = kv.blocks_per_request;
+  s.qo_indptr.push_back(0);
+  s.mask_indptr.push_back(0);
+  std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(vocab - 1));
+  for (const StepRequest& r : reqs) {
+    const int32_t base = static_cast<int32_t>(s.token_ids.size());
+    std::vector<int32_t> depth(r.tokens, 0);
+    for (int32_t t = 0; t < r.tokens; ++t) {
+      if (!r.parents.empty() && r.parents[t] >= 0) depth[t] = depth[r.parents[t]] + 1;
+      s.token_ids.push_back(tok(rng));
+      s.positions.push_back(r.committed + (r.parents.empty() ? t : depth[t]));
+      s.slot_mapping.push_back(kv.slot(r.request, r.committed + t));
+      if (r.all_logits || t == r.tokens - 1) s.logits_rows.push_back(base + t);
+    }
+    s.qo_indptr.push_back(base + r.tokens);
+    s.committed_len.push_back(r.committed);
+    for (int32_t j = 0; j < kv.blocks_per_request; ++j)
+      s.block_tables.push_back(
+          kv.table[static_cast<size_t>(r.request) * kv.blocks_per_request + j]);
+    if (!r.parents.empty()) {
+      const int32_t words = (r.tokens + 31) / 32;
+      std::vector<uint32_t> m(static_cast<size_t>(r.tokens) * words, 0);
+      for (int32_t i = 0; i < r.tokens; ++i)
+        for (int32_t j = i; j >= 0; j = r.parents[j])
+          m[static_cast<size_t>(i) * words + j / 32] |= 1u << (j % 32);
+      s.tree_mask.insert(s.tree_mask.end(), m.begin(), m.end());
+    }
+    s.mask_indptr.push_back(static_cast<int32_t>(s.tree_mask.size()));
+  }
+  return s;
+}
+
+std::vector<int> random_tree(int32_t t, std::mt19937& rng) {
+  std::vector<int> parent(t, -1);
+  for (int32_t i = 1; i < t; ++i) {
+    std::uniform_int_distribution<int> d(std::max(0, i - 10), i - 1);
+    parent[i] = d(rng);
+  }
+  return parent;
+}
+
+double measure_copy_bandwidth(cudaStream_t s) {
+  const size_t bytes = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  check(cudaMalloc(&a, bytes), "copy bw");
+  check(cudaMalloc(&b, bytes), "copy bw");
+  check(cudaMemsetAsync(a, 1, bytes, s), "copy bw");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  std::vector<double> t;
+  for (int i = 0; i < 6; ++i) {
+    check(cudaEventRecord(e0, s), "event");
+    check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy bw");
+    check(cudaEventRecord(e1, s), "event");
+    check(cudaEventSynchronize(e1), "event");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e0, e1), "event");
+    if (i > 0) t.push_back(2.0 * bytes / (ms * 1e-3));
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return median(t);
+}
+
+// Skinny GEMM vs cuBLAS on every linear shape of the model, cold L2 (a 256 MiB memset first).
+nlohmann::json linear_bench(cudaStream_t stream_unused, double bw) {
+  (void)stream_unused;
+  struct Shape {
+    const char* name;
+    int64_t out, in;
+  };
+  const std::vector<Shape> shapes = {{"q / o", 4096, 4096},
+                                     {"k, v", 1024, 4096},
+                                     {"gate, up", 14336, 4096},
+                                     {"down", 4096, 14336},
+                                     {"lm_head", 128256, 4096}};
+  const std::vector<int> token_counts = {1, 2, 4, 8, 16};
+  nlohmann::json out = nlohmann::json::array();
+  std::printf("\n## linear layers: skinny GEMM vs cuBLAS (bf16 weights, fp32 in/out)\n\n");
+  std::printf(
+      "| shape | out x in | tokens | skinny us | cuBLAS us (incl. bf16 rounding) | "
+      "floor us | skinny %% of floor |\n|---|---|---|---|---|---|---|\n");
+  void* flush = nullptr;
+  const size_t flush_bytes = size_t{256} << 20;
+  check(cudaMalloc(&flush, flush_bytes), "flush");
+  CudaBackendOptions o_sk, o_cb;
+  o_sk.random_weights = o_cb.random_weights = true;
+  o_sk.skinny_gemm_max_rows = 8;
+  o_cb.skinny_gemm_max_rows = 0;
+  CudaBackend sk(o_sk), cb(o_cb);
+  KvCacheShape kvs{1, 1, 16, 8, 128};
+  sk.allocate_kv(kvs);
+  cb.allocate_kv(kvs);
+  for (const Shape& sh : shapes) {
+    sk.set_random_weight_seed(7);
+    cb.set_random_weight_seed(7);
+    const Tensor wsk = sk.upload_weight(shape_only({sh.out, sh.in}));
+    const Tensor wcb = cb.upload_weight(shape_only({sh.out, sh.in}));
+    for (int n : token_counts) {
+      double us[2];
+      for (int which = 0; which < 2; ++which) {
+        CudaBackend& b = which == 0 ? sk : cb;
+        const Tensor& w = which == 0 ? wsk : wcb;
+        auto stream = static_cast<cudaStream_t>(b.stream_handle());
+        b.reset_scratch();
+        Tensor x = b.scratch(n, sh.in), y = b.scratch(n, sh.out);
+        std::vector<float> xh(static_cast<size_t>(n * sh.in));
+        std::mt19937 rng(3);
+        std::uniform_real_distribution<float> u(-1, 1);
+        for (float& f : xh) f = u(rng);
+        b.upload(xh.data(), x);
+        cudaEvent_t e0, e1;
+        check(cudaEventCreate(&e0), "event");
+        check(cudaEventCreate(&e1), "event");
+        std::vector<double> t;
+        for (int it = 0; it < 12; ++it) {
+          check(cudaMemsetAsync(flush, it, flush_bytes, stream), "flush");
+          check(cudaEventRecord(e0, stream), "event");
+          b.linear(x, w, Tensor{}, y);
+          check(cudaEventRecord(e1, stream), "event");
+          check(cudaEventSynchronize(e1), "event");
+          float ms = 0;
+          check(cudaEventElapsedTime(&ms, e0, e1), "event");
+          if (it >= 2) t.push_back(ms * 1e3);
+        }
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        us[which] = median(t);
+      }
+      const double floor_us = (2.0 * sh.out * sh.in + 4.0 * n * (sh.in + sh.out)) / bw * 1e6;
+      std::printf("| %s | %lld x %lld | %d | %.1f | %.1f | %.1f | %.0f%% |\n", sh.name,
+                  static_cast<long long>(sh.out), static_cast<long long>(sh.in), n, us[0], us[1],
+                  floor_us, 100.0 * floor_us / us[0]);
+      out.push_back({{"shape", sh.name},
+                     {"out", sh.out},
+                     {"in", sh.in},
+                     {"tokens", n},
+                     {"skinny_us", us[0]},
+                     {"cublas_us", us[1]},
+                     {"floor_us", floor_us}});
+    }
+  }
+  cudaFree(flush);
+  std::fflush(stdout);
+  return out;
+}
+
+struct Args {
+  std::vector<int> batches = {1, 8, 32, 64};
+  int context = 512;
+  int decode_steps = 32;
+  std::vector<int> verify_batches = {1, 8, 32};
+  std::vector<int> trees = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  int verify_iters = 10;
+  int skinny_max_rows = 0;
+  int layers = 32;
+  int max_splits = 0;
+  bool linear = false;
+  bool graphs = true;
+  std::string json, verify_json;
+};
+
+int run(const Args& a) {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "device");
+  const std::string gpu = prop.name;
+  const ModelConfig cfg = llama3_8b_config(a.layers);
+  const ModelWeights dummy = dummy_weights(cfg);
+
+  CudaBackendOptions opt;
+  opt.random_weights = true;
+  opt.skinny_gemm_max_rows = a.skinny_max_rows;
+  opt.attention_max_splits = a.max_splits;
+  CudaBackend backend(opt);
+  auto stream = static_cast<cudaStream_t>(backend.stream_handle());
+  const double bw = measure_copy_bandwidth(stream);
+  const double weight_bytes = streamed_weight_bytes(cfg);
+  std::printf("# model_bench: Llama-3-8B shapes (%lld layers), random bf16 weights, %s\n",
+              static_cast<long long>(cfg.num_layers), gpu.c_str());
+  std::printf(
+      "device-to-device copy: %.2f TB/s (read + write); weights streamed per step: %.2f "
+      "GB -> %.2f ms at that rate, %.2f ms at 3.0 TB/s\n",
+      bw / 1e12, weight_bytes / 1e9, weight_bytes / bw * 1e3, weight_bytes / 3e12 * 1e3);
+  nlohmann::json report;
+  report["gpu"] = gpu;
+  report["copy_bandwidth_tb_s"] = bw / 1e12;
+  report["streamed_weight_bytes"] = weight_bytes;
+  report["context"] = a.context;
+  report["skinny_gemm_max_rows"] = a.skinny_max_rows;
+  if (a.linear) report["linear"] = linear_bench(stream, bw);
+
+  // KV cache: every request gets room for its context, the decode steps and the largest tree.
+  const int max_requests =
+      std::max(*std::max_element(a.batches.begin(), a.batches.end()),
+               *std::max_element(a.verify_batches.begin(), a.verify_batches.end()));
+  const int max_tree = *std::max_element(a.trees.begin(), a.trees.end());
+  KvLayout kv;
+  kv.blocks_per_request =
+      (a.context + std::max(a.decode_steps + 8, max_tree) + kv.block_size - 1) / kv.block_size;
+  const int64_t num_blocks = int64_t{max_requests} * kv.blocks_per_request;
+  kv.table.resize(static_cast<size_t>(num_blocks));
+  std::iota(kv.table.begin(), kv.table.end(), 0);
+  std::mt19937 rng(12345);
+  std::shuffle(kv.table.begin(), kv.table.end(), rng);
+  backend.allocate_kv({cfg.num_layers, num_blocks, kv.block_size, cfg.num_kv_heads, cfg.head_dim});
+
+  const double t_load = now_s();
+  backend.set_random_weight_seed(1);
+  LlamaModel model(backend, dummy);
+  backend.set_random_weight_seed(1);
+  const BenchModel bm = upload_bench_model(backend, dummy);
+  std::printf("random weights for two copies (LlamaModel + bench ops): %.2f s\n", now_s() - t_load);
+
+  // Prefill every request's context (causal chunks of up to 2048 tokens).
+  {
+    const double t0 = now_s();
+    const int per_step = std::max(1, 2048 / a.context);
+    for (int r0 = 0; r0 < max_requests; r0 += per_step) {
+      std::vector<StepRequest> reqs;
+      for (int r = r0; r < std::min(max_requests, r0 + per_step); ++r)
+        reqs.push_back({r, 0, a.context, {}, false});
+      const StepInputs step = make_step(kv, reqs, cfg.vocab_size, rng);
+      backend.set_step(step);
+      forward_ops(backend, bm, step, nullptr);
+    }
+    backend.synchronize();
+    const double secs = now_s() - t0;
+    std::printf("prefill: %d requests x %d tokens in %.3f s = %.0f tokens/s (chunks of %d)\n",
+                max_requests, a.context, secs, max_requests * double(a.context) / secs,
+                per_step * a.context);
+    report["prefill_tokens_per_s"] = max_requests * double(a.context) / secs;
+  }
+
+  // The bench's op sequence equals LlamaModel::forward (same weights, same ops).
+  {
+    std::vector<StepRequest> reqs = {{0, a.context, 1, {}, false}, {1, a.context, 1, {}, false}};
+    const StepInputs step = make_step(kv, reqs, cfg.vocab_size, rng);
+    ForwardOutput fo;
+    model.forward(step, &fo);
+    backend.set_step(step);
+    const Tensor logits = forward_ops(backend, bm, step, nullptr);
+    std::vector<float> mine(static_cast<size_t>(logits.numel()));
+    backend.download(logits, mine.data());
+    double max_diff = 0, max_ref = 0;
+    bool finite = true;
+    for (size_t i = 0; i < mine.size(); ++i) {
+      finite = finite && std::isfinite(mine[i]);
+      max_diff = std::max(max_diff, double(std::fabs(mine[i] - fo.logits[i])));
+      max_ref = std::max(max_ref, double(std::fabs(fo.logits[i])));
+    }
+    std::printf(
+        "check: bench ops vs LlamaModel::forward logits: max |diff| %.3g (max |logit| "
+        "%.3g), all finite: %s\n",
+        max_diff, max_ref, finite ? "yes" : "NO");
+    report["check_max_abs_diff"] = max_diff;
+    report["check_finite"] = finite;
+    if (!finite || max_diff > 1e-3 * std::max(1.0, max_ref)) {
+      std::fprintf(stderr, "model_bench: the bench forward disagrees with LlamaModel\n");
+      return 1;
+    }
+  }
+
+  // Plain decode.
+  std::printf("\n## plain decode (context %d, greedy-free random next tokens)\n\n", a.context);
+  std::printf(
+      "| batch | LlamaModel::forward ms | tok/s | device-only ms | tok/s | graph replay ms "
+      "| tok/s | floor ms | %% of floor (best) |\n|---|---|---|---|---|---|---|---|---|\n");
+  nlohmann::json decode = nlohmann::json::array();
+  nlohmann::json breakdown;
+  for (int b : a.batches) {
+    std::vector<int32_t> committed(b, a.context);
+    auto decode_step = [&]() {
+      std::vector<StepRequest> reqs;
+      for (int r = 0; r < b; ++r) reqs.push_back({r, committed[r], 1, {}, false});
+      return make_step(kv, reqs, cfg.vocab_size, rng);
+    };
+    std::vector<double> t_model, t_dev;
+    for (int s = 0; s < a.decode_steps + 3; ++s) {
+      const StepInputs step = decode_step();
+      const double t0 = now_s();
+      ForwardOutput fo;
+      model.forward(step, &fo);
+      if (s >= 3) t_model.push_back(now_s() - t0);
+    }
+    std::fill(committed.begin(), committed.end(), a.context);
+    for (int s = 0; s < a.decode_steps + 3; ++s) {
+      const StepInputs step = decode_step();
+      const double t0 = now_s();
+      backend.set_step(step);
+      forward_ops(backend, bm, step, nullptr);
+      backend.synchronize();
+      if (s >= 3) t_dev.push_back(now_s() - t0);
+      for (int32_t& c : committed) ++c;
+    }
+    // Where the time goes (one profiled step).
+    {
+      const StepInputs step = decode_step();
+      backend.set_step(step);
+      OpProfiler prof(backend, stream);
+      forward_ops(backend, bm, step, &prof);
+      backend.synchronize();
+      breakdown["decode_batch_" + std::to_string(b)] = prof.totals_ms();
+    }
+    // CUDA graph of one step (same metadata each replay): the time without launch gaps.
+    double graph_ms = 0;
+    if (a.graphs) {
+      const StepInputs step = decode_step();
+      backend.set_step(step);
+      // Two eager runs: the first builds the attention plan and may grow the scratch arena, the
+      // second starts from the merged arena, so nothing inside the capture allocates or syncs.
+      forward_ops(backend, bm, step, nullptr);
+      forward_ops(backend, bm, step, nullptr);
+      check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "capture");
+      forward_ops(backend, bm, step, nullptr);
+      backend.flush();
+      cudaGraph_t graph;
+      check(cudaStreamEndCapture(stream, &graph), "capture");
+      cudaGraphExec_t exec;
+      check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+      std::vector<double> t;
+      for (int s = 0; s < a.decode_steps + 3; ++s) {
+        const double t0 = now_s();
+        check(cudaGraphLaunch(exec, stream), "graph launch");
+        backend.synchronize();
+        if (s >= 3) t.push_back(now_s() - t0);
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      graph_ms = median(t) * 1e3;
+    }
+    const double kv_bytes =
+        double(b) * a.context * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2;
+    const double floor_ms = (weight_bytes + kv_bytes) / 3.0e12 * 1e3;
+    const double m_ms = median(t_model) * 1e3, d_ms = median(t_dev) * 1e3;
+    const double best = std::min(d_ms, graph_ms > 0 ? graph_ms : d_ms);
+    std::printf("| %d | %.2f | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f | %.0f%% |\n", b, m_ms,
+                b / m_ms * 1e3, d_ms, b / d_ms * 1e3, graph_ms,
+                graph_ms > 0 ? b / graph_ms * 1e3 : 0, floor_ms, 100 * floor_ms / best);
+    std::fflush(stdout);
+    decode.push_back({{"batch", b},
+                      {"model_forward_ms", m_ms},
+                      {"device_ms", d_ms},
+                      {"graph_ms", graph_ms},
+                      {"floor_ms", floor_ms}});
+  }
+  report["decode"] = decode;
+
+  // Verification step time vs tree tokens per request.
+  std::printf(
+      "\n## verify step (context %d, random tree of T nodes per request, logits of every "
+      "node on the device)\n\n| batch | T | tree tokens | step ms | ms per tree token |\n"
+      "|---|---|---|---|---|\n",
+      a.context);
+  nlohmann::json curve;
+  for (int b : a.verify_batches) {
+    nlohmann::json points = nlohmann::json::array();
+    for (int t : a.trees) {
+      std::vector<StepRequest> reqs;
+      for (int r = 0; r < b; ++r) reqs.push_back({r, a.context, t, random_tree(t, rng), true});
+      const StepInputs step = make_step(kv, reqs, cfg.vocab_size, rng);
+      std::vector<double> times;
+      for (int it = 0; it < a.verify_iters + 2; ++it) {
+        const double t0 = now_s();
+        backend.set_step(step);
+        forward_ops(backend, bm, step, nullptr);
+        backend.synchronize();
+        if (it >= 2) times.push_back(now_s() - t0);
+      }
+      const double ms = median(times) * 1e3;
+      std::printf("| %d | %d | %d | %.2f | %.4f |\n", b, t, b * t, ms, ms / (b * t));
+      std::fflush(stdout);
+      points.push_back({t, ms});
+      if (b == a.verify_batches.front() && t == 64) {
+        backend.set_step(step);
+        OpProfiler prof(backend, stream);
+        forward_ops(backend, bm, step, &prof);
+        backend.synchronize();
+        breakdown["verify_batch_" + std::to_string(b) + "_tree_64"] = prof.totals_ms();
+      }
+    }
+    curve[std::to_string(b)] = points;
+  }
+  report["verify"] = curve;
+  report["breakdown_ms"] = breakdown;
+
+  std::printf("\n## where the GPU time of one step goes (ms, event-timed per op kind)\n\n");
+  for (auto& [name, kinds] : breakdown.items()) {
+    double total = 0;
+    std::string line;
+    for (auto& [k, v] : kinds.items()) {
+      total += v.get<double>();
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), " %s %.3f |", k.c_str(), v.get<double>());
+      line += buf;
+    }
+    std::printf("%s (total %.3f):%s\n", name.c_str(), total, line.c_str());
+  }
+  if (!a.json.empty()) std::ofstream(a.json) << report.dump(1) << "\n";
+  if (!a.verify_json.empty()) {
+    nlohmann::json v;
+    v["gpu"] = gpu;
+    v["model"] = "Llama-3-8B shapes, bf16 weights and KV, CUDA backend (tests/cuda/model_bench)";
+    v["context"] = a.context;
+    v["unit"] = "[tree tokens per request, verify step ms]";
+    v["batch"] = curve;
+    std::ofstream(a.verify_json) << v.dump(1) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace arbor
+
+int main(int argc, char** argv) {
+  arbor::Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "model_bench: %s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--batch")
+      a.batches = arbor::parse_list(next());
+    else if (k == "--context")
+      a.context = std::atoi(next().c_str());
+    else if (k == "--decode-steps")
+      a.decode_steps = std::atoi(next().c_str());
+    else if (k == "--verify-batch")
+      a.verify_batches = arbor::parse_list(next());
+    else if (k == "--tree")
+      a.trees = arbor::parse_list(next());
+    else if (k == "--verify-iters")
+      a.verify_iters = std::atoi(next().c_str());
+    else if (k == "--skinny-max-rows")
+      a.skinny_max_rows = std::atoi(next().c_str());
+    else if (k == "--max-splits")
+      a.max_splits = std::atoi(next().c_str());
+    else if (k == "--layers")
+      a.layers = std::atoi(next().c_str());
+    else if (k == "--linear")
+      a.linear = true;
+    else if (k == "--no-graphs")
+      a.graphs = false;
+    else if (k == "--json")
+      a.json = next();
+    else if (k == "--verify-json")
+      a.verify_json = next();
+    else {
+      std::fprintf(stderr, "model_bench: unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  try {
+    return arbor::run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "model_bench: %s\n", e.what());
+    return 1;
+  }
+}
