@@ -13,6 +13,10 @@
 #include "engine/runner/model_bundle.h"
 #include "server/cli_commands.h"
 
+#ifdef ARBOR_CUDA
+#include "engine/backend/cuda/cuda_backend.h"
+#endif
+
 namespace arbor {
 
 void add_generate_command(CLI::App& app, GenerateOptions* o) {
@@ -34,6 +38,7 @@ void add_generate_command(CLI::App& app, GenerateOptions* o) {
   c->add_flag("--no-bos", o->no_bos, "Do not prepend BOS");
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past EOS");
   c->add_option("--threads", o->threads, "BLAS threads (0: default)");
+  c->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
   c->add_option("--kv-blocks", o->kv_blocks, "KV cache blocks")->check(CLI::PositiveNumber);
   c->add_option("--block-size", o->block_size, "Tokens per KV block")->check(CLI::PositiveNumber);
   SpecConfig& sc = o->spec_config;
@@ -59,6 +64,21 @@ std::unique_ptr<LlamaModel> load_for_cli(
     const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
     std::unique_ptr<Backend>* backend,
     const std::function<void(const ModelWeights&)>& before_release) {
+  return load_for_cli(path, tokenizer, "cpu", threads, bundle, backend, before_release);
+}
+
+std::unique_ptr<LlamaModel> load_for_cli(
+    const std::string& path, const std::string& tokenizer, const std::string& backend_kind,
+    int32_t threads, ModelBundle* bundle, std::unique_ptr<Backend>* backend,
+    const std::function<void(const ModelWeights&)>& before_release) {
+  if (backend_kind != "cpu" && backend_kind != "cuda")
+    throw_error(ErrorCode::kInvalidArgument,
+                "--backend: '" + backend_kind + "' (expected cpu or cuda)");
+#ifndef ARBOR_CUDA
+  if (backend_kind == "cuda")
+    throw_error(ErrorCode::kUnsupported,
+                "--backend cuda: this build has no CUDA backend (configure with -DARBOR_CUDA=ON)");
+#endif
   const auto t0 = std::chrono::steady_clock::now();
   int last_pct = -1;
   *bundle = load_model_bundle(path, tokenizer, [&](const std::string& stage, double f) {
@@ -69,7 +89,12 @@ std::unique_ptr<LlamaModel> load_for_cli(
       last_pct = pct;
     }
   });
-  *backend = make_cpu_backend(threads);
+#ifdef ARBOR_CUDA
+  if (backend_kind == "cuda")
+    *backend = make_cuda_backend();
+  else
+#endif
+    *backend = make_cpu_backend(threads);
   auto model = std::make_unique<LlamaModel>(**backend, bundle->weights);
   if (before_release) before_release(bundle->weights);
   bundle->weights = ModelWeights{};  // the backend holds its own copy
@@ -88,7 +113,7 @@ int run_generate(const GenerateOptions& o) {
   sc.method = parse_spec_method(o.spec);
   sc.validate();
   std::unique_ptr<Proposer> proposer;
-  auto model = load_for_cli(o.model, o.tokenizer, o.threads, &bundle, &backend,
+  auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, &bundle, &backend,
                             [&](const ModelWeights& w) { proposer = make_proposer(sc, w); });
   const Tokenizer& tok = *bundle.tokenizer;
 

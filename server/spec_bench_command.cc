@@ -34,6 +34,7 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   c->add_option("--seed", o->seed, "Base seed (prompt i uses seed + i)");
   c->add_option("--batch", o->batch, "Requests decoding at once")->check(CLI::PositiveNumber);
   c->add_option("--threads", o->threads, "BLAS threads (0: default)");
+  c->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
   c->add_option("--spec", o->spec, "ngram | medusa | eagle | eagle3")->required();
   c->add_option("--spec-heads", o->spec_config.head_path, "Head checkpoint directory");
   c->add_option("--spec-tree", o->spec_config.tree, "Medusa static tree");
@@ -80,7 +81,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;
-  auto model = load_for_cli(o.model, o.tokenizer, o.threads, &bundle, &backend,
+  auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, &bundle, &backend,
                             [&](const ModelWeights& w) { proposer = make_proposer(sc, w); });
   const auto texts = read_prompts(o.prompts, o.limit);
   std::vector<GenerationRequest> reqs;
