@@ -118,14 +118,12 @@ int run_serve() {
   sc.top_k = cfg.spec_top_k;
   sc.num_threads = cfg.threads;
   sc.validate();
-  if (cfg.backend != "cpu")
-    throw_error(ErrorCode::kUnsupported,
-                "model.backend '" + cfg.backend + "': this build serves on the CPU backend");
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;
-  auto model = load_for_cli(cfg.model_path, cfg.tokenizer_path, cfg.threads, &bundle, &backend,
-                            [&](const ModelWeights& w) { proposer = make_proposer(sc, w); });
+  auto model =
+      load_for_cli(cfg.model_path, cfg.tokenizer_path, cfg.backend, cfg.threads, &bundle, &backend,
+                   [&](const ModelWeights& w) { proposer = make_proposer(sc, w); });
   const Tokenizer& tok = *bundle.tokenizer;
 
   EngineConfig ec;

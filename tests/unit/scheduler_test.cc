@@ -189,7 +189,7 @@ std::vector<int32_t> budgets(int32_t batch, double acceptance, const CostModelCo
   tp.max_step_tokens = 8192;
   CostModel cost(cc);
   std::vector<int32_t> out;
-  for (const TreeBudget& b : choose_tree_budgets(cands, 0, batch, cost, tp))
+  for (const TreeBudget& b : choose_tree_budgets(cands, 0, 0, batch, cost, tp))
     out.push_back(b.max_nodes);
   return out;
 }
