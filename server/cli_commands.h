@@ -73,6 +73,9 @@ std::unique_ptr<LlamaModel> load_for_cli(
     const std::function<void(const ModelWeights&)>& before_release = {});
 // The same on a named backend: "cpu", or "cuda" (bf16 weights on GPU 0; builds with
 // -DARBOR_CUDA=ON only, else a kUnsupported error naming the build option).
+// A backend of the named kind for a proposer's draft model (EAGLE): a CUDA backend for "cuda",
+// nullptr (the proposer's own CPU backend) otherwise.
+std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind);
 std::unique_ptr<LlamaModel> load_for_cli(
     const std::string& path, const std::string& tokenizer, const std::string& backend_kind,
     int32_t threads, ModelBundle* bundle, std::unique_ptr<Backend>* backend,

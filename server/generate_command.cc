@@ -60,6 +60,14 @@ void add_generate_command(CLI::App& app, GenerateOptions* o) {
               "Medusa typical acceptance instead of rejection sampling (NOT lossless)");
 }
 
+std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind) {
+#ifdef ARBOR_CUDA
+  if (backend_kind == "cuda") return make_cuda_backend();
+#endif
+  (void)backend_kind;
+  return nullptr;
+}
+
 std::unique_ptr<LlamaModel> load_for_cli(
     const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
     std::unique_ptr<Backend>* backend,
@@ -114,7 +122,9 @@ int run_generate(const GenerateOptions& o) {
   sc.validate();
   std::unique_ptr<Proposer> proposer;
   auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, &bundle, &backend,
-                            [&](const ModelWeights& w) { proposer = make_proposer(sc, w); });
+                            [&](const ModelWeights& w) {
+                              proposer = make_proposer(sc, w, make_draft_backend(o.backend));
+                            });
   const Tokenizer& tok = *bundle.tokenizer;
 
   GenerationRequest req;

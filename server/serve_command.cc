@@ -121,9 +121,10 @@ int run_serve() {
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;
-  auto model =
-      load_for_cli(cfg.model_path, cfg.tokenizer_path, cfg.backend, cfg.threads, &bundle, &backend,
-                   [&](const ModelWeights& w) { proposer = make_proposer(sc, w); });
+  auto model = load_for_cli(cfg.model_path, cfg.tokenizer_path, cfg.backend, cfg.threads, &bundle,
+                            &backend, [&](const ModelWeights& w) {
+                              proposer = make_proposer(sc, w, make_draft_backend(cfg.backend));
+                            });
   const Tokenizer& tok = *bundle.tokenizer;
 
   EngineConfig ec;

@@ -82,7 +82,9 @@ int run_spec_bench(const SpecBenchOptions& o) {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;
   auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, &bundle, &backend,
-                            [&](const ModelWeights& w) { proposer = make_proposer(sc, w); });
+                            [&](const ModelWeights& w) {
+                              proposer = make_proposer(sc, w, make_draft_backend(o.backend));
+                            });
   const auto texts = read_prompts(o.prompts, o.limit);
   std::vector<GenerationRequest> reqs;
   int64_t prompt_tokens = 0;

@@ -58,7 +58,8 @@ void SpecConfig::validate() const {
   need(num_threads >= 0, "num_threads", num_threads, ">= 0");
 }
 
-std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWeights& target) {
+std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWeights& target,
+                                        std::unique_ptr<Backend> draft_backend) {
   config.validate();
   switch (config.method) {
     case SpecMethod::kOff:
@@ -81,7 +82,7 @@ std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWei
       options.draft_kv = {config.draft_kv_blocks, config.draft_block_size, false};
       options.num_threads = config.num_threads;
       return std::make_unique<EagleProposer>(load_eagle_checkpoint(config.head_path, version),
-                                             target, options);
+                                             target, options, std::move(draft_backend));
     }
     case SpecMethod::kNgram: {
       NgramOptions options;
