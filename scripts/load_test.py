@@ -29,7 +29,7 @@ def load_prompts(path, chat):
                 if not line:
                     continue
                 d = json.loads(line)
-                text = d.get("prompt") or (d.get("turns") or [""])[0]
+                text = d.get("prompt") or d.get("text") or (d.get("turns") or [""])[0]
                 prompts.append(text)
         else:
             prompts = [l.rstrip("\n") for l in f if l.strip()]

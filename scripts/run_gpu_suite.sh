@@ -34,7 +34,7 @@ if [ "${1:-}" = pack ]; then
     while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
   SHARED="${ARBOR_SHARED_DIR:-$ROOT/../shared}"
   [ -f "$SHARED/models/stories260K/stories260K.bin" ] &&
-    cp "$SHARED/models/stories260K/stories260K.bin" "$STAGE/"
+    cp "$SHARED/models/stories260K/stories260K.bin" "$SHARED/models/stories260K/tok512.bin" "$STAGE/"
   tar -C "$STAGE" -czf .gpu/payload.tar.gz .
   rm -rf "$STAGE"
   ls -la .gpu/payload.tar.gz
