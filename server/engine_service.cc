@@ -269,6 +269,9 @@ void EngineService::flush(Live& live) {
   live.out.clear();
   live.stream->cv_.notify_all();
   if (finished_now) {
+    // Callers hold their own reference; erasing the map's must not free `live` under us.
+    const std::shared_ptr<Live> keep =
+        by_key_.count(live.stream->key_) ? by_key_.at(live.stream->key_) : std::shared_ptr<Live>();
     by_key_.erase(live.stream->key_);
     live_--;
     if (metrics_) {
@@ -339,7 +342,9 @@ void EngineService::loop() {
     for (auto& [key, live] : submitted) admit(key, live);
     for (uint64_t key : cancels) {
       auto it = by_key_.find(key);
-      if (it != by_key_.end()) cancel_live(*it->second, "cancelled");
+      if (it == by_key_.end()) continue;
+      const std::shared_ptr<Live> live = it->second;  // flush() erases the map's reference
+      cancel_live(*live, "cancelled");
     }
     if (stop) {
       std::vector<std::shared_ptr<Live>> all;

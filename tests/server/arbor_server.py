@@ -4,6 +4,7 @@ HTTP) and stops it. Environment: ARBOR_BIN (the arbor executable), ARBOR_SHARED_
 import os
 import signal
 import socket
+import struct
 import subprocess
 import time
 import urllib.request
@@ -88,3 +89,18 @@ class ArborServer:
                 name, _, v = line.rpartition(" ")
                 values[name] = float(v)
         return values
+
+
+def tok512_pieces():
+    """stories260K's vocabulary as llama2.c's tokenizer file stores it (spaces, not U+2581)."""
+    with open(os.path.join(SHARED, "models", "stories260K", "tok512.bin"), "rb") as f:
+        data = f.read()
+    off = 4
+    vocab = []
+    for _ in range(512):
+        off += 4  # score
+        (n,) = struct.unpack_from("<i", data, off)
+        off += 4
+        vocab.append(data[off:off + n])
+        off += n
+    return vocab

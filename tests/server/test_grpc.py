@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import urllib.request
 import grpc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from arbor_server import ArborServer, SHARED  # noqa: E402
+from arbor_server import ArborServer, SHARED, tok512_pieces  # noqa: E402
 
 REPO = os.environ.get("ARBOR_REPO", os.path.join(os.path.dirname(__file__), "..", ".."))
 PROTO_DIR = os.path.join(REPO, "proto")
@@ -56,21 +55,6 @@ def setUpModule():
 def tearDownModule():
     if _stub_dir:
         shutil.rmtree(_stub_dir, ignore_errors=True)
-
-
-def tok512_pieces():
-    """stories260K's vocabulary as llama2.c's tokenizer file stores it (spaces, not U+2581)."""
-    with open(os.path.join(SHARED, "models", "stories260K", "tok512.bin"), "rb") as f:
-        data = f.read()
-    off = 4
-    vocab = []
-    for _ in range(512):
-        off += 4  # score
-        (n,) = struct.unpack_from("<i", data, off)
-        off += 4
-        vocab.append(data[off:off + n])
-        off += n
-    return vocab
 
 
 def http_completion(srv, body, headers=None):
