@@ -239,13 +239,16 @@ void HttpServer::start() {
         return;
       }
       auto state = std::make_shared<std::vector<ChoiceState>>(stream->num_choices());
+      const auto started = std::chrono::steady_clock::now();
       res.set_chunked_content_provider(
           "application/json",
           [=](size_t, httplib::DataSink& sink) {
             StreamUpdate u;
             if (!stream->next(&u, keepalive)) {
-              // JSON allows leading whitespace: a space is the keep-alive that notices a gone
-              // client.
+              // JSON allows leading whitespace: after the first second, a space is the
+              // keep-alive that notices a gone client.
+              if (std::chrono::steady_clock::now() - started < std::chrono::seconds(1))
+                return true;
               return sink.write(" ", 1);
             }
             for (ChoiceDelta& d : u.deltas) {

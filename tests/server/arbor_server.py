@@ -14,6 +14,15 @@ SHARED = os.environ.get("ARBOR_SHARED_DIR", "../shared")
 STORIES = os.path.join(SHARED, "models", "stories260K", "stories260K.bin")
 
 
+def _die_with_parent():
+    """The server gets SIGTERM if the test process dies (no stray servers after a crash)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -43,7 +52,8 @@ class ArborServer:
         self.log = open(self.log_path, "w")
         env = dict(os.environ)
         env.update(self.env or {})
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=_die_with_parent)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
