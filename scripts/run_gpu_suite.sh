@@ -13,7 +13,8 @@
 # Environment: ARBOR_GPU_SKIP_BENCH=1 skips the attention benchmark, ARBOR_GPU_BENCH_ARGS passes
 # arguments to attention_bench, ARBOR_GPU_TEST_FILTER restricts the gtest run,
 # ARBOR_GPU_SKIP_SANITIZER=1 skips compute-sanitizer, ARBOR_GPU_SKIP_MODEL_BENCH=1 skips the
-# Llama-3-8B-shaped model benchmark (model_bench; ARBOR_GPU_MODEL_BENCH_ARGS adds arguments).
+# Llama-3-8B-shaped model benchmark (model_bench; ARBOR_GPU_MODEL_BENCH_ARGS adds arguments,
+# e.g. "--batch-invariant both" for the cost of CudaBackendOptions::batch_invariant).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -65,10 +66,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
   tee "$LOG/gpu.txt"
 STATUS=0
 echo "== tests (arbor_cuda_tests)"
-timeout 240 "$BIN/arbor_cuda_tests" --gtest_filter="${ARBOR_GPU_TEST_FILTER:-*}" >"$LOG/tests.log" 2>&1 ||
+timeout 360 "$BIN/arbor_cuda_tests" --gtest_filter="${ARBOR_GPU_TEST_FILTER:-*}" >"$LOG/tests.log" 2>&1 ||
   STATUS=1
 grep -E '^\[  FAILED|Failure|rror' "$LOG/tests.log" | head -40
 grep -E '^  .*(worst|greedy|speculation)' "$LOG/tests.log" | grep -E 'model|greedy|speculation|d128_g4_(mma|wgmma)|long_split_d128' | head -40
+echo "== batch invariance (bitwise)"
+grep -E '^  .*(batch-invariant|attention d[0-9]+ kernel|linear out)' "$LOG/tests.log" | head -60
 
 if [ -n "$SANITIZER" ] && [ "${ARBOR_GPU_SKIP_SANITIZER:-0}" != 1 ]; then
   echo "== compute-sanitizer memcheck (attention, KV write, compaction)"

@@ -29,8 +29,64 @@ std::string attention_unsupported_reason(int32_t num_q_heads, int32_t num_kv_hea
   return "";
 }
 
-AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in) {
+namespace {
+
+// The virtual requests of a batch-invariant plan (see AttentionVirtualRequests).
+AttentionVirtualRequests make_virtual_requests(const AttentionPlanInputs& in) {
+  AttentionVirtualRequests v;
+  v.qo_indptr.push_back(0);
+  v.path_indptr.push_back(0);
+  v.token_request.assign(static_cast<size_t>(std::max(in.num_tokens, 0)), 0);
+  for (int32_t r = 0; r < in.num_requests; ++r) {
+    const int32_t q0 = in.qo_indptr[r], t = in.qo_indptr[r + 1] - q0;
+    const int32_t committed = in.committed_len[r];
+    const bool causal = in.mask_indptr == nullptr || in.mask_indptr[r] == in.mask_indptr[r + 1];
+    if (causal) {
+      v.committed_len.push_back(committed);
+      v.table_request.push_back(r);
+      v.path_base.push_back(INT32_MAX);
+      v.path_indptr.push_back(static_cast<int32_t>(v.path.size()));
+      for (int32_t i = 0; i < t; ++i)
+        v.token_request[q0 + i] = static_cast<int32_t>(v.committed_len.size()) - 1;
+      v.qo_indptr.push_back(q0 + t);
+      continue;
+    }
+    const int32_t words = (t + 31) / 32;
+    const uint32_t* mask = in.tree_mask + in.mask_indptr[r];
+    for (int32_t i = 0; i < t; ++i) {
+      const uint32_t* row = mask + static_cast<int64_t>(i) * words;
+      int32_t len = 0;
+      for (int32_t k = 0; k < t; ++k)
+        if ((row[k / 32] >> (k % 32)) & 1u) {
+          v.path.push_back(k);
+          ++len;
+        }
+      // The node is the one new key of its virtual request: keys [0, committed + len), the
+      // last visible tree key (the node itself in an ancestor mask) playing the new token.
+      v.committed_len.push_back(committed + len - 1);
+      v.table_request.push_back(r);
+      v.path_base.push_back(committed);
+      v.path_indptr.push_back(static_cast<int32_t>(v.path.size()));
+      v.token_request[q0 + i] = static_cast<int32_t>(v.committed_len.size()) - 1;
+      v.qo_indptr.push_back(q0 + i + 1);
+    }
+  }
+  v.mask_indptr.assign(v.committed_len.size() + 1, in.mask_indptr ? in.mask_indptr[0] : 0);
+  return v;
+}
+
+}  // namespace
+
+AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   AttentionPlan plan;
+  AttentionPlanInputs in = in_real;
+  if (in.batch_invariant) {
+    plan.batch_invariant = true;
+    plan.virt = make_virtual_requests(in_real);
+    in.qo_indptr = plan.virt.qo_indptr.data();
+    in.committed_len = plan.virt.committed_len.data();
+    in.num_requests = static_cast<int32_t>(plan.virt.committed_len.size());
+  }
   const int32_t r_count = in.num_requests;
   const int32_t group = in.num_q_heads / in.num_kv_heads;
   plan.tensor_core = in.head_dim == 64 || in.head_dim == 128;
@@ -38,7 +94,8 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in) {
   plan.request_splits.assign(r_count, 1);
   plan.request_kv_chunk.assign(r_count, 0);
   plan.request_partial_row.assign(r_count, 0);
-  if (!plan.tensor_core) {  // generic path: one warp per (row, head), no splits
+  if (!plan.tensor_core) {  // generic path: one warp per (row, head), no splits (and the same
+                            // per-row key loop at any batch shape)
     for (int32_t r = 0; r < r_count; ++r)
       plan.request_kv_chunk[r] = in.committed_len[r] + in.qo_indptr[r + 1] - in.qo_indptr[r];
     return plan;
@@ -52,7 +109,9 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in) {
     const int32_t rows = t * group;
     // mma.sync: the smallest tile that holds the rows (the other warps split the KV tile);
     // wgmma: always one m64 tile.
-    warps_m[r] = plan.wgmma ? 4 : rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+    // Batch-invariant: one layout for every row count (16-row tiles, the 4 warps splitting
+    // each KV tile's columns), so a row's reduction order never depends on its neighbours.
+    warps_m[r] = plan.wgmma ? 4 : in.batch_invariant ? 1 : rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
     row_tiles[r] = (rows + 16 * warps_m[r] - 1) / (16 * warps_m[r]);
     const int32_t kv_len = in.committed_len[r] + t;
     kv_tiles[r] = (kv_len + kAttnKvTile - 1) / kAttnKvTile;
@@ -69,13 +128,23 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in) {
   int64_t tiles_per_cta = std::max<int64_t>(kMinTilesPerSplit, (work_tiles + target - 1) / target);
   if (in.max_splits == 1) tiles_per_cta = INT32_MAX;
   for (int32_t r = 0; r < r_count; ++r) {
-    int64_t splits = (kv_tiles[r] + tiles_per_cta - 1) / tiles_per_cta;
-    if (in.max_splits > 1) splits = std::min<int64_t>(splits, in.max_splits);
-    splits = std::min<int64_t>(splits, kAttnMaxSplits);
-    splits = std::max<int64_t>(1, splits);
-    const int32_t chunk_tiles = static_cast<int32_t>((kv_tiles[r] + splits - 1) / splits);
-    // Recount so no split is empty.
-    splits = (kv_tiles[r] + chunk_tiles - 1) / chunk_tiles;
+    int64_t splits = 0;
+    int32_t chunk_tiles = 0;
+    if (in.batch_invariant) {
+      // Fixed boundaries: a row's splits are those of a plain decode at its position (extra,
+      // empty splits of a longer causal chunk merge with weight exactly 0).
+      chunk_tiles = kAttnInvariantChunkTiles;
+      while ((kv_tiles[r] + chunk_tiles - 1) / chunk_tiles > kAttnMaxSplits) chunk_tiles *= 2;
+      splits = std::max<int64_t>(1, (kv_tiles[r] + chunk_tiles - 1) / chunk_tiles);
+    } else {
+      splits = (kv_tiles[r] + tiles_per_cta - 1) / tiles_per_cta;
+      if (in.max_splits > 1) splits = std::min<int64_t>(splits, in.max_splits);
+      splits = std::min<int64_t>(splits, kAttnMaxSplits);
+      splits = std::max<int64_t>(1, splits);
+      chunk_tiles = static_cast<int32_t>((kv_tiles[r] + splits - 1) / splits);
+      // Recount so no split is empty.
+      splits = (kv_tiles[r] + chunk_tiles - 1) / chunk_tiles;
+    }
     plan.request_splits[r] = static_cast<int32_t>(splits);
     plan.request_kv_chunk[r] = chunk_tiles * kAttnKvTile;
     if (splits > 1) {

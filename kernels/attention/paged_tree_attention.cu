@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
+
 #include "kernels/attention/attention_internal.cuh"
 #include "kernels/common/device_utils.cuh"
 #include "kernels/common/wgmma.cuh"
@@ -38,7 +40,11 @@ __global__ void __launch_bounds__(kGenericWarps * 32)
   const int words = (tree_len + 31) / 32;
   const uint32_t* mask_row = p.tree_mask + p.mask_indptr[r] + static_cast<int64_t>(node) * words;
   const int kvh = h / (p.num_q_heads / p.num_kv_heads);
-  const int32_t* table = p.block_tables + static_cast<int64_t>(r) * p.max_blocks_per_request;
+  const int table_row = p.table_request != nullptr ? p.table_request[r] : r;
+  const int32_t* table =
+      p.block_tables + static_cast<int64_t>(table_row) * p.max_blocks_per_request;
+  const int path_base = p.path != nullptr ? p.path_base[r] : INT_MAX;
+  const int32_t* path = p.path != nullptr ? p.path + p.path_indptr[r] : nullptr;
   const KvT* k_cache = static_cast<const KvT*>(p.k_cache);
   const KvT* v_cache = static_cast<const KvT*>(p.v_cache);
   const float scale_log2 = p.sm_scale * kLog2e;
@@ -59,7 +65,8 @@ __global__ void __launch_bounds__(kGenericWarps * 32)
     if (j < kv_len) {
       const int b = j - committed;
       const bool visible = b < 0 || (causal ? b <= node : ((mask_row[b / 32] >> (b % 32)) & 1u));
-      row = ((static_cast<int64_t>(table[j / p.block_size]) * p.block_size + j % p.block_size) *
+      const int jk = j >= path_base ? path_base + path[j - path_base] : j;  // batch-invariant
+      row = ((static_cast<int64_t>(table[jk / p.block_size]) * p.block_size + jk % p.block_size) *
                  p.num_kv_heads +
              kvh) *
             D;

@@ -50,6 +50,37 @@ struct AttentionPlanInputs {
   int32_t ctas_per_sm = 0;  // resident CTAs per SM of the tensor-core kernel (0: its own)
   int32_t max_splits = 0;   // 0: chosen from the shape; 1 disables split-KV; > 1 caps it
   bool wgmma = false;       // plan for the wgmma kernel (head_dim 128: every tile 64 rows)
+  // Batch-invariant plan (docs/kernels.md "Batch invariance"): every query row's result is a
+  // function of its own query and visible keys only. Fixed KV split chunk
+  // (kAttnInvariantChunkTiles), fixed warp layout, and each tree node scored as its own T = 1
+  // causal "virtual request" over prefix + its ancestor path in depth order (the keys a plain
+  // decode of that token would see, in the same logical positions). Needs the masks below.
+  bool batch_invariant = false;
+  const uint32_t* tree_mask = nullptr;   // [sum_r T_r * ceil(T_r / 32)] host (batch_invariant)
+  const int32_t* mask_indptr = nullptr;  // [R + 1] host (batch_invariant)
+  int32_t num_tokens = 0;                // sum_r T_r (batch_invariant)
+};
+
+// Keys per KV split in a batch-invariant plan, in 64-key tiles: the split boundaries are the
+// same for every row at every batch shape (doubled only past kAttnMaxSplits splits, i.e. past
+// 128 Ki keys, where invariance between different context lengths is no longer promised).
+constexpr int32_t kAttnInvariantChunkTiles = 8;
+
+// Batch-invariant plans score the step's rows as "virtual requests": a causal request as
+// itself, each node of a tree request as a T = 1 causal request whose keys are the real
+// request's committed prefix followed by the node's visible tree keys (its ancestor path, in
+// index order, itself last), read through `key_path`. The kernel then sees every request as
+// causal; `table_request` maps a virtual request to the real request's block-table row.
+struct AttentionVirtualRequests {
+  std::vector<int32_t> qo_indptr;      // [V + 1] token rows of each virtual request
+  std::vector<int32_t> committed_len;  // [V] keys before the virtual request's own row(s)
+  std::vector<int32_t> mask_indptr;    // [V + 1] all zero (every virtual request is causal)
+  std::vector<int32_t> table_request;  // [V] real request (block-table row)
+  std::vector<int32_t> path_base;      // [V] logical key where the path remap starts (real
+                                       // committed_len; INT32_MAX for causal requests)
+  std::vector<int32_t> path_indptr;    // [V + 1] into path
+  std::vector<int32_t> path;           // tree-node indices: key path_base + k reads node path[k]
+  std::vector<int32_t> token_request;  // [num_tokens] virtual request of each row
 };
 
 // The host-built launch plan: the work list, per-request KV splits and where split partials go.
@@ -63,6 +94,8 @@ struct AttentionPlan {
   int64_t num_partial_rows = 0;              // sum over split requests of splits * T_r
   bool needs_merge = false;                  // some request has > 1 split
   int32_t max_splits_used = 1;
+  bool batch_invariant = false;   // planned over `virt` (the launch must use its arrays)
+  AttentionVirtualRequests virt;  // batch-invariant plans only
 };
 
 // Returns "" when (head_dim, group) is supported, else the reason (for the caller's error).
@@ -90,6 +123,12 @@ struct PagedTreeAttentionParams {
   const int32_t* mask_indptr = nullptr;    // [R + 1]
   const int32_t* token_request = nullptr;  // [num_tokens] request of each row (merge kernel)
   int32_t max_blocks_per_request = 0;
+  // Batch-invariant plans (AttentionVirtualRequests; the arrays above are then the virtual
+  // ones): block-table row and key-path remap of each request. nullptr: identity / no remap.
+  const int32_t* table_request = nullptr;  // [R]
+  const int32_t* path_base = nullptr;      // [R]
+  const int32_t* path_indptr = nullptr;    // [R + 1]
+  const int32_t* path = nullptr;           // [path_indptr[R]]
   int32_t num_requests = 0;
   int32_t num_tokens = 0;
   int32_t num_q_heads = 0;

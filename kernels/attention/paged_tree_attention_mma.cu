@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <type_traits>
 
 #include "kernels/attention/attention_internal.cuh"
@@ -212,7 +213,12 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
 
   const KvT* k_cache = static_cast<const KvT*>(p.k_cache);
   const KvT* v_cache = static_cast<const KvT*>(p.v_cache);
-  const int32_t* table = p.block_tables + static_cast<int64_t>(r) * p.max_blocks_per_request;
+  const int table_row = p.table_request != nullptr ? p.table_request[r] : r;
+  const int32_t* table =
+      p.block_tables + static_cast<int64_t>(table_row) * p.max_blocks_per_request;
+  // Batch-invariant tree node: logical keys from path_base on are its path's tree keys.
+  const int path_base = p.path != nullptr ? p.path_base[r] : INT_MAX;
+  const int32_t* path = p.path != nullptr ? p.path + p.path_indptr[r] : nullptr;
   const int bs = p.block_size;
   const int bs_shift = __popc(bs) == 1 ? __ffs(bs) - 1 : -1;  // power-of-two block sizes
 
@@ -233,10 +239,11 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
     KvT* vs = v_smem + stage * kTileN * D;
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
-      const int j = n0 + load_row0 + i * kRowStep;
+      int j = n0 + load_row0 + i * kRowStep;
       const bool valid = j < kv_end;
       int64_t off = 0;
       if (valid) {
+        if (j >= path_base) j = path_base + path[j - path_base];
         const int page = bs_shift >= 0 ? j >> bs_shift : j / bs;
         const int in_page = bs_shift >= 0 ? j & (bs - 1) : j % bs;
         off = (static_cast<int64_t>(table[page]) * bs + in_page) * slot_stride + head_off;

@@ -77,6 +77,9 @@ void run_case(const AttnCase& c) {
   opts.kv_dtype = c.kv_dtype;
   opts.attention_max_splits = c.max_splits;
   opts.attention_kernel = c.kernel;
+  // Cases about the split-KV choice test the shape-tuned plan; the others the batch-invariant
+  // one (the default).
+  opts.batch_invariant = c.max_splits == 0 && c.expect_splits == 0;
   CudaBackend gpu(opts);
   cpu.allocate_kv(kv);
   gpu.allocate_kv(kv);

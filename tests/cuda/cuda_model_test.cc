@@ -282,6 +282,80 @@ TEST_P(CudaModel, SpeculativeGreedyEqualsPlainOnGpu) {
   }
 }
 
+// Batch invariance at the model level (CudaBackendOptions::batch_invariant, the default): 16
+// prompts x 64 greedy tokens; speculation (n-gram trees; Medusa and EAGLE where the test data
+// has heads) must give exactly the plain greedy tokens, and the 16 prompts run as one batch
+// exactly what each gives alone (plain and with n-gram speculation).
+TEST_P(CudaModel, BatchInvariantSpeculationAndBatching) {
+  if (GetParam() != "stories260K" && GetParam() != "random_d64" && GetParam() != "random_d128")
+    GTEST_SKIP() << "run on stories260K and the random head_dim 64 / 128 models";
+  const ModelWeights& w = weights_of(GetParam());
+  std::vector<GenerationRequest> reqs;
+  std::mt19937 rng(4242);
+  for (int i = 0; i < 16; ++i) {
+    GenerationRequest r;
+    r.prompt.push_back(1);
+    const int len = 6 + 5 * i % 37;
+    if (i % 2 == 0) {  // repetitive prompts: n-gram proposals get accepted
+      const auto motif = random_tokens(rng, 3 + i % 5, vocab_);
+      while (static_cast<int>(r.prompt.size()) < len)
+        r.prompt.push_back(motif[r.prompt.size() % motif.size()]);
+    } else {
+      for (int32_t t : random_tokens(rng, len - 1, vocab_)) r.prompt.push_back(t);
+    }
+    r.sampling.temperature = 0;
+    r.max_tokens = 64;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  GeneratorConfig gc;
+  gc.num_blocks = kBlocks;
+  gc.block_size = kBlock;
+  gc.max_step_tokens = 128;  // prompts are chunked differently alone and in the batch
+  auto count_equal = [&](const std::vector<GenerationResult>& got,
+                         const std::vector<GenerationResult>& want, const std::string& what) {
+    int equal = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << GetParam() << " " << what << " request " << i;
+      equal += got[i].tokens == want[i].tokens;
+    }
+    std::printf("  %-16s batch-invariant: %-34s %d/%zu requests bitwise-equal tokens\n",
+                GetParam().c_str(), what.c_str(), equal, reqs.size());
+  };
+  auto run_alone = [&](LlamaModel& model, Proposer* proposer) {
+    std::vector<GenerationResult> out;
+    for (const auto& r : reqs) {
+      Generator g(model, gc, proposer);
+      out.push_back(g.run({r})[0]);
+    }
+    return out;
+  };
+  Generator plain(*gpu_model_, gc);
+  const auto expect = plain.run(reqs);
+  count_equal(run_alone(*gpu_model_, nullptr), expect, "plain: each alone == batch of 16");
+
+  std::vector<std::pair<std::string, std::string>> methods = {{"ngram", ""}};
+  const std::string spec_dir = testing::test_data_dir() + "/spec/random/";
+  if (std::filesystem::exists(spec_dir + "medusa_" + GetParam()))
+    methods.push_back({"medusa", spec_dir + "medusa_" + GetParam()});
+  if (std::filesystem::exists(spec_dir + "eagle_" + GetParam()))
+    methods.push_back({"eagle", spec_dir + "eagle_" + GetParam()});
+  for (const auto& [method, heads] : methods) {
+    SpecConfig sc;
+    sc.method = parse_spec_method(method);
+    sc.head_path = heads;
+    if (method == "medusa") sc.tree = "product-4-3-2";
+    auto proposer = make_proposer(sc, w);
+    auto spec_backend = make_cuda_backend();
+    LlamaModel spec_model(*spec_backend, w);
+    Generator spec(spec_model, gc, proposer.get());
+    count_equal(spec.run(reqs), expect, method + " speculation (batch) == plain");
+    if (method == "ngram")
+      count_equal(run_alone(spec_model, proposer.get()), expect,
+                  "ngram speculation alone == plain batch");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, CudaModel,
                          ::testing::Values("llama_gqa", "qwen2", "llama_tied_bf16",
                                            "mistral_sharded", "llama3_rope_f16", "stories260K",

@@ -14,10 +14,13 @@
 //   model_bench [--batch 1,8,32,64] [--context 512] [--decode-steps 32]
 //               [--verify-batch 1,8,32] [--tree 1,2,4,...,256] [--verify-iters 10]
 //               [--skinny-max-rows 0] [--max-splits 0] [--linear] [--no-graphs] [--json out.json]
-//               [--verify-json curve.json]
+//               [--verify-json curve.json] [--batch-invariant 0|1|both]
+//   --batch-invariant both: two passes in one process (CudaBackendOptions::batch_invariant off,
+//   then on), a JSON file per pass (.bi0 / .bi1 appended) and a decode cost table at the end.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -371,6 +374,7 @@ nlohmann::json linear_bench(cudaStream_t stream_unused, double bw) {
   CudaBackendOptions o_sk, o_cb;
   o_sk.random_weights = o_cb.random_weights = true;
   o_sk.skinny_gemm_max_rows = 8;
+  o_sk.batch_invariant = o_cb.batch_invariant = false;  // the shape-tuned kernels
   o_cb.skinny_gemm_max_rows = 0;
   CudaBackend sk(o_sk), cb(o_cb);
   KvCacheShape kvs{1, 1, 16, 8, 128};
@@ -442,10 +446,17 @@ struct Args {
   int max_splits = 0;
   bool linear = false;
   bool graphs = true;
+  std::vector<int> batch_invariant = {1};  // CudaBackendOptions::batch_invariant per pass
   std::string json, verify_json;
 };
 
-int run(const Args& a) {
+// One pass's plain-decode times (for the batch-invariance cost summary).
+struct DecodeTimes {
+  int batch_invariant;
+  std::vector<std::array<double, 4>> rows;  // batch, model forward ms, device ms, graph ms
+};
+
+int run(const Args& a, int batch_invariant, DecodeTimes* times) {
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "device");
   const std::string gpu = prop.name;
@@ -456,12 +467,16 @@ int run(const Args& a) {
   opt.random_weights = true;
   opt.skinny_gemm_max_rows = a.skinny_max_rows;
   opt.attention_max_splits = a.max_splits;
+  opt.batch_invariant = batch_invariant != 0;
   CudaBackend backend(opt);
+  times->batch_invariant = batch_invariant;
   auto stream = static_cast<cudaStream_t>(backend.stream_handle());
   const double bw = measure_copy_bandwidth(stream);
   const double weight_bytes = streamed_weight_bytes(cfg);
-  std::printf("# model_bench: Llama-3-8B shapes (%lld layers), random bf16 weights, %s\n",
-              static_cast<long long>(cfg.num_layers), gpu.c_str());
+  std::printf(
+      "# model_bench: Llama-3-8B shapes (%lld layers), random bf16 weights, %s, "
+      "batch_invariant %d\n",
+      static_cast<long long>(cfg.num_layers), gpu.c_str(), batch_invariant);
   std::printf(
       "device-to-device copy: %.2f TB/s (read + write); weights streamed per step: %.2f "
       "GB -> %.2f ms at that rate, %.2f ms at 3.0 TB/s\n",
@@ -472,6 +487,7 @@ int run(const Args& a) {
   report["streamed_weight_bytes"] = weight_bytes;
   report["context"] = a.context;
   report["skinny_gemm_max_rows"] = a.skinny_max_rows;
+  report["batch_invariant"] = batch_invariant;
   if (a.linear) report["linear"] = linear_bench(stream, bw);
 
   // KV cache: every request gets room for its context, the decode steps and the largest tree.
@@ -622,6 +638,7 @@ int run(const Args& a) {
                 b / m_ms * 1e3, d_ms, b / d_ms * 1e3, graph_ms,
                 graph_ms > 0 ? b / graph_ms * 1e3 : 0, floor_ms, 100 * floor_ms / best);
     std::fflush(stdout);
+    times->rows.push_back({double(b), m_ms, d_ms, graph_ms});
     decode.push_back({{"batch", b},
                       {"model_forward_ms", m_ms},
                       {"device_ms", d_ms},
@@ -725,7 +742,10 @@ int main(int argc, char** argv) {
       a.max_splits = std::atoi(next().c_str());
     else if (k == "--layers")
       a.layers = std::atoi(next().c_str());
-    else if (k == "--linear")
+    else if (k == "--batch-invariant") {
+      const std::string v = next();
+      a.batch_invariant = v == "both" ? std::vector<int>{0, 1} : arbor::parse_list(v);
+    } else if (k == "--linear")
       a.linear = true;
     else if (k == "--no-graphs")
       a.graphs = false;
@@ -739,7 +759,32 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    return arbor::run(a);
+    std::vector<arbor::DecodeTimes> passes;
+    const arbor::Args base = a;
+    for (int bi : base.batch_invariant) {
+      arbor::Args pass = base;
+      if (base.batch_invariant.size() > 1) {  // one JSON file per pass
+        const std::string tag = ".bi" + std::to_string(bi);
+        if (!pass.json.empty()) pass.json += tag;
+        if (!pass.verify_json.empty()) pass.verify_json += tag;
+      }
+      passes.emplace_back();
+      if (const int rc = arbor::run(pass, bi, &passes.back()); rc != 0) return rc;
+    }
+    if (passes.size() == 2 && passes[0].rows.size() == passes[1].rows.size()) {
+      std::printf(
+          "\n## cost of batch invariance (plain decode; batch_invariant 0 -> 1)\n\n"
+          "| batch | forward ms off | on | device ms off | on | graph ms off | on | graph "
+          "cost |\n|---|---|---|---|---|---|---|---|\n");
+      for (size_t i = 0; i < passes[0].rows.size(); ++i) {
+        const auto& off = passes[0].rows[i];
+        const auto& on = passes[1].rows[i];
+        std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %+.1f%% |\n",
+                    static_cast<int>(off[0]), off[1], on[1], off[2], on[2], off[3], on[3],
+                    off[3] > 0 ? 100 * (on[3] / off[3] - 1) : 0.0);
+      }
+    }
+    return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "model_bench: %s\n", e.what());
     return 1;

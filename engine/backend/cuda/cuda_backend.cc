@@ -1,5 +1,6 @@
 #include "engine/backend/cuda/cuda_backend.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -7,11 +8,14 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <string>
+#include <tuple>
 
 #include "engine/core/error.h"
 #include "kernels/attention/paged_tree_attention.h"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/gemm/batch_invariant_gemm.h"
 #include "kernels/gemm/skinny_gemm.h"
 #include "kernels/kv/kv_cache_ops.h"
 #include "kernels/norm_rope/norm_rope.h"
@@ -189,6 +193,11 @@ struct CudaBackend::State {
   const int32_t* d_splits = nullptr;
   const int32_t* d_kv_chunk = nullptr;
   const int32_t* d_partial_row = nullptr;
+  struct VirtualArrays {  // device copies of plan.virt's arrays (batch-invariant plans)
+    const int32_t *qo_indptr, *committed_len, *mask_indptr, *table_request, *path_base,
+        *path_indptr, *path, *token_request;
+  };
+  VirtualArrays d_virt{};
   DeviceBuffer partial_out, partial_lse;
   int32_t last_splits = 1;
   bool last_tensor_core = false;
@@ -217,6 +226,20 @@ struct CudaBackend::State {
       cuda_check(kernels::launch_skinny_gemm(pending_gemm, stream), "linear (skinny)");
     }
   }
+
+  // Batch-invariant linear through cuBLASLt: one algorithm per (out, in), chosen at first use
+  // and reused for every row count; layouts cached by shape.
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t lt_desc = nullptr;
+  DeviceBuffer lt_workspace;
+  struct LtAlgo {
+    cublasLtMatmulAlgo_t algo;
+    std::string words;
+  };
+  std::map<std::pair<int64_t, int64_t>, LtAlgo> lt_algos;
+  std::map<std::tuple<int, int64_t, int64_t>, cublasLtMatrixLayout_t> lt_layouts;
+  cublasLtMatrixLayout_t lt_layout(cudaDataType type, int64_t rows, int64_t cols);
+  const LtAlgo& lt_algo(int64_t out_features, int64_t in_features);
 
   DeviceBuffer gemm_input;  // bf16 copy of linear()'s fp32 input
   DeviceBuffer convert;     // fp32 staging for download/upload of 16-bit tensors
@@ -258,6 +281,20 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : s_(std::make_uniqu
                                                  std::to_string(options.attention_kernel) +
                                                  " (0 auto, 1 mma.sync, 2 wgmma)");
   s_->use_wgmma = wgmma && options.attention_kernel != 1;
+  if (options.batch_invariant_gemm < 0 || options.batch_invariant_gemm > 1)
+    throw_error(ErrorCode::kInvalidArgument, "cuda backend: batch_invariant_gemm " +
+                                                 std::to_string(options.batch_invariant_gemm) +
+                                                 " (0 cuBLASLt fixed algorithm, 1 own kernel)");
+  cublas_check(cublasLtCreate(&s_->lt), "cublasLtCreate");
+  cublas_check(cublasLtMatmulDescCreate(&s_->lt_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+               "cublasLtMatmulDescCreate");
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  cublas_check(
+      cublasLtMatmulDescSetAttribute(s_->lt_desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)),
+      "cublasLtMatmulDescSetAttribute");
+  cublas_check(
+      cublasLtMatmulDescSetAttribute(s_->lt_desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)),
+      "cublasLtMatmulDescSetAttribute");
   if (options.skinny_gemm_max_rows < 0 ||
       options.skinny_gemm_max_rows > kernels::kSkinnyGemmMaxRows)
     throw_error(ErrorCode::kInvalidArgument, "cuda backend: skinny_gemm_max_rows " +
@@ -271,10 +308,109 @@ CudaBackend::~CudaBackend() {
   for (void* w : s_->weights) cudaFree(w);
   for (auto& c : s_->chunks) cudaFree(c.ptr);
   if (s_->cublas != nullptr) cublasDestroy(s_->cublas);
+  for (auto& [key, layout] : s_->lt_layouts) cublasLtMatrixLayoutDestroy(layout);
+  if (s_->lt_desc != nullptr) cublasLtMatmulDescDestroy(s_->lt_desc);
+  if (s_->lt != nullptr) cublasLtDestroy(s_->lt);
   // Buffers and events are released by State's members before the stream.
   cudaStream_t stream = s_->stream;
   s_.reset();
   if (stream != nullptr) cudaStreamDestroy(stream);
+}
+
+// --- batch-invariant linear (cuBLASLt) --------------------------------------------------------
+
+namespace {
+constexpr size_t kLtWorkspaceBytes = 8u << 20;
+// Row count the algorithm is chosen for; it is then checked and used at every row count.
+constexpr int64_t kLtRepresentativeRows = 64;
+}  // namespace
+
+cublasLtMatrixLayout_t CudaBackend::State::lt_layout(cudaDataType type, int64_t rows,
+                                                     int64_t cols) {
+  const auto key = std::make_tuple(static_cast<int>(type), rows, cols);
+  auto it = lt_layouts.find(key);
+  if (it != lt_layouts.end()) return it->second;
+  cublasLtMatrixLayout_t l = nullptr;  // column-major [rows, cols], ld = rows
+  cublas_check(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows),
+                                          static_cast<uint64_t>(cols), rows),
+               "cublasLtMatrixLayoutCreate");
+  lt_layouts.emplace(key, l);
+  return l;
+}
+
+// Column-major view: out^T [O, N] = (w^T stored [K, O], op T) x (x^T [K, N]). The heuristic's
+// candidates for N = kLtRepresentativeRows are taken in order; each is forced to one K split
+// with no reduction scheme and kept if cuBLASLt accepts it at every probed N, so the kernel (and
+// with it the per-element summation order over K) is the same for every row count.
+const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_features,
+                                                              int64_t in_features) {
+  const auto key = std::make_pair(out_features, in_features);
+  auto it = lt_algos.find(key);
+  if (it != lt_algos.end()) return it->second;
+  lt_workspace.ensure(kLtWorkspaceBytes, "linear workspace");
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublas_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  const uint64_t ws = kLtWorkspaceBytes;
+  cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof(ws)),
+               "cublasLtMatmulPreferenceSetAttribute");
+  const int64_t o = out_features, k = in_features;
+  cublasLtMatrixLayout_t a = lt_layout(CUDA_R_16BF, k, o);
+  constexpr int kCandidates = 32;
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      lt, lt_desc, a, lt_layout(CUDA_R_16BF, k, kLtRepresentativeRows),
+      lt_layout(CUDA_R_32F, o, kLtRepresentativeRows),
+      lt_layout(CUDA_R_32F, o, kLtRepresentativeRows), pref, kCandidates, results, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublas_check(st, "cublasLtMatmulAlgoGetHeuristic");
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    cublasLtMatmulAlgo_t algo = results[i].algo;
+    const uint32_t one = 1, none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
+                                             sizeof(one)) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
+                                             sizeof(none)) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    bool ok = true;
+    for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{17}, kLtRepresentativeRows, int64_t{512}}) {
+      cublasLtMatmulHeuristicResult_t check{};
+      ok = ok &&
+           cublasLtMatmulAlgoCheck(lt, lt_desc, a, lt_layout(CUDA_R_16BF, k, n),
+                                   lt_layout(CUDA_R_32F, o, n), lt_layout(CUDA_R_32F, o, n), &algo,
+                                   &check) == CUBLAS_STATUS_SUCCESS &&
+           check.workspaceSize <= kLtWorkspaceBytes;
+    }
+    if (!ok) continue;
+    uint32_t id = 0, tile = 0, stages = 0, splitk = 0, cluster = 0;
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                         &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                         sizeof(stages), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                         sizeof(splitk), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                         sizeof(cluster), &written);
+    LtAlgo chosen{algo, "candidate " + std::to_string(i) + " algo " + std::to_string(id) +
+                            " tile " + std::to_string(tile) + " stages " + std::to_string(stages) +
+                            " splitK " + std::to_string(splitk) + " cluster " +
+                            std::to_string(cluster)};
+    return lt_algos.emplace(key, chosen).first->second;
+  }
+  throw_error(ErrorCode::kUnsupported, "linear: no cuBLASLt algorithm without split-K for out " +
+                                           std::to_string(o) + ", in " + std::to_string(k) + " (" +
+                                           std::to_string(found) +
+                                           " candidates); use batch_invariant_gemm = 1");
+}
+
+std::string CudaBackend::batch_invariant_gemm_algo(int64_t out_features,
+                                                   int64_t in_features) const {
+  auto it = s_->lt_algos.find({out_features, in_features});
+  return it == s_->lt_algos.end() ? "" : it->second.words;
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
@@ -604,7 +740,8 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
     throw_error(ErrorCode::kInvalidArgument,
                 "linear: bias " + shape(bias) + " for " + std::to_string(w.rows) + " outputs");
   if (x.rows == 0) return;
-  if (x.dtype == DType::kF32 && x.rows <= s.options.skinny_gemm_max_rows) {
+  if (x.dtype == DType::kF32 && x.rows <= s.options.skinny_gemm_max_rows &&
+      !s.options.batch_invariant) {
     const kernels::SkinnyGemmSegment seg{w.data, static_cast<const float*>(bias.data),
                                          static_cast<float*>(out.data), w.rows};
     auto disjoint = [](const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
@@ -647,14 +784,36 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
                "linear convert");
     xin = s.gemm_input.ptr;
   }
-  // Column-major view: out^T [O, N] = w [O, I] (stored as w^T, so op T) x x^T [I, N].
   const float alpha = 1.f, beta = 0.f;
-  cublas_check(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
-                            static_cast<int>(x.rows), static_cast<int>(x.cols), &alpha, w.data,
-                            CUDA_R_16BF, static_cast<int>(w.cols), xin, CUDA_R_16BF,
-                            static_cast<int>(x.cols), &beta, out.data, CUDA_R_32F,
-                            static_cast<int>(out.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "linear");
+  if (s.options.batch_invariant && s.options.batch_invariant_gemm == 1) {
+    kernels::BatchInvariantGemmParams p;
+    p.x = xin;
+    p.w = w.data;
+    p.out = static_cast<float*>(out.data);
+    p.rows = x.rows;
+    p.in_features = x.cols;
+    p.out_features = w.rows;
+    if (x.cols % 2 != 0)
+      throw_error(ErrorCode::kUnsupported,
+                  "linear: the batch-invariant kernel needs an even in_features, got " + shape(w));
+    cuda_check(kernels::launch_batch_invariant_gemm(p, s.stream), "linear (batch-invariant)");
+  } else if (s.options.batch_invariant) {
+    const State::LtAlgo& algo = s.lt_algo(w.rows, w.cols);
+    const cublasLtMatrixLayout_t lc = s.lt_layout(CUDA_R_32F, w.rows, x.rows);
+    cublas_check(
+        cublasLtMatmul(s.lt, s.lt_desc, &alpha, w.data, s.lt_layout(CUDA_R_16BF, w.cols, w.rows),
+                       xin, s.lt_layout(CUDA_R_16BF, x.cols, x.rows), &beta, out.data, lc, out.data,
+                       lc, &algo.algo, s.lt_workspace.ptr, kLtWorkspaceBytes, s.stream),
+        "linear (cuBLASLt)");
+  } else {
+    // Column-major view: out^T [O, N] = w [O, I] (stored as w^T, so op T) x x^T [I, N].
+    cublas_check(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
+                              static_cast<int>(x.rows), static_cast<int>(x.cols), &alpha, w.data,
+                              CUDA_R_16BF, static_cast<int>(w.cols), xin, CUDA_R_16BF,
+                              static_cast<int>(x.cols), &beta, out.data, CUDA_R_32F,
+                              static_cast<int>(out.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "linear");
+  }
   if (bias.data != nullptr) {
     kernels::AddBiasParams p;
     p.out = out.data;
@@ -781,11 +940,20 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
     in.num_sms = s.num_sms;
     in.max_splits = s.options.attention_max_splits;
     in.wgmma = s.use_wgmma;
+    in.batch_invariant = s.options.batch_invariant;
+    in.tree_mask = s.step.tree_mask.data();
+    in.mask_indptr = s.step.mask_indptr.data();
+    in.num_tokens = s.step.num_tokens();
     s.plan = kernels::plan_paged_tree_attention(in);
     Packer pk;
     const size_t o_work = pk.add(s.plan.work), o_splits = pk.add(s.plan.request_splits),
                  o_chunk = pk.add(s.plan.request_kv_chunk),
                  o_prow = pk.add(s.plan.request_partial_row);
+    const kernels::AttentionVirtualRequests& v = s.plan.virt;
+    const size_t o_vqo = pk.add(v.qo_indptr), o_vcommitted = pk.add(v.committed_len),
+                 o_vmask = pk.add(v.mask_indptr), o_vtable = pk.add(v.table_request),
+                 o_vbase = pk.add(v.path_base), o_vpathptr = pk.add(v.path_indptr),
+                 o_vpath = pk.add(v.path), o_vtreq = pk.add(v.token_request);
     uint8_t* host = s.plan_upload.begin(pk.size(), "attention plan");
     pk.write(host);
     s.plan_upload.commit(pk.size(), s.stream, "attention plan");
@@ -794,6 +962,9 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
     s.d_splits = reinterpret_cast<const int32_t*>(base + o_splits);
     s.d_kv_chunk = reinterpret_cast<const int32_t*>(base + o_chunk);
     s.d_partial_row = reinterpret_cast<const int32_t*>(base + o_prow);
+    auto at = [&](size_t off) { return reinterpret_cast<const int32_t*>(base + off); };
+    s.d_virt = {at(o_vqo),   at(o_vcommitted), at(o_vmask), at(o_vtable),
+                at(o_vbase), at(o_vpathptr),   at(o_vpath), at(o_vtreq)};
     if (s.plan.needs_merge) {
       s.partial_out.ensure(static_cast<size_t>(s.plan.num_partial_rows * num_heads * d) * 4,
                            "attention partials");
@@ -833,6 +1004,17 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
   p.request_kv_chunk = s.d_kv_chunk;
   p.request_partial_row = s.d_partial_row;
   p.needs_merge = s.plan.needs_merge;
+  if (s.plan.batch_invariant) {  // the kernel sees the virtual requests (all causal)
+    p.qo_indptr = s.d_virt.qo_indptr;
+    p.committed_len = s.d_virt.committed_len;
+    p.mask_indptr = s.d_virt.mask_indptr;
+    p.token_request = s.d_virt.token_request;
+    p.table_request = s.d_virt.table_request;
+    p.path_base = s.d_virt.path_base;
+    p.path_indptr = s.d_virt.path_indptr;
+    p.path = s.d_virt.path;
+    p.num_requests = static_cast<int32_t>(s.plan.virt.committed_len.size());
+  }
   p.partial_out = static_cast<float*>(s.partial_out.ptr);
   p.partial_lse = static_cast<float*>(s.partial_lse.ptr);
   cuda_check(kernels::launch_paged_tree_attention(p, s.stream), "paged_tree_attention");

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -18,6 +19,19 @@ namespace arbor {
 struct CudaBackendOptions {
   int device = 0;                 // CUDA device ordinal
   DType kv_dtype = DType::kBF16;  // KV cache element type: kBF16 or kF16
+  // Batch invariance (docs/kernels.md "Batch invariance"): every token row's result is a
+  // deterministic function of that row's inputs and its own request's KV, independent of the
+  // other rows of the step and of the step's size, so greedy output with speculation equals
+  // plain greedy and a request's output does not depend on its batch. linear() runs one fixed
+  // GEMM per (out, in) shape for every row count (batch_invariant_gemm), attention uses fixed
+  // KV split boundaries and scores each tree node over its prefix + ancestor path exactly as a
+  // plain decode of that token would. attention_max_splits and skinny_gemm_max_rows are then
+  // ignored. Off: the shape-tuned kernels (cuBLAS heuristics, split-KV from the batch).
+  bool batch_invariant = true;
+  // Batch-invariant linear: 0 = cuBLASLt with one algorithm per (out, in) chosen once (no
+  // split-K) and reused for every row count; 1 = the repo's own MMA kernel
+  // (kernels/gemm/batch_invariant_gemm.h, slower).
+  int batch_invariant_gemm = 0;
   int attention_max_splits = 0;   // split-KV cap: 0 = chosen from the shape, 1 = never split
   int32_t max_tree_nodes = 1024;  // largest masked (tree) request accepted by set_step
   // Tensor-core attention kernel: 0 = wgmma for head_dim 128 where the build and GPU have it
@@ -78,6 +92,9 @@ class CudaBackend final : public Backend {
   int32_t last_attention_splits() const;
   bool last_attention_tensor_core() const;
   bool last_attention_wgmma() const;
+  // The cuBLASLt algorithm batch-invariant linear() uses for an (out, in) shape, in words
+  // (selected on first use; "" if none yet).
+  std::string batch_invariant_gemm_algo(int64_t out_features, int64_t in_features) const;
   void synchronize();
   // Launches deferred work now (consecutive skinny linears and a residual add are held back to
   // be fused with the op that follows; every op, download and synchronize() does this first).
