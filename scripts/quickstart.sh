@@ -8,6 +8,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup_debian.sh
 bash scripts/fetch_default_model.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DARBOR_TESTS=OFF >/dev/null
+# The same configuration as scripts/test.sh, so the two commands share one build.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DARBOR_TESTS=ON >/dev/null
 cmake --build build -j "$(nproc)" --target arbor
 exec ./build/server/arbor serve --config configs/cpu.yaml "$@"

@@ -47,7 +47,8 @@ std::vector<int32_t> default_stop_ids(const std::string& model_path, CheckpointF
   if (format == CheckpointFormat::kLlama2c) {
     add_unique(&ids, tok.bos_id());
   } else if (format == CheckpointFormat::kGguf) {
-    const nlohmann::json& md = GgufFile::open(model_path).metadata();
+    const GgufFile gguf = GgufFile::open(model_path);  // keeps the metadata alive
+    const nlohmann::json& md = gguf.metadata();
     for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
       if (md.contains(key) && md[key].is_number_integer()) add_unique(&ids, md[key].get<int64_t>());
   } else {

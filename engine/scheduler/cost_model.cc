@@ -47,11 +47,16 @@ CostModelConfig load_cost_model(const std::string& path) {
   }
   CostModelConfig c;
   try {
+    // Curves give total step tokens, or tokens per request when "unit" says so (the GPU model
+    // benchmark writes per-request tree sizes).
+    const bool per_request = j.contains("unit") && j.at("unit").get<std::string>().find(
+                                                       "per request") != std::string::npos;
     if (j.contains("batch")) {
       for (const auto& [batch, points] : j.at("batch").items()) {
         std::vector<CostCurvePoint> curve;
+        const int32_t scale = per_request ? std::stoi(batch) : 1;
         for (const auto& p : points)
-          curve.push_back({p.at(0).get<int32_t>(), p.at(1).get<double>()});
+          curve.push_back({p.at(0).get<int32_t>() * scale, p.at(1).get<double>()});
         c.curves[std::stoi(batch)] = std::move(curve);
       }
     }
@@ -81,7 +86,8 @@ double interpolate(const std::vector<CostCurvePoint>& c, double tokens) {
   for (size_t i = 1; i < c.size(); ++i) {
     if (tokens <= c[i].tokens || i + 1 == c.size()) {
       const double x0 = c[i - 1].tokens, x1 = c[i].tokens;
-      const double slope = std::max(0.0, (c[i].ms - c[i - 1].ms) / (x1 - x0));
+      double slope = (c[i].ms - c[i - 1].ms) / (x1 - x0);
+      if (tokens > x1) slope = std::max(0.0, slope);  // extrapolating: never cheaper
       return c[i - 1].ms + slope * (tokens - x0);
     }
   }
