@@ -306,8 +306,12 @@ class Interpreter {
 
   Value make_macro(const Node& node) {
     const Node* macro = &node;
-    std::shared_ptr<Frame> root = scopes_.front();
-    return Value::function(node.text, [this, macro, root](const CallArgs& args) {
+    // Weak: the macro is stored in a frame, and a strong pointer back to the root frame would
+    // make a cycle (a leak) when the interpreter ends.
+    std::weak_ptr<Frame> weak_root = scopes_.front();
+    return Value::function(node.text, [this, macro, weak_root](const CallArgs& args) {
+      std::shared_ptr<Frame> root = weak_root.lock();
+      if (!root) throw std::runtime_error("macro '" + macro->text + "' called after rendering");
       if (args.positional.size() > macro->params.size()) {
         throw std::runtime_error("macro '" + macro->text + "' takes not more than " +
                                  std::to_string(macro->params.size()) + " argument(s)");
