@@ -247,8 +247,7 @@ void HttpServer::start() {
             if (!stream->next(&u, keepalive)) {
               // JSON allows leading whitespace: after the first second, a space is the
               // keep-alive that notices a gone client.
-              if (std::chrono::steady_clock::now() - started < std::chrono::seconds(1))
-                return true;
+              if (std::chrono::steady_clock::now() - started < std::chrono::seconds(1)) return true;
               return sink.write(" ", 1);
             }
             for (ChoiceDelta& d : u.deltas) {

@@ -49,7 +49,7 @@ struct StepPlan {
   // stop speculating for good (the runner ends them in the proposer), so a loaded server stops
   // paying for drafting and feature bookkeeping it does not use.
   std::vector<ReqId> detached;
-  SlotCopies copies;             // copy-on-write copies of the reservations: run before the step
+  SlotCopies copies;  // copy-on-write copies of the reservations: run before the step
   int32_t total_tokens() const;
 };
 
