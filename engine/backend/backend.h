@@ -114,6 +114,11 @@ class Backend {
                                     const Tensor& out) = 0;
   // out[M, cols] = x[logits_rows[m]]
   virtual void gather_logit_rows(const Tensor& x, const Tensor& out) = 0;
+  // Greedy decoding on the device, so only token ids cross to the host. logits: [M, vocab] fp32
+  // (backend memory); out: [M] host, resized. out[m] = the index of row m's largest value, the
+  // lowest index among equal values (argmax() in engine/sampling), or -1 where that argmax
+  // rejects the row: a NaN or +inf in it, or every value -inf.
+  virtual void argmax_rows(const Tensor& logits, std::vector<int32_t>* out) = 0;
   // KV compaction: for every layer, cache[dst_slots[i]] = cache[src_slots[i]] (K and V). The
   // copies are done as if simultaneously (sources read before any destination is written).
   virtual void copy_kv(const std::vector<int64_t>& src_slots,

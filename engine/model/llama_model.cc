@@ -108,6 +108,7 @@ void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, const Forwa
   }
   const int64_t m = static_cast<int64_t>(step.logits_rows.size());
   out->logits.clear();
+  out->argmax.clear();
   if (m == 0) return;
   Tensor rows = b.scratch(m, hidden);
   b.gather_logit_rows(x, rows);
@@ -115,6 +116,10 @@ void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, const Forwa
   b.rms_norm(rows, final_norm_, eps, rows_normed);
   Tensor logits = b.scratch(m, config_.vocab_size);
   b.linear(rows_normed, lm_head_, Tensor{}, logits);
+  if (want.argmax_only) {
+    b.argmax_rows(logits, &out->argmax);
+    return;
+  }
   out->logits.resize(static_cast<size_t>(m * config_.vocab_size));
   b.download(logits, out->logits.data());
 }

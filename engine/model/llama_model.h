@@ -16,10 +16,17 @@ struct ForwardRequest {
   bool final_hidden = false;            // final-norm hidden state of every row (Medusa, EAGLE)
   std::vector<int32_t> capture_layers;  // residual stream at the input of these layers, every
                                         // row (EAGLE-3's low/mid/high features); L = after all
+  // Greedy-only steps: return the argmax id of each logits row (computed on the backend) in
+  // ForwardOutput::argmax and no logits, so [M, vocab] never crosses to the host.
+  bool argmax_only = false;
 };
 
 struct ForwardOutput {
-  std::vector<float> logits;  // [M, vocab] host fp32, rows = step.logits_rows
+  std::vector<float>
+      logits;  // [M, vocab] host fp32, rows = step.logits_rows (empty if argmax_only)
+  // [M] with argmax_only (else empty): Backend::argmax_rows of the logits rows, the lowest id
+  // among ties, -1 for a row with a NaN or +inf or only -inf.
+  std::vector<int32_t> argmax;
   std::vector<float> hidden;  // [N, hidden] final-norm hidden states of all rows (if requested)
   std::vector<std::vector<float>> captured;  // per capture_layers entry: [N, hidden]
 };

@@ -76,6 +76,24 @@ TokenLogprob logprob_of(std::span<const float> logits, int32_t token, int32_t k)
   return t;
 }
 
+// True when a request's next tokens are the raw logits' argmax: greedy sampling whose logits
+// processing is the identity (no penalties) and no logprobs. Its step then needs only the argmax
+// ids (ForwardRequest::argmax_only), and verify_greedy_argmax() equals verify() for its trees.
+bool argmax_suffices(const GenerationRequest& r, const SamplingParams& p) {
+  return p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f && r.logprobs < 0;
+}
+
+// The greedy token of an argmax_only logits row; -1 (NaN, +inf or only -inf) fails as argmax()
+// of the logits would.
+int32_t checked_argmax(int32_t id, int64_t vocab) {
+  if (id < 0 || id >= vocab)
+    throw_error(ErrorCode::kInvalidArgument, "the target's logits have no argmax (argmax id " +
+                                                 std::to_string(id) +
+                                                 ": a NaN or +inf, or every logit -inf)");
+  return id;
+}
+
 }  // namespace
 
 struct Engine::Request {
@@ -301,6 +319,14 @@ std::vector<EngineEvent> Engine::step() {
   ForwardRequest want;  // features only when a speculating request needs them
   for (const ScheduledItem& it : plan.items)
     if (choices_.at(it.id)->speculate) want = want_;
+  // Download argmax ids, not [M, vocab] logits, when no item needs more (mixed steps keep the
+  // logits). n > 1 choices share their request's sampling parameters, so the first decides.
+  want.argmax_only = true;
+  for (const ScheduledItem& it : plan.items) {
+    const Choice& c = *choices_.at(it.id);
+    if (!argmax_suffices(c.req(), c.sampler.params())) want.argmax_only = false;
+  }
+  const bool argmax_only = want.argmax_only;
   const auto t0 = std::chrono::steady_clock::now();
   model_.forward(step, &out_, want);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -368,7 +394,11 @@ std::vector<EngineEvent> Engine::step() {
         continue;
       }
       Request& req = *c.request;
-      const std::span<const float> logits = logits_row(first_logit[k]);
+      auto next_token = [&](Choice& x) {
+        if (argmax_only) return checked_argmax(out_.argmax[first_logit[k]], vocab);
+        return x.sampler.sample_token(logits_row(first_logit[k]), x.req().prompt, x.result.tokens,
+                                      x.rng);
+      };
       if (c.index == 0 && req.req.n > 1 && !req.forked) {
         // n > 1: the prompt's KV is computed once; the other choices fork it here and each
         // draws its own first token from the same logits.
@@ -389,14 +419,13 @@ std::vector<EngineEvent> Engine::step() {
           choices_.emplace(sid, std::move(child));
         }
         for (Choice* x : all) {
-          const int32_t next =
-              x->sampler.sample_token(logits, x->req().prompt, x->result.tokens, x->rng);
+          const int32_t next = next_token(*x);
           if (x->speculate) feed(*x, sched_.computed(x->sid), {}, {}, first_row, next);
           emit(*x, {next}, {first_logit[k]}, 0);
         }
         continue;
       }
-      const int32_t next = c.sampler.sample_token(logits, req.req.prompt, c.result.tokens, c.rng);
+      const int32_t next = next_token(c);
       feed(c, it.start, chunk, rows, first_row, next);
       emit(c, {next}, {first_logit[k]}, 0);
       continue;
@@ -406,13 +435,21 @@ std::vector<EngineEvent> Engine::step() {
     const DraftTree tree = it.num_tokens > 1 ? c.draft : DraftTree::root_only(ctx.back());
     const int32_t t = tree.size();
     stats_.tree_tokens += t;
-    std::span<const float> logits(out_.logits.data() + static_cast<int64_t>(first_logit[k]) * vocab,
-                                  static_cast<size_t>(t * vocab));
     const size_t prompt_len = c.req().prompt.size();
     const std::span<const int32_t> cs(ctx);
     // Recomputed requests carry generated tokens in the context: split at the prompt.
-    const VerifyResult v = verify(tree, logits, vocab, c.sampler, cs.subspan(0, prompt_len),
-                                  cs.subspan(prompt_len), c.rng, config_.verify);
+    const VerifyResult v =
+        argmax_only ? verify_greedy_argmax(
+                          tree,
+                          std::span<const int32_t>(out_.argmax)
+                              .subspan(static_cast<size_t>(first_logit[k]), static_cast<size_t>(t)),
+                          vocab, cs.subspan(0, prompt_len), cs.subspan(prompt_len))
+                    : verify(tree,
+                             std::span<const float>(out_.logits)
+                                 .subspan(static_cast<size_t>(first_logit[k]) * vocab,
+                                          static_cast<size_t>(t * vocab)),
+                             vocab, c.sampler, cs.subspan(0, prompt_len), cs.subspan(prompt_len),
+                             c.rng, config_.verify);
     c.result.acceptance.add(v);
     if (t > 1) stats_.acceptance.add(v);
     sched_.record_acceptance(it.id, v, t);

@@ -83,8 +83,11 @@ class TreeWalk {
 // Matched nodes: every node on the path equals plain greedy decoding's token. Each node's
 // children are all compared, so duplicate siblings cannot hide a deeper match; the deepest
 // matched node wins (lowest index among equals).
-VerifyResult verify_greedy(const DraftTree& tree, const TreeWalk& walk) {
-  const TreeLayout& layout = walk.layout();
+// `greedy_token(i)` is plain greedy decoding's token after node i; it is asked only for matched
+// nodes (so a bad row elsewhere in the tree never matters, with logits or with argmax ids).
+template <typename GreedyToken>
+VerifyResult verify_greedy(const DraftTree& tree, const TreeLayout& layout,
+                           const GreedyToken& greedy_token) {
   const int32_t t = tree.size();
   std::vector<int32_t> next(t, -1);  // greedy token after node i, for matched nodes
   std::vector<bool> matched(t, false);
@@ -92,7 +95,7 @@ VerifyResult verify_greedy(const DraftTree& tree, const TreeWalk& walk) {
   int32_t best = 0;
   for (int32_t i = 0; i < t; ++i) {
     if (!matched[i]) continue;
-    next[i] = walk.greedy_token(i);
+    next[i] = greedy_token(i);
     for (int32_t c = layout.child_offset[i]; c < layout.child_offset[i + 1]; ++c) {
       const int32_t child = layout.child[c];
       if (tree.token[child] != next[i]) continue;
@@ -102,10 +105,23 @@ VerifyResult verify_greedy(const DraftTree& tree, const TreeWalk& walk) {
     }
   }
   VerifyResult result;
-  walk.finish(best, next[best], &result);
+  result.accepted_nodes = tree_path_to(tree.parent, best);
+  for (size_t d = 1; d < result.accepted_nodes.size(); ++d)
+    result.accepted_tokens.push_back(tree.token[result.accepted_nodes[d]]);
+  result.bonus_token = next[best];
   for (int32_t node : result.accepted_nodes)
     result.children_tried.push_back(layout.num_children(node));
   return result;
+}
+
+// The checks verify() and verify_greedy_argmax() share: the root is the newest committed token.
+void check_root(const DraftTree& tree, std::span<const int32_t> prompt,
+                std::span<const int32_t> output) {
+  const int32_t last = !output.empty() ? output.back() : !prompt.empty() ? prompt.back() : -1;
+  if (last != tree.token[0])
+    throw_error(ErrorCode::kInvalidArgument,
+                "verify: the committed tokens end with " + std::to_string(last) +
+                    " but the tree's root token is " + std::to_string(tree.token[0]));
 }
 
 // Multi-branch speculative sampling. At a node with target p, child x proposed from q is
@@ -255,11 +271,7 @@ VerifyResult verify(const DraftTree& tree, std::span<const float> logits, int64_
     throw_error(ErrorCode::kInvalidArgument,
                 "verify: logits hold " + std::to_string(logits.size()) + " values, expected " +
                     std::to_string(tree.size()) + " nodes x vocab " + std::to_string(vocab));
-  const int32_t last = !output.empty() ? output.back() : !prompt.empty() ? prompt.back() : -1;
-  if (last != tree.token[0])
-    throw_error(ErrorCode::kInvalidArgument,
-                "verify: the committed tokens end with " + std::to_string(last) +
-                    " but the tree's root token is " + std::to_string(tree.token[0]));
+  check_root(tree, prompt, output);
   if (options.mode == VerifyMode::kTypical &&
       !(options.typical_epsilon >= 0.0f && options.typical_delta >= 0.0f))
     throw_error(ErrorCode::kInvalidArgument, "typical acceptance needs epsilon, delta >= 0, got " +
@@ -267,7 +279,8 @@ VerifyResult verify(const DraftTree& tree, std::span<const float> logits, int64_
                                                  std::to_string(options.typical_delta));
   const TreeWalk walk(tree, logits, vocab, sampler, prompt, output);
   if (options.mode == VerifyMode::kGreedy || sampler.params().greedy())
-    return verify_greedy(tree, walk);
+    return verify_greedy(tree, walk.layout(),
+                         [&](int32_t node) { return walk.greedy_token(node); });
   if (options.mode == VerifyMode::kTypical) return verify_typical(tree, walk, options);
   return verify_rejection(tree, walk, vocab, randomness);
 }
@@ -277,6 +290,27 @@ VerifyResult verify(const DraftTree& tree, std::span<const float> logits, int64_
                     std::span<const int32_t> output, Rng& rng, const VerifyOptions& options) {
   RngRandomness randomness(rng);
   return verify(tree, logits, vocab, sampler, prompt, output, randomness, options);
+}
+
+VerifyResult verify_greedy_argmax(const DraftTree& tree, std::span<const int32_t> argmax,
+                                  int64_t vocab, std::span<const int32_t> prompt,
+                                  std::span<const int32_t> output) {
+  validate_draft_tree(tree, vocab);
+  if (argmax.size() != static_cast<size_t>(tree.size()))
+    throw_error(ErrorCode::kInvalidArgument,
+                "verify_greedy_argmax: " + std::to_string(argmax.size()) + " argmax ids for " +
+                    std::to_string(tree.size()) + " tree nodes");
+  check_root(tree, prompt, output);
+  const TreeLayout layout = layout_tree(tree.parent, 0);
+  return verify_greedy(tree, layout, [&](int32_t node) {
+    const int32_t id = argmax[static_cast<size_t>(node)];
+    if (id < 0 || id >= vocab)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "verify: the target's logits at tree node " + std::to_string(node) +
+                      " have no argmax (argmax id " + std::to_string(id) +
+                      ": a NaN or +inf, or every logit -inf)");
+    return id;
+  });
 }
 
 void AcceptanceStats::add(const VerifyResult& result) {

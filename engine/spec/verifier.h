@@ -86,6 +86,19 @@ VerifyResult verify(const DraftTree& tree, std::span<const float> logits, int64_
                     const Sampler& sampler, std::span<const int32_t> prompt,
                     std::span<const int32_t> output, Rng& rng, const VerifyOptions& options = {});
 
+// Greedy verification from the target's argmax ids alone (the backend computed them on the
+// device, Backend::argmax_rows, so no logits were downloaded).
+//   argmax: [T] entry i = argmax of the target's raw logits at node i, lowest id on ties; -1
+//           where that row has a NaN or +inf or only -inf (throws kInvalidArgument if reached,
+//           as argmax() on the logits does).
+// Equals verify() on those logits for a greedy sampler whose logits processing is the identity
+// (repetition_penalty 1, presence and frequency penalties 0), in every VerifyMode. Throws
+// kInvalidArgument as verify() does for a malformed tree or a wrong root, and for argmax.size()
+// other than T.
+VerifyResult verify_greedy_argmax(const DraftTree& tree, std::span<const int32_t> argmax,
+                                  int64_t vocab, std::span<const int32_t> prompt,
+                                  std::span<const int32_t> output);
+
 // Acceptance statistics over many steps (per request or per run).
 struct AcceptanceStats {
   int64_t steps = 0;

@@ -231,6 +231,26 @@ TEST_P(CudaModel, GreedyTokensMatchCpu) {
               tokens, near_ties, mismatches);
 }
 
+// ForwardRequest::argmax_only on the GPU: the device argmax ids of a flat batch of prefill
+// chunks equal the host argmax() of the same step's downloaded logits, bit for bit.
+TEST_P(CudaModel, ArgmaxOnlyEqualsHostArgmaxOfLogits) {
+  std::mt19937 rng(3);
+  DirectBatch b(kBlocks, kBlock, 3);
+  const int s0 = b.add_sequence(), s1 = b.add_sequence();
+  StepInputs step = b.step(
+      {{s0, random_tokens(rng, 19, vocab_), true}, {s1, random_tokens(rng, 5, vocab_), false}});
+  ForwardOutput full, ids;
+  gpu_model_->forward(step, &full);
+  ForwardRequest want;
+  want.argmax_only = true;
+  gpu_model_->forward(step, &ids, want);  // rewrites the same K/V: same logits
+  EXPECT_TRUE(ids.logits.empty());
+  ASSERT_EQ(ids.argmax.size(), step.logits_rows.size());
+  for (size_t r = 0; r < ids.argmax.size(); ++r)
+    EXPECT_EQ(ids.argmax[r], arbor::testing::argmax(full.logits.data() + r * vocab_, vocab_))
+        << GetParam() << " row " << r;
+}
+
 // On the GPU alone: speculation (verify trees + compaction through copy_kv) gives the tokens of
 // plain greedy decoding.
 TEST_P(CudaModel, SpeculativeGreedyEqualsPlainOnGpu) {
@@ -257,6 +277,18 @@ TEST_P(CudaModel, SpeculativeGreedyEqualsPlainOnGpu) {
   gc.max_step_tokens = 96;
   Generator plain(*gpu_model_, gc);
   const auto expect = plain.run(reqs);
+  {
+    // Logprobs make every step download full logits and argmax on the host: the same tokens
+    // as the argmax-only steps above (device argmax ids).
+    std::vector<GenerationRequest> with_logprobs = reqs;
+    for (auto& r : with_logprobs) r.logprobs = 0;
+    auto host_backend = make_cuda_backend();
+    LlamaModel host_model(*host_backend, w);
+    Generator host(host_model, gc);
+    const auto got = host.run(with_logprobs);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      EXPECT_EQ(got[i].tokens, expect[i].tokens) << GetParam() << " host argmax, request " << i;
+  }
 
   std::vector<std::pair<std::string, std::string>> methods = {{"ngram", ""}};
   const std::string medusa = testing::test_data_dir() + "/spec/random/medusa_" + GetParam();
@@ -332,6 +364,18 @@ TEST_P(CudaModel, BatchInvariantSpeculationAndBatching) {
   };
   Generator plain(*gpu_model_, gc);
   const auto expect = plain.run(reqs);
+  {
+    // Logprobs make every step download full logits and argmax on the host: the same tokens
+    // as the argmax-only steps above (device argmax ids).
+    std::vector<GenerationRequest> with_logprobs = reqs;
+    for (auto& r : with_logprobs) r.logprobs = 0;
+    auto host_backend = make_cuda_backend();
+    LlamaModel host_model(*host_backend, w);
+    Generator host(host_model, gc);
+    const auto got = host.run(with_logprobs);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      EXPECT_EQ(got[i].tokens, expect[i].tokens) << GetParam() << " host argmax, request " << i;
+  }
   count_equal(run_alone(*gpu_model_, nullptr), expect, "plain: each alone == batch of 16");
 
   std::vector<std::pair<std::string, std::string>> methods = {{"ngram", ""}};

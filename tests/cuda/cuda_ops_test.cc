@@ -5,6 +5,9 @@
 // difference is the GPU's own arithmetic (and linear()'s documented bf16 input rounding).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -409,6 +412,64 @@ TEST(CudaOps, GatherLogitRows) {
   b.cpu().gather_logit_rows(x.c, out.c);
   b.gpu().gather_logit_rows(x.g, out.g);
   expect_close(b.get(out), 0, "gather_logit_rows");
+}
+
+// Device argmax against the CPU reference (itself tested against the host argmax()): values
+// from a small set so maxima tie (the lowest index must win whichever thread holds it), +-0
+// ties, -inf entries, all -inf / NaN / +inf rows (-1), vocabularies from 1 to 151936 columns.
+TEST(CudaOps, ArgmaxRowsMatchesCpuWithTies) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(12);
+  CpuGpu b(small_kv());
+  const float inf = std::numeric_limits<float>::infinity();
+  int64_t rows_checked = 0, rejected = 0;
+  for (int64_t cols : {1, 2, 31, 255, 256, 257, 1000, 32000, 49152, 151936}) {
+    const int64_t rows = 1 + static_cast<int64_t>(rng() % 70);
+    std::vector<float> x(static_cast<size_t>(rows * cols));
+    for (float& v : x) v = static_cast<float>(static_cast<int>(rng() % 5)) - 4.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = x.data() + r * cols;
+      switch (rng() % 8) {
+        case 0:  // the max is a +-0 tie over a few spread-out entries
+          for (int k = 0; k < 4; ++k) row[rng() % cols] = (k % 2) ? 0.0f : -0.0f;
+          break;
+        case 1:  // -inf entries
+          for (int64_t c = 0; c < cols; ++c)
+            if (rng() % 2) row[c] = -inf;
+          break;
+        case 2:
+          std::fill(row, row + cols, -inf);
+          break;
+        case 3:
+          row[rng() % cols] = std::numeric_limits<float>::quiet_NaN();
+          break;
+        case 4:
+          row[rng() % cols] = inf;
+          break;
+        case 5:  // one unique max near the end
+          row[cols - 1 - static_cast<int64_t>(rng() % std::min<int64_t>(cols, 3))] = 7.0f;
+          break;
+        default:
+          break;
+      }
+    }
+    Both t = b.input(x, rows, cols);
+    std::vector<int32_t> want, got = {-5};
+    b.cpu().argmax_rows(t.c, &want);
+    b.gpu().argmax_rows(t.g, &got);
+    ASSERT_EQ(got.size(), static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+      EXPECT_EQ(got[static_cast<size_t>(r)], want[static_cast<size_t>(r)])
+          << "cols " << cols << " row " << r;
+    for (int32_t id : want) rejected += id < 0;
+    rows_checked += rows;
+  }
+  EXPECT_GT(rejected, 0);
+  std::printf("  argmax_rows: %lld rows equal to the CPU, %lld rejected rows\n",
+              static_cast<long long>(rows_checked), static_cast<long long>(rejected));
+  std::vector<int32_t> none = {3};
+  b.gpu().argmax_rows(b.gpu().scratch(0, 10), &none);
+  EXPECT_TRUE(none.empty());
 }
 
 // Compaction: overlapping and cyclic moves (a destination that is another pair's source) must

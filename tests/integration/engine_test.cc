@@ -69,6 +69,8 @@ class EngineTest : public ::testing::Test {
   static ModelBundle* bundle_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<LlamaModel> model_;
+  std::vector<std::unique_ptr<Backend>> backends_;  // kept for tests that inspect them later
+  std::vector<std::unique_ptr<LlamaModel>> models_;
 };
 ModelBundle* EngineTest::bundle_ = nullptr;
 
@@ -126,6 +128,114 @@ TEST_F(EngineTest, SpeculativeLogprobsEqualPlain) {
     for (size_t j = 0; j < 3; ++j) EXPECT_EQ(lp[i].top[j].first, ls[i].top[j].first) << i;
   }
   EXPECT_LT(s.size(), p.size()) << "speculation should emit several tokens per step";
+}
+
+// Forwards every op to the CPU backend and counts the host copies of logits-sized tensors
+// ([rows, vocab]) and the argmax_rows calls.
+class CountingBackend final : public Backend {
+ public:
+  CountingBackend(std::unique_ptr<Backend> inner, int64_t vocab)
+      : inner_(std::move(inner)), vocab_(vocab) {}
+  int64_t logits_downloads = 0, argmax_calls = 0;
+
+  std::string name() const override { return inner_->name(); }
+  Tensor upload_weight(const HostTensor& w) override { return inner_->upload_weight(w); }
+  Tensor scratch(int64_t rows, int64_t cols) override { return inner_->scratch(rows, cols); }
+  void reset_scratch() override { inner_->reset_scratch(); }
+  void download(const Tensor& src, float* dst) override {
+    logits_downloads += src.cols == vocab_;
+    inner_->download(src, dst);
+  }
+  void upload(const float* src, const Tensor& dst) override { inner_->upload(src, dst); }
+  void allocate_kv(const KvCacheShape& shape) override { inner_->allocate_kv(shape); }
+  const KvCacheShape& kv_shape() const override { return inner_->kv_shape(); }
+  void set_step(const StepInputs& step) override { inner_->set_step(step); }
+  void embedding(const Tensor& table, const Tensor& out) override { inner_->embedding(table, out); }
+  void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) override {
+    inner_->rms_norm(x, weight, eps, out);
+  }
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override {
+    inner_->linear(x, w, bias, out);
+  }
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override { inner_->add(a, b, out); }
+  void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+    inner_->silu_mul(gate, up, out);
+  }
+  void rope(const Tensor& q, const Tensor& k, const RopeParams& p) override {
+    inner_->rope(q, k, p);
+  }
+  void write_kv(int64_t layer, const Tensor& k, const Tensor& v) override {
+    inner_->write_kv(layer, k, v);
+  }
+  void paged_tree_attention(int64_t layer, const Tensor& q, int64_t num_heads,
+                            const Tensor& out) override {
+    inner_->paged_tree_attention(layer, q, num_heads, out);
+  }
+  void gather_logit_rows(const Tensor& x, const Tensor& out) override {
+    inner_->gather_logit_rows(x, out);
+  }
+  void argmax_rows(const Tensor& logits, std::vector<int32_t>* out) override {
+    ++argmax_calls;
+    inner_->argmax_rows(logits, out);
+  }
+  void copy_kv(const std::vector<int64_t>& src_slots,
+               const std::vector<int64_t>& dst_slots) override {
+    inner_->copy_kv(src_slots, dst_slots);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  int64_t vocab_;
+};
+
+// Greedy steps without penalties or logprobs take only argmax ids from the backend
+// (ForwardRequest::argmax_only) and verify trees from them; the tokens equal those of steps that
+// download the logits: the same request with logprobs, and beside a sampled request (a mixed
+// step keeps the logits). n = 2 greedy choices fork from the argmax of the prompt's last row.
+TEST_F(EngineTest, GreedyArgmaxStepsEqualFullLogitsSteps) {
+  const std::vector<int32_t> prompt = bundle_->tokenizer->encode("Once upon a time", true, false);
+  const int64_t vocab = bundle_->weights.config.vocab_size;
+  auto run = [&](bool logprobs, bool beside_sampled, int32_t n, CountingBackend** counted) {
+    auto backend = std::make_unique<CountingBackend>(make_cpu_backend(1), vocab);
+    *counted = backend.get();
+    auto model = std::make_unique<LlamaModel>(*backend, bundle_->weights);
+    auto proposer = eagle();
+    Engine engine(*model, EngineConfig{}, proposer.get());
+    GenerationRequest r = greedy(prompt, 40);
+    r.n = n;
+    if (logprobs) r.logprobs = 0;
+    engine.add(1, r);
+    if (beside_sampled) {
+      GenerationRequest s = greedy(prompt, 60);
+      s.sampling.temperature = 0.8f;
+      s.sampling.seed = 9;
+      engine.add(2, s);
+    }
+    auto events = drain(engine);
+    std::vector<std::vector<int32_t>> tokens;
+    for (int32_t c = 0; c < n; ++c) tokens.push_back(tokens_of(events[{1, c}]));
+    // Keep the backend alive for the counters until the caller reads them.
+    backends_.push_back(std::move(backend));
+    models_.push_back(std::move(model));
+    return tokens;
+  };
+  CountingBackend *argmax_backend = nullptr, *logprobs_backend = nullptr, *mixed_backend = nullptr,
+                  *forked_backend = nullptr;
+  const auto argmax_tokens = run(false, false, 1, &argmax_backend);
+  const auto logprobs_tokens = run(true, false, 1, &logprobs_backend);
+  const auto mixed_tokens = run(false, true, 1, &mixed_backend);
+  const auto forked_tokens = run(false, false, 2, &forked_backend);
+  ASSERT_EQ(argmax_tokens[0].size(), 40u);
+  EXPECT_EQ(argmax_tokens, logprobs_tokens);
+  EXPECT_EQ(argmax_tokens, mixed_tokens);
+  EXPECT_EQ(forked_tokens[0], argmax_tokens[0]);
+  EXPECT_EQ(forked_tokens[1], argmax_tokens[0]);
+  EXPECT_EQ(argmax_backend->logits_downloads, 0);
+  EXPECT_GT(argmax_backend->argmax_calls, 0);
+  EXPECT_EQ(forked_backend->logits_downloads, 0);
+  EXPECT_EQ(logprobs_backend->argmax_calls, 0);
+  EXPECT_GT(logprobs_backend->logits_downloads, 0);
+  EXPECT_GT(mixed_backend->logits_downloads, 0);
 }
 
 TEST_F(EngineTest, SamplesForkThePromptOnceAndEqualAlone) {

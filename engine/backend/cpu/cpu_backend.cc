@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "engine/core/error.h"
 
@@ -257,6 +258,23 @@ void CpuBackend::gather_logit_rows(const Tensor& x, const Tensor& out) {
   for (int64_t m = 0; m < out.rows; ++m)
     std::memcpy(f32(out) + m * out.cols, f32(x) + step_.logits_rows[m] * x.cols,
                 sizeof(float) * x.cols);
+}
+
+void CpuBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>* out) {
+  ARBOR_CHECK(logits.dtype == DType::kF32);
+  out->assign(static_cast<size_t>(logits.rows), -1);
+  for (int64_t m = 0; m < logits.rows; ++m) {
+    const float* row = f32(logits) + m * logits.cols;
+    int32_t best = -1;
+    bool rejected = false;
+    for (int64_t c = 0; c < logits.cols && !rejected; ++c) {
+      const float v = row[c];
+      rejected = std::isnan(v) || v == std::numeric_limits<float>::infinity();
+      if (v != -std::numeric_limits<float>::infinity() && (best < 0 || v > row[best]))
+        best = static_cast<int32_t>(c);
+    }
+    (*out)[static_cast<size_t>(m)] = rejected ? -1 : best;
+  }
 }
 
 void CpuBackend::copy_kv(const std::vector<int64_t>& src_slots,

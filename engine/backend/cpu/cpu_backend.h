@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
   void paged_tree_attention(int64_t layer, const Tensor& q, int64_t num_heads,
                             const Tensor& out) override;
   void gather_logit_rows(const Tensor& x, const Tensor& out) override;
+  void argmax_rows(const Tensor& logits, std::vector<int32_t>* out) override;
   void copy_kv(const std::vector<int64_t>& src_slots,
                const std::vector<int64_t>& dst_slots) override;
 

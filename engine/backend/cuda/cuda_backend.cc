@@ -19,6 +19,7 @@
 #include "kernels/gemm/skinny_gemm.h"
 #include "kernels/kv/kv_cache_ops.h"
 #include "kernels/norm_rope/norm_rope.h"
+#include "kernels/sampling/argmax_rows.h"
 
 namespace arbor {
 
@@ -243,6 +244,7 @@ struct CudaBackend::State {
 
   DeviceBuffer gemm_input;  // bf16 copy of linear()'s fp32 input
   DeviceBuffer convert;     // fp32 staging for download/upload of 16-bit tensors
+  DeviceBuffer argmax_ids;  // [M] int32 argmax_rows() output
   StagedUpload copy_slots;  // copy_kv's slot lists
   DeviceBuffer copy_staging;
 
@@ -1041,6 +1043,28 @@ void CudaBackend::gather_logit_rows(const Tensor& x, const Tensor& out) {
   p.num_rows = out.rows;
   p.cols = out.cols;
   cuda_check(kernels::launch_gather_rows(p, s.stream), "gather_logit_rows");
+}
+
+void CudaBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>* out) {
+  s_->flush();
+  State& s = *s_;
+  if (logits.dtype != DType::kF32 || logits.cols <= 0 || logits.cols >= (int64_t{1} << 31) - 1)
+    throw_error(ErrorCode::kInvalidArgument, "argmax_rows: logits " + shape(logits) + " " +
+                                                 dtype_name(logits.dtype) +
+                                                 ", need fp32 with 1 to 2^31 - 2 columns");
+  out->assign(static_cast<size_t>(logits.rows), -1);
+  if (logits.rows == 0) return;
+  s.argmax_ids.ensure(static_cast<size_t>(logits.rows) * 4, "argmax_rows");
+  kernels::ArgmaxRowsParams p;
+  p.logits = static_cast<const float*>(logits.data);
+  p.out = static_cast<int32_t*>(s.argmax_ids.ptr);
+  p.num_rows = logits.rows;
+  p.cols = logits.cols;
+  cuda_check(kernels::launch_argmax_rows(p, s.stream), "argmax_rows");
+  cuda_check(cudaMemcpyAsync(out->data(), s.argmax_ids.ptr, out->size() * 4, cudaMemcpyDeviceToHost,
+                             s.stream),
+             "argmax_rows download");
+  cuda_check(cudaStreamSynchronize(s.stream), "argmax_rows");
 }
 
 void CudaBackend::copy_kv(const std::vector<int64_t>& src_slots,
