@@ -92,20 +92,15 @@ std::shared_ptr<RequestStream> EngineService::submit(std::vector<ServiceRequest>
   if (draining_)
     throw_error(ErrorCode::kUnsupported, "the server is shutting down and takes no new requests");
   if (requests.empty()) throw_error(ErrorCode::kInvalidArgument, "no prompt given");
-  const int32_t vocab = tokenizer_.vocab_size();
   int64_t prompt_tokens = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const GenerationRequest& g = requests[i].gen;
     const std::string which = requests.size() > 1 ? " (prompt " + std::to_string(i) + ")" : "";
-    if (g.prompt.empty()) throw_error(ErrorCode::kInvalidArgument, "the prompt is empty" + which);
-    for (int32_t t : g.prompt)
-      if (t < 0 || t >= vocab)
-        throw_error(ErrorCode::kInvalidArgument, "prompt token id " + std::to_string(t) +
-                                                     " is outside the vocabulary of " +
-                                                     std::to_string(vocab) + which);
-    if (g.max_tokens < 1)
-      throw_error(ErrorCode::kInvalidArgument,
-                  "max_tokens must be at least 1, got " + std::to_string(g.max_tokens));
+    try {
+      engine_.check(g);  // the engine's own request checks; immutable state, any thread
+    } catch (const Error& e) {
+      throw_error(e.code(), e.what() + which);
+    }
     const int64_t total = static_cast<int64_t>(g.prompt.size()) + g.max_tokens;
     if (total > max_context_)
       throw_error(ErrorCode::kInvalidArgument,
@@ -114,9 +109,6 @@ std::shared_ptr<RequestStream> EngineService::submit(std::vector<ServiceRequest>
                       std::to_string(g.prompt.size()) + " in the prompt" + which + ", " +
                       std::to_string(g.max_tokens) +
                       " for the completion); reduce the prompt or max_tokens");
-    if (g.n < 1 || g.n > 128)
-      throw_error(ErrorCode::kInvalidArgument, "n must be in [1, 128], got " + std::to_string(g.n));
-    g.sampling.validate();
     for (const std::string& s : requests[i].stop)
       if (s.empty()) throw_error(ErrorCode::kInvalidArgument, "stop strings must not be empty");
     prompt_tokens += static_cast<int64_t>(g.prompt.size());
@@ -131,11 +123,13 @@ std::shared_ptr<RequestStream> EngineService::submit(std::vector<ServiceRequest>
   live->choices.resize(static_cast<size_t>(live->stream->num_choices_));
   live->unfinished = live->stream->num_choices_;
   live->usage.prompt_tokens = prompt_tokens;
-  for (size_t i = 0; i < requests.size(); ++i)
+  for (size_t i = 0; i < requests.size(); ++i) {
+    // A prompt of special tokens only (e.g. BOS) leaves the output at the start of the text.
+    const bool at_text_start = tokenizer_.decode(requests[i].gen.prompt, true).empty();
     for (int32_t j = 0; j < live->n; ++j)
-      live->choices[i * live->n + j].decoder = std::make_unique<IncrementalDecoder>(
-          tokenizer_, requests[i].skip_special,
-          /*at_text_start=*/tokenizer_.decode(requests[i].gen.prompt, true).empty());
+      live->choices[i * live->n + j].decoder =
+          std::make_unique<IncrementalDecoder>(tokenizer_, requests[i].skip_special, at_text_start);
+  }
   live->requests = std::move(requests);
   {
     std::lock_guard<std::mutex> lock(mu_);

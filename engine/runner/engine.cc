@@ -6,6 +6,7 @@
 
 #include "engine/core/error.h"
 #include "engine/runner/batch_builder.h"
+#include "engine/spec/proposer_math.h"
 
 namespace arbor {
 
@@ -55,24 +56,12 @@ SamplingParams choice_params(const SamplingParams& p, int32_t choice) {
 }
 
 TokenLogprob logprob_of(std::span<const float> logits, int32_t token, int32_t k) {
-  float mx = -INFINITY;
-  for (float v : logits) mx = std::max(mx, v);
-  double sum = 0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v) - mx);
-  const float lse = mx + static_cast<float>(std::log(sum));
+  const float lse = spec_math::logsumexp(logits);
   TokenLogprob t;
   t.token = token;
   t.logprob = logits[token] - lse;
-  if (k > 0) {
-    std::vector<int32_t> idx(logits.size());
-    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);
-    const size_t kk = std::min<size_t>(static_cast<size_t>(k), idx.size());
-    std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(kk), idx.end(),
-                      [&](int32_t a, int32_t b) {
-                        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-                      });
-    for (size_t i = 0; i < kk; ++i) t.top.emplace_back(idx[i], logits[idx[i]] - lse);
-  }
+  if (k > 0)
+    for (int32_t id : spec_math::top_k(logits, k)) t.top.emplace_back(id, logits[id] - lse);
   return t;
 }
 
@@ -141,10 +130,8 @@ Engine::Engine(LlamaModel& model, const EngineConfig& config, Proposer* proposer
 
 Engine::~Engine() = default;
 
-void Engine::add(ReqId id, const GenerationRequest& r) {
+void Engine::check(const GenerationRequest& r) const {
   const int64_t vocab = model_.config().vocab_size;
-  if (requests_.count(id))
-    throw_error(ErrorCode::kInvalidArgument, "request " + std::to_string(id) + " already exists");
   if (r.prompt.empty())
     throw_error(ErrorCode::kInvalidArgument, "the prompt is empty (no prompt tokens)");
   for (int32_t t : r.prompt)
@@ -165,6 +152,12 @@ void Engine::add(ReqId id, const GenerationRequest& r) {
       throw_error(ErrorCode::kInvalidArgument,
                   "stop token id " + std::to_string(t) + " is outside the vocabulary");
   r.sampling.validate();
+}
+
+void Engine::add(ReqId id, const GenerationRequest& r) {
+  if (requests_.count(id))
+    throw_error(ErrorCode::kInvalidArgument, "request " + std::to_string(id) + " already exists");
+  check(r);
   const bool spec = proposer_ != nullptr && r.speculate;
   const int64_t capacity = static_cast<int64_t>(config_.num_blocks) * config_.block_size;
   const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.max_tokens +

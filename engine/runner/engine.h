@@ -93,6 +93,10 @@ class Engine {
   // Validates (kInvalidArgument naming the field; kResourceExhausted when the request can never
   // fit in the KV cache) and queues the request. `id` must be new.
   void add(ReqId id, const GenerationRequest& request);
+  // The request checks of add() that do not depend on the engine's state (prompt ids, max_tokens,
+  // n, logprobs, stop ids, sampling): reads only immutable configuration, so front-end threads
+  // may call it while the loop thread steps.
+  void check(const GenerationRequest& request) const;
   // Stops a request (every choice, or one choice), freeing its KV blocks at once. Returns false
   // when it is unknown (already finished). Cancelled choices produce no further events.
   bool cancel(ReqId id);

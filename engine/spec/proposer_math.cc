@@ -28,12 +28,17 @@ void silu_inplace(float* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) x[i] = x[i] / (1.f + std::exp(-x[i]));
 }
 
-void log_softmax_inplace(std::span<float> row) {
-  if (row.empty()) return;
+float logsumexp(std::span<const float> row) {
+  if (row.empty()) return -INFINITY;
   const float max_value = *std::max_element(row.begin(), row.end());
   double sum = 0;
   for (float v : row) sum += std::exp(static_cast<double>(v) - max_value);
-  const float lse = max_value + static_cast<float>(std::log(sum));
+  return max_value + static_cast<float>(std::log(sum));
+}
+
+void log_softmax_inplace(std::span<float> row) {
+  if (row.empty()) return;
+  const float lse = logsumexp(row);
   for (float& v : row) v = std::min(v - lse, 0.f);
 }
 

@@ -17,7 +17,9 @@ void linear(const float* x, int64_t n, int64_t in_features, const float* w, int6
 // x = x * sigmoid(x), elementwise over count values.
 void silu_inplace(float* x, int64_t count);
 
-// row = row - logsumexp(row), computed in double for the sum (every entry <= 0 afterwards).
+// log(sum(exp(row))), computed in double for the sum (-inf for an empty row).
+float logsumexp(std::span<const float> row);
+// row = row - logsumexp(row) (every entry <= 0 afterwards).
 void log_softmax_inplace(std::span<float> row);
 
 // Indices of the k largest entries, largest first; equal values keep the lower index first.
