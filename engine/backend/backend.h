@@ -11,6 +11,7 @@
 
 #include "engine/core/dtype.h"
 #include "engine/core/host_tensor.h"
+#include "engine/backend/tree_sampling.h"
 
 namespace arbor {
 
@@ -119,6 +120,12 @@ class Backend {
   // lowest index among equal values (argmax() in engine/sampling), or -1 where that argmax
   // rejects the row: a NaN or +inf in it, or every value -inf.
   virtual void argmax_rows(const Tensor& logits, std::vector<int32_t>* out) = 0;
+  // Sampling and speculative verification of a batch of trees with the logits left in backend
+  // memory (tree_sampling.h): logits [M, vocab] fp32, rows named by batch.logits_row; they may be
+  // overwritten (the backend may process them in place). Throws kInvalidArgument for a malformed
+  // batch (validate_tree_sample_batch) before any work.
+  virtual void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
+                            TreeSampleResult* out) = 0;
   // KV compaction: for every layer, cache[dst_slots[i]] = cache[src_slots[i]] (K and V). The
   // copies are done as if simultaneously (sources read before any destination is written).
   virtual void copy_kv(const std::vector<int64_t>& src_slots,

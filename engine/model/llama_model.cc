@@ -120,6 +120,10 @@ void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, const Forwa
     b.argmax_rows(logits, &out->argmax);
     return;
   }
+  if (want.sample) {
+    b.sample_trees(logits, *want.sample, &out->sampled);
+    return;
+  }
   out->logits.resize(static_cast<size_t>(m * config_.vocab_size));
   b.download(logits, out->logits.data());
 }

@@ -19,6 +19,10 @@ struct ForwardRequest {
   // Greedy-only steps: return the argmax id of each logits row (computed on the backend) in
   // ForwardOutput::argmax and no logits, so [M, vocab] never crosses to the host.
   bool argmax_only = false;
+  // Sample / verify on the backend (Backend::sample_trees) with this batch, whose logits rows
+  // index step.logits_rows; ForwardOutput::sampled gets the result and no logits are returned.
+  // Not with argmax_only.
+  const TreeSampleBatch* sample = nullptr;
 };
 
 struct ForwardOutput {
@@ -27,6 +31,7 @@ struct ForwardOutput {
   // [M] with argmax_only (else empty): Backend::argmax_rows of the logits rows, the lowest id
   // among ties, -1 for a row with a NaN or +inf or only -inf.
   std::vector<int32_t> argmax;
+  TreeSampleResult sampled;  // with ForwardRequest::sample
   std::vector<float> hidden;  // [N, hidden] final-norm hidden states of all rows (if requested)
   std::vector<std::vector<float>> captured;  // per capture_layers entry: [N, hidden]
 };

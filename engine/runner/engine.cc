@@ -6,6 +6,7 @@
 
 #include "engine/core/error.h"
 #include "engine/runner/batch_builder.h"
+#include "engine/spec/device_verify.h"
 #include "engine/spec/proposer_math.h"
 
 namespace arbor {
@@ -320,6 +321,41 @@ std::vector<EngineEvent> Engine::step() {
     if (!argmax_suffices(c.req(), c.sampler.params())) want.argmax_only = false;
   }
   const bool argmax_only = want.argmax_only;
+  // Else sample / verify on the backend when every item can: items that emit a token are added
+  // to `sampling` (sample_item[k] = their index), and only ids come back.
+  TreeSampleBuilder sampling(vocab);
+  std::vector<int32_t> sample_item(plan.items.size(), -1);
+  bool backend_sample = !argmax_only && config_.backend_sampling;
+  for (size_t k = 0; k < plan.items.size() && backend_sample; ++k) {
+    const ScheduledItem& it = plan.items[k];
+    const Choice& c = *choices_.at(it.id);
+    if (c.req().logprobs >= 0) backend_sample = false;
+    if (it.decode && !tree_sampling_supports(c.sampler.params(), config_.verify.mode))
+      backend_sample = false;
+    // The first step of n > 1 forks the other choices after the forward: they draw on the host.
+    if (!it.decode && it.last_chunk && c.index == 0 && c.request->req.n > 1 && !c.request->forked)
+      backend_sample = false;
+  }
+  if (backend_sample) {
+    for (size_t k = 0; k < plan.items.size(); ++k) {
+      const ScheduledItem& it = plan.items[k];
+      Choice& c = *choices_.at(it.id);
+      const std::vector<int32_t>& ctx = sched_.context(it.id);
+      if (!it.decode) {
+        if (!it.last_chunk) continue;
+        sample_item[k] = sampling.add(DraftTree::root_only(ctx.back()), first_logit[k],
+                                      c.sampler.params(), c.req().prompt, c.result.tokens, &c.rng);
+        continue;
+      }
+      const std::span<const int32_t> cs(ctx);
+      const size_t prompt_len = c.req().prompt.size();
+      sample_item[k] = sampling.add(it.num_tokens > 1 ? c.draft : DraftTree::root_only(ctx.back()),
+                                    first_logit[k], c.sampler.params(), cs.subspan(0, prompt_len),
+                                    cs.subspan(prompt_len), &c.rng);
+    }
+    want.sample = &sampling.batch();
+  }
+  if (!argmax_only && !backend_sample) stats_.logits_downloads++;
   const auto t0 = std::chrono::steady_clock::now();
   model_.forward(step, &out_, want);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -389,6 +425,7 @@ std::vector<EngineEvent> Engine::step() {
       Request& req = *c.request;
       auto next_token = [&](Choice& x) {
         if (argmax_only) return checked_argmax(out_.argmax[first_logit[k]], vocab);
+        if (backend_sample) return sampling.result(sample_item[k], out_.sampled).bonus_token;
         return x.sampler.sample_token(logits_row(first_logit[k]), x.req().prompt, x.result.tokens,
                                       x.rng);
       };
@@ -432,7 +469,8 @@ std::vector<EngineEvent> Engine::step() {
     const std::span<const int32_t> cs(ctx);
     // Recomputed requests carry generated tokens in the context: split at the prompt.
     const VerifyResult v =
-        argmax_only ? verify_greedy_argmax(
+        backend_sample ? sampling.result(sample_item[k], out_.sampled)
+        : argmax_only  ? verify_greedy_argmax(
                           tree,
                           std::span<const int32_t>(out_.argmax)
                               .subspan(static_cast<size_t>(first_logit[k]), static_cast<size_t>(t)),

@@ -67,6 +67,10 @@ struct EngineConfig {
   bool adaptive_trees = false;  // size trees per step from the cost model (else tree_budget)
   CostModelConfig cost;         // for adaptive trees
   VerifyOptions verify;         // rejection sampling (lossless) unless typical is asked for
+  // Sample and verify on the backend (Backend::sample_trees) when every item of a step can
+  // (no logprobs; rejection mode or greedy): only ids cross to the host, never [M, vocab]
+  // logits. Off: logits are downloaded and verified on the host (same tokens for a seed).
+  bool backend_sampling = true;
   void validate() const;
 };
 
@@ -75,6 +79,7 @@ struct EngineStats {
   int64_t prefill_tokens = 0;  // prompt tokens run through the model
   int64_t decode_tokens = 0;   // tokens generated
   int64_t tree_tokens = 0;     // tokens scored in decode / verify steps (tree nodes)
+  int64_t logits_downloads = 0;  // steps whose [M, vocab] logits were copied to the host
   int64_t preemptions = 0;
   double prefill_seconds = 0;  // wall time of steps that carried prefill only
   double decode_seconds = 0;   // wall time of steps that carried decode only

@@ -245,6 +245,10 @@ std::vector<int32_t> VerifyResult::emitted_tokens() const {
 }
 
 int32_t RngRandomness::categorical(std::span<const double> weights) {
+  return categorical_from_uniform(weights, rng_.uniform());
+}
+
+int32_t categorical_from_uniform(std::span<const double> weights, double u) {
   double total = 0.0;
   int32_t last_positive = -1;
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -253,7 +257,7 @@ int32_t RngRandomness::categorical(std::span<const double> weights) {
     if (weights[i] > 0.0) last_positive = static_cast<int32_t>(i);
   }
   ARBOR_CHECK(last_positive >= 0, "categorical draw over zero weights");
-  const double target = rng_.uniform() * total;
+  const double target = u * total;
   double cumulative = 0.0;
   for (int32_t i = 0; i < last_positive; ++i) {
     cumulative += weights[i];
@@ -271,7 +275,7 @@ VerifyResult verify(const DraftTree& tree, std::span<const float> logits, int64_
     throw_error(ErrorCode::kInvalidArgument,
                 "verify: logits hold " + std::to_string(logits.size()) + " values, expected " +
                     std::to_string(tree.size()) + " nodes x vocab " + std::to_string(vocab));
-  check_root(tree, prompt, output);
+  if (options.check_root) check_root(tree, prompt, output);
   if (options.mode == VerifyMode::kTypical &&
       !(options.typical_epsilon >= 0.0f && options.typical_delta >= 0.0f))
     throw_error(ErrorCode::kInvalidArgument, "typical acceptance needs epsilon, delta >= 0, got " +

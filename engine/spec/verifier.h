@@ -28,6 +28,9 @@ struct VerifyOptions {
   // H(p) = -sum p log(p + 1e-5) (Medusa's posterior_threshold / posterior_alpha defaults).
   float typical_epsilon = 0.09f;
   float typical_delta = 0.3f;
+  // verify() checks that prompt ++ output ends with the root token. Off only for callers whose
+  // context is a multiset for the penalties rather than the sequence (sample_trees_on_host).
+  bool check_root = true;
 };
 
 // One step's decision for one request. The tokens it emits are accepted_tokens then bonus_token
@@ -56,6 +59,11 @@ class VerifyRandomness {
   // returns a zero-weight index.
   virtual int32_t categorical(std::span<const double> weights) = 0;
 };
+
+// The inverse-CDF draw both randomness sources use: the index i < last positive weight where
+// the running sum first exceeds u * sum(weights), else the last positive weight's index.
+// u in [0, 1); weights >= 0 with a positive sum.
+int32_t categorical_from_uniform(std::span<const double> weights, double u);
 
 class RngRandomness final : public VerifyRandomness {
  public:

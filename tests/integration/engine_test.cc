@@ -136,7 +136,7 @@ class CountingBackend final : public Backend {
  public:
   CountingBackend(std::unique_ptr<Backend> inner, int64_t vocab)
       : inner_(std::move(inner)), vocab_(vocab) {}
-  int64_t logits_downloads = 0, argmax_calls = 0;
+  int64_t logits_downloads = 0, argmax_calls = 0, sample_calls = 0;
 
   std::string name() const override { return inner_->name(); }
   Tensor upload_weight(const HostTensor& w) override { return inner_->upload_weight(w); }
@@ -178,6 +178,11 @@ class CountingBackend final : public Backend {
     ++argmax_calls;
     inner_->argmax_rows(logits, out);
   }
+  void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
+                    TreeSampleResult* out) override {
+    ++sample_calls;
+    inner_->sample_trees(logits, batch, out);
+  }
   void copy_kv(const std::vector<int64_t>& src_slots,
                const std::vector<int64_t>& dst_slots) override {
     inner_->copy_kv(src_slots, dst_slots);
@@ -195,12 +200,15 @@ class CountingBackend final : public Backend {
 TEST_F(EngineTest, GreedyArgmaxStepsEqualFullLogitsSteps) {
   const std::vector<int32_t> prompt = bundle_->tokenizer->encode("Once upon a time", true, false);
   const int64_t vocab = bundle_->weights.config.vocab_size;
-  auto run = [&](bool logprobs, bool beside_sampled, int32_t n, CountingBackend** counted) {
+  auto run = [&](bool logprobs, bool beside_sampled, int32_t n, CountingBackend** counted,
+                 bool backend_sampling = true) {
     auto backend = std::make_unique<CountingBackend>(make_cpu_backend(1), vocab);
     *counted = backend.get();
     auto model = std::make_unique<LlamaModel>(*backend, bundle_->weights);
     auto proposer = eagle();
-    Engine engine(*model, EngineConfig{}, proposer.get());
+    EngineConfig config;
+    config.backend_sampling = backend_sampling;
+    Engine engine(*model, config, proposer.get());
     GenerationRequest r = greedy(prompt, 40);
     r.n = n;
     if (logprobs) r.logprobs = 0;
@@ -220,14 +228,16 @@ TEST_F(EngineTest, GreedyArgmaxStepsEqualFullLogitsSteps) {
     return tokens;
   };
   CountingBackend *argmax_backend = nullptr, *logprobs_backend = nullptr, *mixed_backend = nullptr,
-                  *forked_backend = nullptr;
+                  *forked_backend = nullptr, *host_mixed_backend = nullptr;
   const auto argmax_tokens = run(false, false, 1, &argmax_backend);
   const auto logprobs_tokens = run(true, false, 1, &logprobs_backend);
   const auto mixed_tokens = run(false, true, 1, &mixed_backend);
+  const auto host_mixed_tokens = run(false, true, 1, &host_mixed_backend, false);
   const auto forked_tokens = run(false, false, 2, &forked_backend);
   ASSERT_EQ(argmax_tokens[0].size(), 40u);
   EXPECT_EQ(argmax_tokens, logprobs_tokens);
   EXPECT_EQ(argmax_tokens, mixed_tokens);
+  EXPECT_EQ(argmax_tokens, host_mixed_tokens);
   EXPECT_EQ(forked_tokens[0], argmax_tokens[0]);
   EXPECT_EQ(forked_tokens[1], argmax_tokens[0]);
   EXPECT_EQ(argmax_backend->logits_downloads, 0);
@@ -235,7 +245,69 @@ TEST_F(EngineTest, GreedyArgmaxStepsEqualFullLogitsSteps) {
   EXPECT_EQ(forked_backend->logits_downloads, 0);
   EXPECT_EQ(logprobs_backend->argmax_calls, 0);
   EXPECT_GT(logprobs_backend->logits_downloads, 0);
-  EXPECT_GT(mixed_backend->logits_downloads, 0);
+  // Beside a sampled request the step samples on the backend (Backend::sample_trees); with
+  // backend sampling off it downloads the logits.
+  EXPECT_EQ(mixed_backend->logits_downloads, 0);
+  EXPECT_GT(mixed_backend->sample_calls, 0);
+  EXPECT_GT(host_mixed_backend->logits_downloads, 0);
+  EXPECT_EQ(host_mixed_backend->sample_calls, 0);
+}
+
+// Sampled requests (temperature, top-k, top-p, min-p, every penalty) with and without EAGLE
+// trees: sampling and verifying on the backend (Backend::sample_trees, no logits downloaded)
+// gives the same tokens for the same seeds as downloading the logits and running verify() on
+// the host, since both consume the request's Rng identically. Two requests share each step.
+TEST_F(EngineTest, BackendSamplingEqualsHostSampling) {
+  const std::vector<int32_t> prompt =
+      bundle_->tokenizer->encode("Lily and Ben went to the park. They saw a big dog", true, false);
+  const int64_t vocab = bundle_->weights.config.vocab_size;
+  std::vector<SamplingParams> params(4);
+  params[0].temperature = 0.8f;
+  params[1].temperature = 1.0f;
+  params[1].top_k = 20;
+  params[1].top_p = 0.9f;
+  params[2].temperature = 0.7f;
+  params[2].min_p = 0.05f;
+  params[2].repetition_penalty = 1.3f;
+  params[3].temperature = 1.2f;
+  params[3].presence_penalty = 0.5f;
+  params[3].frequency_penalty = 0.4f;
+  params[3].top_p = 0.95f;
+  for (bool speculate : {false, true}) {
+    auto run = [&](bool backend_sampling, CountingBackend** counted) {
+      auto backend = std::make_unique<CountingBackend>(make_cpu_backend(1), vocab);
+      *counted = backend.get();
+      auto model = std::make_unique<LlamaModel>(*backend, bundle_->weights);
+      auto proposer = speculate ? eagle() : nullptr;
+      EngineConfig config;
+      config.backend_sampling = backend_sampling;
+      Engine engine(*model, config, proposer.get());
+      for (size_t i = 0; i < params.size(); ++i) {
+        GenerationRequest r = greedy(prompt, 48);
+        r.sampling = params[i];
+        r.sampling.seed = 100 + i;
+        r.speculate = speculate;
+        engine.add(i + 1, r);
+      }
+      auto events = drain(engine);
+      std::vector<std::vector<int32_t>> tokens;
+      for (size_t i = 0; i < params.size(); ++i) tokens.push_back(tokens_of(events[{i + 1, 0}]));
+      backends_.push_back(std::move(backend));
+      models_.push_back(std::move(model));
+      return tokens;
+    };
+    CountingBackend *on = nullptr, *off = nullptr;
+    const auto device_tokens = run(true, &on);
+    const auto host_tokens = run(false, &off);
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(device_tokens[i].size(), 48u) << i;
+      EXPECT_EQ(device_tokens[i], host_tokens[i]) << "request " << i << " speculate " << speculate;
+    }
+    EXPECT_EQ(on->logits_downloads, 0);
+    EXPECT_GT(on->sample_calls, 0);
+    EXPECT_GT(off->logits_downloads, 0);
+    EXPECT_EQ(off->sample_calls, 0);
+  }
 }
 
 TEST_F(EngineTest, SamplesForkThePromptOnceAndEqualAlone) {

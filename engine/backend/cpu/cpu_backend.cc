@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "engine/core/error.h"
+#include "engine/spec/device_verify.h"
 
 namespace arbor {
 
@@ -275,6 +276,13 @@ void CpuBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>* out) {
     }
     (*out)[static_cast<size_t>(m)] = rejected ? -1 : best;
   }
+}
+
+void CpuBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
+                              TreeSampleResult* out) {
+  ARBOR_CHECK(logits.dtype == DType::kF32);
+  sample_trees_on_host(std::span<const float>(f32(logits), static_cast<size_t>(logits.numel())),
+                       logits.cols, batch, out);
 }
 
 void CpuBackend::copy_kv(const std::vector<int64_t>& src_slots,

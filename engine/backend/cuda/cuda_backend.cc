@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -20,6 +21,7 @@
 #include "kernels/kv/kv_cache_ops.h"
 #include "kernels/norm_rope/norm_rope.h"
 #include "kernels/sampling/argmax_rows.h"
+#include "kernels/sampling/tree_sampling.h"
 
 namespace arbor {
 
@@ -245,6 +247,8 @@ struct CudaBackend::State {
   DeviceBuffer gemm_input;  // bf16 copy of linear()'s fp32 input
   DeviceBuffer convert;     // fp32 staging for download/upload of 16-bit tensors
   DeviceBuffer argmax_ids;  // [M] int32 argmax_rows() output
+  StagedUpload sample_meta;     // sample_trees' batch
+  DeviceBuffer sample_scratch;  // sample_trees' per-row / per-item scratch and outputs
   StagedUpload copy_slots;  // copy_kv's slot lists
   DeviceBuffer copy_staging;
 
@@ -1065,6 +1069,105 @@ void CudaBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>* out) {
                              s.stream),
              "argmax_rows download");
   cuda_check(cudaStreamSynchronize(s.stream), "argmax_rows");
+}
+
+static_assert(sizeof(TreeSampleParams) == sizeof(kernels::TreeSampleItemParams) &&
+              offsetof(TreeSampleParams, greedy) == offsetof(kernels::TreeSampleItemParams, greedy));
+
+void CudaBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
+                               TreeSampleResult* out) {
+  s_->flush();
+  State& s = *s_;
+  if (logits.dtype != DType::kF32 || logits.cols <= 0 || logits.cols >= (int64_t{1} << 31) - 1)
+    throw_error(ErrorCode::kInvalidArgument, "sample_trees: logits " + shape(logits) + " " +
+                                                 dtype_name(logits.dtype) +
+                                                 ", need fp32 with 1 to 2^31 - 2 columns");
+  validate_tree_sample_batch(batch, logits.cols, logits.rows);
+  const int32_t items = batch.num_items(), nodes = batch.num_nodes();
+  *out = TreeSampleResult{};
+  out->path_indptr = {0};
+  if (items == 0) return;
+  // One processing task per distinct logits row (items sharing a row share its parameters).
+  std::vector<int32_t> task_node, task_item;
+  std::vector<uint8_t> row_seen(static_cast<size_t>(logits.rows), 0);
+  for (int32_t i = 0; i < items; ++i)
+    for (int32_t g = batch.node_indptr[i]; g < batch.node_indptr[i + 1]; ++g) {
+      uint8_t& seen = row_seen[static_cast<size_t>(batch.logits_row[g])];
+      if (seen) continue;
+      seen = 1;
+      task_node.push_back(g);
+      task_item.push_back(i);
+    }
+  const std::vector<int32_t> no_q(batch.q_row.empty() ? static_cast<size_t>(nodes) : 0, -1);
+  Packer pk;
+  const size_t o_params = pk.add(batch.params), o_nodes = pk.add(batch.node_indptr),
+               o_rows = pk.add(batch.logits_row), o_parent = pk.add(batch.parent),
+               o_token = pk.add(batch.token),
+               o_qrow = pk.add(batch.q_row.empty() ? no_q : batch.q_row), o_q = pk.add(batch.q),
+               o_ctx = pk.add(batch.ctx_indptr), o_ctx_tok = pk.add(batch.ctx_token),
+               o_ctx_cnt = pk.add(batch.ctx_output_count), o_uptr = pk.add(batch.uniform_indptr),
+               o_u = pk.add(batch.uniforms), o_tnode = pk.add(task_node),
+               o_titem = pk.add(task_item);
+  uint8_t* host = s.sample_meta.begin(pk.size(), "sample_trees");
+  pk.write(host);
+  s.sample_meta.commit(pk.size(), s.stream, "sample_trees");
+  uint8_t* meta = static_cast<uint8_t*>(s.sample_meta.device.ptr);
+
+  // Scratch: [outputs: path, tried (nodes each), len, bonus, used, status (items each)], then
+  // row argmax / status (rows each), then the work rows (items x vocab fp32).
+  const size_t out_ints = 2 * static_cast<size_t>(nodes) + 4 * static_cast<size_t>(items);
+  const size_t o_rowint = align_up(out_ints * 4, 256);
+  const size_t o_work = align_up(o_rowint + 2 * static_cast<size_t>(logits.rows) * 4, 256);
+  s.sample_scratch.ensure(o_work + static_cast<size_t>(items) * logits.cols * 4, "sample_trees");
+  uint8_t* scratch = static_cast<uint8_t*>(s.sample_scratch.ptr);
+  int32_t* outs = reinterpret_cast<int32_t*>(scratch);
+
+  kernels::TreeSampleLaunch p;
+  p.logits = static_cast<float*>(logits.data);
+  p.vocab = logits.cols;
+  p.num_items = items;
+  p.num_tasks = static_cast<int32_t>(task_node.size());
+  p.params = reinterpret_cast<const kernels::TreeSampleItemParams*>(meta + o_params);
+  p.node_indptr = reinterpret_cast<const int32_t*>(meta + o_nodes);
+  p.logits_row = reinterpret_cast<const int32_t*>(meta + o_rows);
+  p.parent = reinterpret_cast<const int32_t*>(meta + o_parent);
+  p.token = reinterpret_cast<const int32_t*>(meta + o_token);
+  p.q_row = reinterpret_cast<const int32_t*>(meta + o_qrow);
+  p.q = reinterpret_cast<const float*>(meta + o_q);
+  p.ctx_indptr = reinterpret_cast<const int32_t*>(meta + o_ctx);
+  p.ctx_token = reinterpret_cast<const int32_t*>(meta + o_ctx_tok);
+  p.ctx_output_count = reinterpret_cast<const int32_t*>(meta + o_ctx_cnt);
+  p.uniform_indptr = reinterpret_cast<const int32_t*>(meta + o_uptr);
+  p.uniforms = reinterpret_cast<const double*>(meta + o_u);
+  p.task_node = reinterpret_cast<const int32_t*>(meta + o_tnode);
+  p.task_item = reinterpret_cast<const int32_t*>(meta + o_titem);
+  p.out_path = outs;
+  p.out_tried = outs + nodes;
+  p.out_len = outs + 2 * nodes;
+  p.out_bonus = p.out_len + items;
+  p.out_used = p.out_bonus + items;
+  p.out_status = p.out_used + items;
+  p.row_argmax = reinterpret_cast<int32_t*>(scratch + o_rowint);
+  p.row_status = p.row_argmax + logits.rows;
+  p.work = reinterpret_cast<float*>(scratch + o_work);
+  cuda_check(kernels::launch_tree_sample(p, s.stream), "sample_trees");
+  std::vector<int32_t> h(out_ints);
+  cuda_check(cudaMemcpyAsync(h.data(), outs, out_ints * 4, cudaMemcpyDeviceToHost, s.stream),
+             "sample_trees download");
+  cuda_check(cudaStreamSynchronize(s.stream), "sample_trees");
+  const int32_t* len = h.data() + 2 * nodes;
+  for (int32_t i = 0; i < items; ++i) {
+    const int32_t first = batch.node_indptr[i];
+    ARBOR_CHECK(len[i] >= 1 && len[i] <= batch.node_indptr[i + 1] - first,
+                "sample_trees: path of " + std::to_string(len[i]) + " nodes");
+    out->path_nodes.insert(out->path_nodes.end(), h.begin() + first, h.begin() + first + len[i]);
+    out->children_tried.insert(out->children_tried.end(), h.begin() + nodes + first,
+                               h.begin() + nodes + first + len[i]);
+    out->path_indptr.push_back(static_cast<int32_t>(out->path_nodes.size()));
+  }
+  out->bonus.assign(len + items, len + 2 * items);
+  out->uniforms_used.assign(len + 2 * items, len + 3 * items);
+  out->status.assign(len + 3 * items, len + 4 * items);
 }
 
 void CudaBackend::copy_kv(const std::vector<int64_t>& src_slots,

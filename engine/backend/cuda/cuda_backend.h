@@ -80,6 +80,8 @@ class CudaBackend final : public Backend {
                             const Tensor& out) override;
   void gather_logit_rows(const Tensor& x, const Tensor& out) override;
   void argmax_rows(const Tensor& logits, std::vector<int32_t>* out) override;
+  void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
+                    TreeSampleResult* out) override;
   void copy_kv(const std::vector<int64_t>& src_slots,
                const std::vector<int64_t>& dst_slots) override;
 

@@ -1,0 +1,119 @@
+#include "engine/backend/tree_sampling.h"
+
+#include <cmath>
+#include <string>
+
+#include "engine/core/error.h"
+
+namespace arbor {
+namespace {
+
+[[noreturn]] void bad(const std::string& what) {
+  throw_error(ErrorCode::kInvalidArgument, "sample_trees: " + what);
+}
+
+std::string at(const char* field, size_t i) {
+  return std::string(field) + "[" + std::to_string(i) + "]";
+}
+
+void check_indptr(const std::vector<int32_t>& indptr, const char* name, size_t items,
+                  size_t total) {
+  if (indptr.size() != items + 1)
+    bad(std::string(name) + " has " + std::to_string(indptr.size()) + " entries, expected " +
+        std::to_string(items + 1));
+  if (indptr[0] != 0) bad(at(name, 0) + " is " + std::to_string(indptr[0]) + ", expected 0");
+  for (size_t i = 0; i < items; ++i)
+    if (indptr[i + 1] < indptr[i]) bad(at(name, i + 1) + " decreases");
+  if (static_cast<size_t>(indptr[items]) != total)
+    bad(at(name, items) + " is " + std::to_string(indptr[items]) + " but there are " +
+        std::to_string(total) + " entries");
+}
+
+void check_params(const TreeSampleParams& p, size_t i) {
+  const std::string where = "params[" + std::to_string(i) + "].";
+  // Written so that NaN fails.
+  if (p.greedy == 0 && !(p.temperature > 0.0f && std::isfinite(p.temperature)))
+    bad(where + "temperature is " + std::to_string(p.temperature) + " (sampled items need > 0)");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
+    bad(where + "top_p is " + std::to_string(p.top_p) + ", not in (0, 1]");
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
+    bad(where + "min_p is " + std::to_string(p.min_p) + ", not in [0, 1]");
+  if (!(p.repetition_penalty > 0.0f && std::isfinite(p.repetition_penalty)))
+    bad(where + "repetition_penalty is " + std::to_string(p.repetition_penalty));
+  if (!std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty))
+    bad(where + "presence / frequency penalty is not finite");
+}
+
+}  // namespace
+
+void validate_tree_sample_batch(const TreeSampleBatch& b, int64_t vocab, int64_t logits_rows) {
+  if (vocab <= 0) bad("vocab " + std::to_string(vocab));
+  const size_t items = b.params.size();
+  const size_t nodes = b.token.size();
+  for (size_t i = 0; i < items; ++i) check_params(b.params[i], i);
+  check_indptr(b.node_indptr, "node_indptr", items, nodes);
+  if (b.parent.size() != nodes || b.logits_row.size() != nodes)
+    bad("parent / logits_row / token sizes differ (" + std::to_string(b.parent.size()) + ", " +
+        std::to_string(b.logits_row.size()) + ", " + std::to_string(nodes) + ")");
+  if (!b.q_row.empty() && b.q_row.size() != nodes)
+    bad("q_row has " + std::to_string(b.q_row.size()) + " entries for " + std::to_string(nodes) +
+        " nodes");
+  if (b.q.size() % static_cast<size_t>(vocab) != 0)
+    bad("q holds " + std::to_string(b.q.size()) + " values, not a multiple of vocab " +
+        std::to_string(vocab));
+  const int64_t q_rows = static_cast<int64_t>(b.q.size()) / vocab;
+  check_indptr(b.ctx_indptr, "ctx_indptr", items, b.ctx_token.size());
+  if (b.ctx_output_count.size() != b.ctx_token.size())
+    bad("ctx_output_count has " + std::to_string(b.ctx_output_count.size()) + " entries for " +
+        std::to_string(b.ctx_token.size()) + " context tokens");
+  check_indptr(b.uniform_indptr, "uniform_indptr", items, b.uniforms.size());
+  for (size_t i = 0; i < items; ++i) {
+    const int32_t first = b.node_indptr[i], t = b.node_indptr[i + 1] - first;
+    if (t < 1 || t > kMaxTreeSampleNodes)
+      bad("item " + std::to_string(i) + " has " + std::to_string(t) + " nodes, outside [1, " +
+          std::to_string(kMaxTreeSampleNodes) + "]");
+    for (int32_t j = 0; j < t; ++j) {
+      const size_t g = static_cast<size_t>(first + j);
+      const int32_t p = b.parent[g];
+      if (j == 0 ? p != -1 : (p < 0 || p >= j))
+        bad("item " + std::to_string(i) + " node " + std::to_string(j) + " has parent " +
+            std::to_string(p) + (j == 0 ? " (the root's is -1)" : " (must be in [0, node))"));
+      if (b.token[g] < 0 || b.token[g] >= vocab)
+        bad(at("token", g) + " is " + std::to_string(b.token[g]) + ", outside [0, " +
+            std::to_string(vocab) + ")");
+      if (b.logits_row[g] < 0 || b.logits_row[g] >= logits_rows)
+        bad(at("logits_row", g) + " is " + std::to_string(b.logits_row[g]) + ", outside [0, " +
+            std::to_string(logits_rows) + ")");
+      if (!b.q_row.empty() && (b.q_row[g] < -1 || b.q_row[g] >= q_rows))
+        bad(at("q_row", g) + " is " + std::to_string(b.q_row[g]) + ", outside [-1, " +
+            std::to_string(q_rows) + ")");
+      if (j > 0 && !b.q_row.empty() && b.q_row[static_cast<size_t>(first + p)] >= 0 &&
+          b.q_row[static_cast<size_t>(first + p)] < q_rows) {
+        const int64_t qr = b.q_row[static_cast<size_t>(first + p)];
+        if (!(b.q[static_cast<size_t>(qr * vocab + b.token[g])] > 0.0f))
+          bad("item " + std::to_string(i) + " node " + std::to_string(j) + ": token " +
+              std::to_string(b.token[g]) + " has q = 0 in its parent's q row " +
+              std::to_string(qr) + " (it could not have been drawn)");
+      }
+    }
+    const int32_t uniforms = b.uniform_indptr[i + 1] - b.uniform_indptr[i];
+    if (b.params[i].greedy == 0 && uniforms < t)
+      bad("item " + std::to_string(i) + " is sampled with " + std::to_string(t) + " nodes but has " +
+          std::to_string(uniforms) + " uniforms");
+    for (int32_t c = b.ctx_indptr[i]; c < b.ctx_indptr[i + 1]; ++c) {
+      const size_t cc = static_cast<size_t>(c);
+      if (b.ctx_token[cc] < 0 || b.ctx_token[cc] >= vocab)
+        bad(at("ctx_token", cc) + " is " + std::to_string(b.ctx_token[cc]) + ", outside [0, " +
+            std::to_string(vocab) + ")");
+      if (c > b.ctx_indptr[i] && b.ctx_token[cc] <= b.ctx_token[cc - 1])
+        bad("ctx_token of item " + std::to_string(i) + " is not strictly ascending at " +
+            std::to_string(c));
+      if (b.ctx_output_count[cc] < 0) bad(at("ctx_output_count", cc) + " is negative");
+    }
+  }
+  for (size_t u = 0; u < b.uniforms.size(); ++u)
+    if (!(b.uniforms[u] >= 0.0 && b.uniforms[u] < 1.0))
+      bad(at("uniforms", u) + " is " + std::to_string(b.uniforms[u]) + ", outside [0, 1)");
+}
+
+}  // namespace arbor

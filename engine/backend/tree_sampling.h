@@ -1,0 +1,83 @@
+// Sampling and speculative verification on the backend (Backend::sample_trees): the flat batch
+// the engine hands over and what comes back. Logits stay in backend memory; only these small
+// arrays cross to the host. The math is engine/spec/verifier.h's (greedy matching for greedy
+// items, lossless multi-branch rejection sampling for sampled ones) with the logits processing
+// of engine/sampling/sampler.h; engine/spec/device_verify.h builds a batch from DraftTrees and
+// converts the result back to VerifyResults.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace arbor {
+
+// One item's sampling parameters (SamplingParams without the seed: the randomness comes as
+// uniforms). greedy != 0: argmax of the penalised logits, no temperature / top-k / top-p /
+// min-p, no uniforms used.
+struct TreeSampleParams {
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int32_t greedy = 0;
+};
+
+// I items (one request choice each), each a draft tree of T_i >= 1 nodes (T_i = 1: plain
+// sampling of the next token). Node j of item i is global node node_indptr[i] + j; its target
+// logits are row logits_row[global node] of the logits tensor. Items may share a logits row
+// only if they have the same parameters and the same context at that node (n > 1 choices
+// drawing their first token from one prefill row).
+struct TreeSampleBatch {
+  std::vector<TreeSampleParams> params;  // [I]
+  std::vector<int32_t> node_indptr;      // [I + 1]
+  std::vector<int32_t> logits_row;       // [nodes]
+  std::vector<int32_t> parent;           // [nodes] item-local; -1 for each item's root
+  std::vector<int32_t> token;            // [nodes] in [0, vocab)
+  // Sampled draft proposals: q_row[node] >= 0 names the row of q ([q rows, vocab], normalised)
+  // that the node's children were drawn from; -1 = deterministic children (q one-hot). Empty:
+  // every node deterministic.
+  std::vector<int32_t> q_row;  // [nodes] or empty
+  std::vector<float> q;        // [q rows, vocab]
+  // Penalty context of item i: the distinct token ids < vocab of its prompt and output,
+  // ascending, in ctx_token[ctx_indptr[i] .. ctx_indptr[i + 1]), with their number of
+  // occurrences in the output (generated tokens) in ctx_output_count. Tree path tokens (root
+  // excluded) count as output on top. Only read when the item has a penalty.
+  std::vector<int32_t> ctx_indptr;        // [I + 1]
+  std::vector<int32_t> ctx_token;         // [ctx]
+  std::vector<int32_t> ctx_output_count;  // [ctx]
+  // Uniforms in [0, 1) the walk of item i consumes in order (one per tested child, one for the
+  // final draw): uniform_indptr[i + 1] - uniform_indptr[i] >= T_i for a sampled item.
+  std::vector<int32_t> uniform_indptr;  // [I + 1]
+  std::vector<double> uniforms;
+
+  int32_t num_items() const { return static_cast<int32_t>(params.size()); }
+  int32_t num_nodes() const { return static_cast<int32_t>(token.size()); }
+};
+
+// Per item: the accepted root-to-node path (item-local node ids, starting with 0), the tested
+// children count at each of its nodes (VerifyResult::children_tried), the bonus token, the
+// uniforms consumed, and a status: 0 = ok, 1 = a visited node's logits had a NaN / +inf or no
+// finite value (the host verifier throws kInvalidArgument there; the path is then {0}, 0 tried,
+// bonus -1, 0 uniforms used).
+struct TreeSampleResult {
+  std::vector<int32_t> path_indptr;  // [I + 1]
+  std::vector<int32_t> path_nodes;
+  std::vector<int32_t> children_tried;  // parallel to path_nodes
+  std::vector<int32_t> bonus;           // [I]
+  std::vector<int32_t> uniforms_used;   // [I]
+  std::vector<int32_t> status;          // [I]
+};
+
+// Largest tree (nodes per item) sample_trees accepts.
+inline constexpr int32_t kMaxTreeSampleNodes = 1024;
+
+// Throws kInvalidArgument naming the first inconsistent field: sizes and indptrs, a tree larger
+// than kMaxTreeSampleNodes, parents not topological from a root at each item's node 0, tokens or
+// penalty-context ids outside [0, vocab), a context not ascending, logits rows outside [0,
+// logits_rows), q rows outside q, too few uniforms for a sampled item, parameters out of range.
+void validate_tree_sample_batch(const TreeSampleBatch& batch, int64_t vocab, int64_t logits_rows);
+
+}  // namespace arbor
