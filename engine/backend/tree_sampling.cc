@@ -98,8 +98,8 @@ void validate_tree_sample_batch(const TreeSampleBatch& b, int64_t vocab, int64_t
     }
     const int32_t uniforms = b.uniform_indptr[i + 1] - b.uniform_indptr[i];
     if (b.params[i].greedy == 0 && uniforms < t)
-      bad("item " + std::to_string(i) + " is sampled with " + std::to_string(t) + " nodes but has " +
-          std::to_string(uniforms) + " uniforms");
+      bad("item " + std::to_string(i) + " is sampled with " + std::to_string(t) +
+          " nodes but has " + std::to_string(uniforms) + " uniforms");
     for (int32_t c = b.ctx_indptr[i]; c < b.ctx_indptr[i + 1]; ++c) {
       const size_t cc = static_cast<size_t>(c);
       if (b.ctx_token[cc] < 0 || b.ctx_token[cc] >= vocab)

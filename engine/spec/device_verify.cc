@@ -52,8 +52,8 @@ class ReplayRandomness final : public VerifyRandomness {
 
  private:
   double next() {
-    ARBOR_CHECK(k_ < u_.size(), "the walk needs more than " + std::to_string(u_.size()) +
-                                    " uniforms");
+    ARBOR_CHECK(k_ < u_.size(),
+                "the walk needs more than " + std::to_string(u_.size()) + " uniforms");
     return u_[k_++];
   }
   std::span<const double> u_;
@@ -193,14 +193,15 @@ void sample_trees_on_host(std::span<const float> logits, int64_t vocab,
     std::vector<int32_t> prompt, output;
     for (int32_t c = batch.ctx_indptr[ii]; c < batch.ctx_indptr[ii + 1]; ++c) {
       prompt.push_back(batch.ctx_token[static_cast<size_t>(c)]);
-      output.insert(output.end(), static_cast<size_t>(batch.ctx_output_count[static_cast<size_t>(c)]),
+      output.insert(output.end(),
+                    static_cast<size_t>(batch.ctx_output_count[static_cast<size_t>(c)]),
                     batch.ctx_token[static_cast<size_t>(c)]);
     }
     const Sampler sampler(unflat_params(batch.params[ii]));
-    ReplayRandomness randomness(std::span<const double>(batch.uniforms)
-                                    .subspan(static_cast<size_t>(batch.uniform_indptr[ii]),
-                                             static_cast<size_t>(batch.uniform_indptr[ii + 1] -
-                                                                 batch.uniform_indptr[ii])));
+    ReplayRandomness randomness(
+        std::span<const double>(batch.uniforms)
+            .subspan(static_cast<size_t>(batch.uniform_indptr[ii]),
+                     static_cast<size_t>(batch.uniform_indptr[ii + 1] - batch.uniform_indptr[ii])));
     VerifyOptions options;
     options.mode = VerifyMode::kRejection;
     options.check_root = false;

@@ -242,8 +242,8 @@ __global__ void __launch_bounds__(kThreads) process_rows_kernel(const TreeSample
 
   // Top-k: keep values >= the k-th largest (ties with it survive).
   if (prm.top_k > 0 && prm.top_k < n) {
-    const uint32_t kth_key = largest_key_with_mass(x, n, static_cast<double>(prm.top_k),
-                                                   [](float) { return 1.0; }, sh);
+    const uint32_t kth_key = largest_key_with_mass(
+        x, n, static_cast<double>(prm.top_k), [](float) { return 1.0; }, sh);
     const float kth = float_of(kth_key);
     __syncthreads();
     for (int i = tid; i < n; i += kThreads)
@@ -264,8 +264,8 @@ __global__ void __launch_bounds__(kThreads) process_rows_kernel(const TreeSample
   // Top-p.
   if (prm.top_p < 1.0f) {
     const double target = static_cast<double>(prm.top_p) * total;
-    const uint32_t boundary_key =
-        largest_key_with_mass(x, n, target, [](float w) { return static_cast<double>(w); }, sh);
+    const uint32_t boundary_key = largest_key_with_mass(
+        x, n, target, [](float w) { return static_cast<double>(w); }, sh);
     const float boundary = float_of(boundary_key);
     double above = 0.0;
     long long ties = 0;

@@ -32,7 +32,7 @@ struct TreeSampleLaunch {
   float* logits = nullptr;  // [rows, vocab] fp32: processed in place into probabilities
   int64_t vocab = 0;        // < 2^31
   int32_t num_items = 0;
-  int32_t num_tasks = 0;  // distinct logits rows
+  int32_t num_tasks = 0;                         // distinct logits rows
   const TreeSampleItemParams* params = nullptr;  // [items]
   const int32_t* node_indptr = nullptr;          // [items + 1]
   const int32_t* logits_row = nullptr;           // [nodes]
@@ -51,11 +51,11 @@ struct TreeSampleLaunch {
   int32_t* row_status = nullptr;       // [rows] scratch: 1 = NaN / +inf / no finite value
   float* work = nullptr;               // [items, vocab] scratch: the walk's residual
   // Outputs: item i's path at [node_indptr[i], node_indptr[i] + out_len[i]).
-  int32_t* out_path = nullptr;   // [nodes]
-  int32_t* out_tried = nullptr;  // [nodes]
-  int32_t* out_len = nullptr;    // [items]
-  int32_t* out_bonus = nullptr;  // [items]
-  int32_t* out_used = nullptr;   // [items]
+  int32_t* out_path = nullptr;    // [nodes]
+  int32_t* out_tried = nullptr;   // [nodes]
+  int32_t* out_len = nullptr;     // [items]
+  int32_t* out_bonus = nullptr;   // [items]
+  int32_t* out_used = nullptr;    // [items]
   int32_t* out_status = nullptr;  // [items]
 };
 

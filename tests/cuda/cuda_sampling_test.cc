@@ -231,8 +231,8 @@ TEST(CudaSampleTrees, MatchesHostReference) {
       items += c.batch.num_items();
     }
   }
-  std::printf("  sample_trees: %d items, %d accepted draft tokens, %d differ from the host\n", items,
-              accepted, differ);
+  std::printf("  sample_trees: %d items, %d accepted draft tokens, %d differ from the host\n",
+              items, accepted, differ);
   EXPECT_GT(accepted, items / 2) << "the cases should accept draft tokens";
   // fp32 probabilities on the GPU vs double on the host: a draw decides differently only when
   // a uniform lands within ~1e-6 of a boundary.
@@ -374,8 +374,8 @@ TEST(CudaSampleTrees, EngineBackendSamplingEqualsHostSampling) {
       equal += out[0][i].tokens == out[1][i].tokens;
       EXPECT_EQ(out[0][i].tokens, out[1][i].tokens) << method << " request " << i;
     }
-    std::printf("  %-6s backend sampling == host sampling: %d/%zu requests\n", method.c_str(), equal,
-                reqs.size());
+    std::printf("  %-6s backend sampling == host sampling: %d/%zu requests\n", method.c_str(),
+                equal, reqs.size());
   }
 }
 

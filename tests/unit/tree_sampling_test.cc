@@ -113,7 +113,8 @@ TEST(TreeSampling, BuilderAndHostReferenceEqualVerify) {
       logits.insert(logits.end(), rows.begin(), rows.end());
       const uint64_t seed = rng();
       Rng direct(seed);
-      const VerifyResult r = verify(tree, rows, model.vocab, Sampler(params), prompt, output, direct);
+      const VerifyResult r =
+          verify(tree, rows, model.vocab, Sampler(params), prompt, output, direct);
       rngs.push_back(std::make_unique<Rng>(seed));
       builder.add(tree, first_row, params, prompt, output, rngs.back().get());
       want.push_back({r, direct.next_u64(), rngs.back().get()});
@@ -157,7 +158,8 @@ TEST(TreeSampling, WrongRootAndMalformedBatchesAreRejected) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_bad("logits_row[2]", [](TreeSampleBatch&) {}, 2);
+  expect_bad(
+      "logits_row[2]", [](TreeSampleBatch&) {}, 2);
   expect_bad("token[1]", [](TreeSampleBatch& b) { b.token[1] = 10; });
   expect_bad("parent", [](TreeSampleBatch& b) { b.parent[2] = 2; });
   expect_bad("uniforms", [](TreeSampleBatch& b) {
