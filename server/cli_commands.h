@@ -59,6 +59,7 @@ struct SpecBenchOptions {
   int32_t threads = 0;
   bool no_bos = false;
   bool skip_plain = false;  // acceptance only: no plain-decoding baseline run
+  bool host_sampling = false;  // download logits and verify on the host (EngineConfig)
   std::string spec;
   SpecConfig spec_config;
   int32_t max_tree_nodes = 64;

@@ -44,6 +44,8 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   c->add_option("--spec-max-nodes", o->max_tree_nodes, "Largest tree verified in one step");
   c->add_flag("--no-bos", o->no_bos, "Do not prepend BOS (chat-rendered prompts carry it)");
   c->add_flag("--skip-plain", o->skip_plain, "Measure acceptance only (no plain baseline)");
+  c->add_flag("--host-sampling", o->host_sampling,
+              "Download logits and sample / verify on the host (default: on the backend)");
 }
 
 namespace {
@@ -100,6 +102,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
   }
   GeneratorConfig gc;
   gc.max_running = o.batch;
+  gc.backend_sampling = !o.host_sampling;
   gc.tree_budget.max_nodes = o.max_tree_nodes;
   int64_t longest = 0;
   for (const auto& r : reqs) longest = std::max<int64_t>(longest, r.prompt.size());
