@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/tree_sampling.h"
 #include "engine/core/dtype.h"
 #include "engine/core/host_tensor.h"
-#include "engine/backend/tree_sampling.h"
 
 namespace arbor {
 
@@ -130,6 +130,39 @@ class Backend {
   // copies are done as if simultaneously (sources read before any destination is written).
   virtual void copy_kv(const std::vector<int64_t>& src_slots,
                        const std::vector<int64_t>& dst_slots) = 0;
+
+  // --- step graphs (engine/backend/step_graphs.h; CUDA graphs on the CUDA backend) -----------
+  // A backend that can record the device work of a step's ops and replay it implements these;
+  // the defaults say it cannot. The ops between begin_step_capture() and end_step_capture()
+  // are recorded, not run, so they must do no host synchronisation and allocate nothing; the
+  // step's metadata (set_step) and what prepare_step_graph() uploads stay outside the
+  // recording, written to the same device addresses every step.
+  //
+  // Whether step graphs are wanted (CudaBackendOptions::cuda_graphs).
+  virtual bool step_graphs_enabled() const { return false; }
+  // For the step of the last set_step(), whose attention has num_q_heads query heads: does now
+  // the host-side preparation the ops would do lazily (the attention plan and its upload), in
+  // the form a recording can replay (launch sizes rounded up to buckets), and appends to `key`
+  // every launch value it derives from the step's contents. False: this step cannot be
+  // recorded (run it eagerly).
+  virtual bool prepare_step_graph(int64_t num_q_heads, std::vector<int64_t>* key) {
+    (void)num_q_heads;
+    (void)key;
+    return false;
+  }
+  // Records the ops issued until end_step_capture() instead of running them.
+  virtual void begin_step_capture();
+  // Ends the recording: a graph id >= 0, or -1 when the backend could not record the step
+  // (nothing recorded ran: run the ops again eagerly).
+  virtual int64_t end_step_capture() { return -1; }
+  // Abandons a recording after an op threw inside it (nothing recorded ran).
+  virtual void abort_step_capture() {}
+  // Runs a recording (after set_step() and prepare_step_graph() of a step with its key).
+  virtual void replay_step_graph(int64_t graph);
+  virtual void release_step_graph(int64_t graph) { (void)graph; }
+  // Changes whenever memory a recording may point into is reallocated or re-laid out (scratch
+  // arena, metadata and plan buffers, KV cache): recordings from another epoch must not run.
+  virtual uint64_t step_graph_epoch() const { return 0; }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads = 0);

@@ -35,6 +35,7 @@ LlamaModel::LlamaModel(Backend& backend, const ModelWeights& w)
     l.w_down = backend_.upload_weight(lw.w_down);
     layers_.push_back(l);
   }
+  set_step_graphs(true);
 }
 
 KvCacheShape LlamaModel::kv_shape(int64_t num_blocks, int64_t block_size) const {
@@ -47,10 +48,85 @@ KvCacheShape LlamaModel::kv_shape(int64_t num_blocks, int64_t block_size) const 
   return s;
 }
 
-void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, const ForwardRequest& want) {
+namespace {
+
+// Prefill chunks and steps this large run eagerly: their shapes rarely repeat.
+constexpr int32_t kMaxGraphTokens = 1024;
+
+// Decode / verify steps: every request one token or a tree (no prefill chunk), no features of
+// inner layers (their downloads sit between the ops), not too many tokens.
+bool graph_eligible(const StepInputs& step, const ForwardRequest& want) {
+  if (!want.capture_layers.empty() || step.num_tokens() > kMaxGraphTokens) return false;
+  for (int32_t r = 0; r < step.num_requests(); ++r)
+    if (step.qo_indptr[r + 1] - step.qo_indptr[r] > 1 &&
+        step.mask_indptr[r + 1] == step.mask_indptr[r])
+      return false;
+  return step.num_requests() > 0;
+}
+
+}  // namespace
+
+void LlamaModel::set_step_graphs(bool enabled) {
+  if (!enabled || !backend_.step_graphs_enabled()) {
+    if (graphs_) {
+      const StepGraphStats& s = graphs_->stats();
+      stats_of_dropped_.eager += s.eager;
+      stats_of_dropped_.captures += s.captures;
+      stats_of_dropped_.replays += s.replays;
+      stats_of_dropped_.capture_failures += s.capture_failures;
+      stats_of_dropped_.evictions += s.evictions;
+      stats_of_dropped_.invalidations += s.invalidations;
+    }
+    graphs_.reset();
+    return;
+  }
+  if (graphs_) return;
+  Backend* b = &backend_;
+  graphs_ = std::make_unique<StepGraphCache>(StepGraphCache::Options{},
+                                             [b](int64_t g) { b->release_step_graph(g); });
+}
+
+StepGraphStats LlamaModel::step_graph_stats() const {
+  StepGraphStats s = stats_of_dropped_;
+  if (graphs_) {
+    const StepGraphStats& g = graphs_->stats();
+    s.eager += g.eager;
+    s.captures += g.captures;
+    s.replays += g.replays;
+    s.capture_failures += g.capture_failures;
+    s.evictions += g.evictions;
+    s.invalidations += g.invalidations;
+  }
+  return s;
+}
+
+StepGraphKey LlamaModel::graph_key(const StepInputs& step, const ForwardRequest& want) {
+  StepGraphKey key;
+  if (!graphs_ || !graph_eligible(step, want)) return key;
+  const int32_t r_count = step.num_requests();
+  // Layout: tag, N, R, M, block-table width, mask words, final_hidden, then (T_r, mask words_r)
+  // per request, then the backend's part. Token ids, positions, slots, committed lengths, block
+  // ids and mask bits are not in it: the recorded kernels read them from device memory.
+  key = {1,
+         step.num_tokens(),
+         r_count,
+         static_cast<int64_t>(step.logits_rows.size()),
+         step.max_blocks_per_request,
+         static_cast<int64_t>(step.tree_mask.size()),
+         want.final_hidden ? 1 : 0};
+  for (int32_t r = 0; r < r_count; ++r) {
+    const int32_t t = step.qo_indptr[r + 1] - step.qo_indptr[r];
+    const int32_t words = step.mask_indptr[r + 1] - step.mask_indptr[r];
+    key.push_back(t);
+    key.push_back(words);
+  }
+  if (!backend_.prepare_step_graph(config_.num_heads, &key)) return {};
+  return key;
+}
+
+LlamaModel::StepTensors LlamaModel::run_ops(const StepInputs& step, const ForwardRequest& want,
+                                            ForwardOutput* out) {
   Backend& b = backend_;
-  b.set_step(step);
-  b.reset_scratch();
   const int64_t n = step.num_tokens();
   const int64_t hidden = config_.hidden_size;
   const int64_t q_width = config_.num_heads * config_.head_dim;
@@ -67,7 +143,6 @@ void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, const Forwa
   Tensor proj = b.scratch(n, hidden);
   Tensor gate = b.scratch(n, config_.intermediate_size);
   Tensor up = b.scratch(n, config_.intermediate_size);
-  out->captured.assign(want.capture_layers.size(), {});
   auto capture = [&](size_t layer_input) {
     for (size_t c = 0; c < want.capture_layers.size(); ++c) {
       if (want.capture_layers[c] != static_cast<int32_t>(layer_input)) continue;
@@ -75,11 +150,6 @@ void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, const Forwa
       b.download(x, out->captured[c].data());
     }
   };
-  for (int32_t c : want.capture_layers)
-    if (c < 0 || c > config_.num_layers)
-      throw_error(ErrorCode::kInvalidArgument, "capture layer " + std::to_string(c) +
-                                                   " outside [0, " +
-                                                   std::to_string(config_.num_layers) + "]");
   for (size_t li = 0; li < layers_.size(); ++li) {
     capture(li);
     const Layer& l = layers_[li];
@@ -100,32 +170,101 @@ void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, const Forwa
     b.add(x, proj, x);
   }
   capture(layers_.size());
+  StepTensors t;
   if (want.final_hidden) {
-    Tensor all_normed = b.scratch(n, hidden);
-    b.rms_norm(x, final_norm_, eps, all_normed);
-    out->hidden.resize(static_cast<size_t>(n * hidden));
-    b.download(all_normed, out->hidden.data());
+    t.hidden = b.scratch(n, hidden);
+    b.rms_norm(x, final_norm_, eps, t.hidden);
+  }
+  const int64_t m = static_cast<int64_t>(step.logits_rows.size());
+  if (m == 0) return t;
+  Tensor rows = b.scratch(m, hidden);
+  b.gather_logit_rows(x, rows);
+  Tensor rows_normed = b.scratch(m, hidden);
+  b.rms_norm(rows, final_norm_, eps, rows_normed);
+  t.logits = b.scratch(m, config_.vocab_size);
+  b.linear(rows_normed, lm_head_, Tensor{}, t.logits);
+  return t;
+}
+
+void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
+                         const ForwardRequest& want) {
+  Backend& b = backend_;
+  for (int32_t c : want.capture_layers)
+    if (c < 0 || c > config_.num_layers)
+      throw_error(ErrorCode::kInvalidArgument, "capture layer " + std::to_string(c) +
+                                                   " outside [0, " +
+                                                   std::to_string(config_.num_layers) + "]");
+  out->captured.assign(want.capture_layers.size(), {});
+  // Decode / verify steps get a block table width rounded up to a bucket, so that the graph
+  // key (which holds it) changes every 2^e blocks of the longest request, not every block.
+  StepInputs padded;
+  const StepInputs* chosen = &step_in;
+  if (graphs_ && graph_eligible(step_in, want)) {
+    const auto width = static_cast<int32_t>(graph_bucket(step_in.max_blocks_per_request, 4));
+    if (width != step_in.max_blocks_per_request) {
+      padded = with_block_table_width(step_in, width);
+      chosen = &padded;
+    }
+  }
+  const StepInputs& step = *chosen;
+  b.set_step(step);
+  b.reset_scratch();  // before the key: a scratch arena merged here moves the memory epoch
+
+  StepTensors t;
+  bool done = false;
+  const StepGraphKey key = graph_key(step, want);
+  if (!key.empty()) {
+    const StepGraphCache::Decision d = graphs_->lookup(key, b.step_graph_epoch());
+    if (d.action == StepGraphCache::Action::kReplay) {
+      // The recorded embedding does not check the ids: check them here.
+      for (int32_t id : step.token_ids)
+        if (id < 0 || id >= embed_.rows)
+          throw_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
+                                                       " is outside the vocabulary of " +
+                                                       std::to_string(embed_.rows));
+      b.replay_step_graph(d.graph);
+      t.hidden = (*d.outputs)[0];
+      t.logits = (*d.outputs)[1];
+      done = true;
+    } else if (d.action == StepGraphCache::Action::kCapture) {
+      int64_t graph = -1;
+      b.begin_step_capture();
+      try {
+        t = run_ops(step, want, out);
+        graph = b.end_step_capture();
+      } catch (const std::exception&) {
+        b.abort_step_capture();  // an op refused inside the recording: run eagerly below
+      }
+      graphs_->captured(key, graph, {t.hidden, t.logits});
+      if (graph >= 0) {
+        b.replay_step_graph(graph);  // the recording ran nothing
+        done = true;
+      }
+    }
+  }
+  if (!done) {
+    b.reset_scratch();  // rewinds (a failed recording took addresses)
+    t = run_ops(step, want, out);
+  }
+
+  if (want.final_hidden) {
+    out->hidden.resize(static_cast<size_t>(t.hidden.numel()));
+    b.download(t.hidden, out->hidden.data());
   }
   const int64_t m = static_cast<int64_t>(step.logits_rows.size());
   out->logits.clear();
   out->argmax.clear();
   if (m == 0) return;
-  Tensor rows = b.scratch(m, hidden);
-  b.gather_logit_rows(x, rows);
-  Tensor rows_normed = b.scratch(m, hidden);
-  b.rms_norm(rows, final_norm_, eps, rows_normed);
-  Tensor logits = b.scratch(m, config_.vocab_size);
-  b.linear(rows_normed, lm_head_, Tensor{}, logits);
   if (want.argmax_only) {
-    b.argmax_rows(logits, &out->argmax);
+    b.argmax_rows(t.logits, &out->argmax);
     return;
   }
   if (want.sample) {
-    b.sample_trees(logits, *want.sample, &out->sampled);
+    b.sample_trees(t.logits, *want.sample, &out->sampled);
     return;
   }
   out->logits.resize(static_cast<size_t>(m * config_.vocab_size));
-  b.download(logits, out->logits.data());
+  b.download(t.logits, out->logits.data());
 }
 
 }  // namespace arbor

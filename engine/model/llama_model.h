@@ -4,9 +4,11 @@
 // for the rows that need logits.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/step_graphs.h"
 #include "engine/model/model_weights.h"
 
 namespace arbor {
@@ -31,7 +33,7 @@ struct ForwardOutput {
   // [M] with argmax_only (else empty): Backend::argmax_rows of the logits rows, the lowest id
   // among ties, -1 for a row with a NaN or +inf or only -inf.
   std::vector<int32_t> argmax;
-  TreeSampleResult sampled;  // with ForwardRequest::sample
+  TreeSampleResult sampled;   // with ForwardRequest::sample
   std::vector<float> hidden;  // [N, hidden] final-norm hidden states of all rows (if requested)
   std::vector<std::vector<float>> captured;  // per capture_layers entry: [N, hidden]
 };
@@ -46,18 +48,39 @@ class LlamaModel {
   // Cache geometry for this model with the given number of blocks.
   KvCacheShape kv_shape(int64_t num_blocks, int64_t block_size) const;
 
-  // Runs one step. The backend's KV cache must already be allocated.
+  // Runs one step. The backend's KV cache must already be allocated. Decode / verify steps
+  // (every request one token or a tree) replay a recording of their ops once their shape is
+  // steady (step graphs: StepGraphCache) where the backend supports it; results are the same.
   void forward(const StepInputs& step, ForwardOutput* out, const ForwardRequest& want = {});
+
+  // Step graphs: on by default where the backend has them on (Backend::step_graphs_enabled);
+  // turning them off drops every recording. Counters of what forward() did.
+  void set_step_graphs(bool enabled);
+  bool step_graphs() const { return graphs_ != nullptr; }
+  StepGraphStats step_graph_stats() const;
 
  private:
   struct Layer {
     Tensor attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w_gate, w_up, w_down;
   };
+  // The scratch tensors a step's op sequence leaves its results in.
+  struct StepTensors {
+    Tensor hidden;  // [N, hidden] final-norm hidden states (want.final_hidden), else empty
+    Tensor logits;  // [M, vocab] fp32 logits of step.logits_rows
+  };
+  // The device op sequence of a step (no host copies except the capture_layers downloads,
+  // which only eager steps have), after set_step() and reset_scratch().
+  StepTensors run_ops(const StepInputs& step, const ForwardRequest& want, ForwardOutput* out);
+  // The graph key of a decode / verify step (with the backend's part appended), or empty when
+  // the step runs eagerly (prefill chunks, features of layers, graphs off or unsupported).
+  StepGraphKey graph_key(const StepInputs& step, const ForwardRequest& want);
   Backend& backend_;
   ModelConfig config_;
   RopeParams rope_;
   Tensor embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
+  std::unique_ptr<StepGraphCache> graphs_;  // null: step graphs off
+  StepGraphStats stats_of_dropped_;         // counters of caches dropped by set_step_graphs
 };
 
 }  // namespace arbor

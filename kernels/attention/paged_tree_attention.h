@@ -29,7 +29,8 @@ constexpr int kAttnMaxGenericHeadDim = 256;
 constexpr int kAttnMaxSplits = 256;  // KV splits of one request (the merge kernel's limit)
 
 // One CTA's work: packed query rows [row_begin, row_begin + 16 * warps_m) of (request,
-// kv_head), over KV split `split` of the request.
+// kv_head), over KV split `split` of the request. request < 0: an empty item (the CTA exits;
+// step graphs pad the work list to a bucket so that the grid size stays put).
 struct AttentionWorkItem {
   int32_t request;
   int32_t kv_head;

@@ -9,12 +9,17 @@
 //   * the verification step time vs tree tokens per request at each batch (random trees after
 //     the prefix, logits of every tree row left on the device): the curve a scheduler sizes
 //     trees with, written as JSON (--verify-json, configs/verify_cost_h100.json's format);
-//   * where a step's GPU time goes (event-timed per op kind).
+//   * where a step's GPU time goes (event-timed per op kind);
+//   * step graphs on vs off (--graph-compare): greedy decode through LlamaModel::forward (argmax
+//     ids only, contexts growing a token per step), each step recorded / replayed by the
+//     model's StepGraphCache or launched op by op, and the same through the Engine (--engine:
+//     Engine::step with its scheduler, batch builder and device argmax, after the prefill).
 //
 //   model_bench [--batch 1,8,32,64] [--context 512] [--decode-steps 32]
 //               [--verify-batch 1,8,32] [--tree 1,2,4,...,256] [--verify-iters 10]
 //               [--skinny-max-rows 0] [--max-splits 0] [--linear] [--no-graphs] [--json out.json]
-//               [--verify-json curve.json] [--batch-invariant 0|1|both]
+//               [--verify-json curve.json] [--batch-invariant 0|1|both] [--graph-compare]
+//               [--engine] [--no-verify] [--no-plain]
 //   --batch-invariant both: two passes in one process (CudaBackendOptions::batch_invariant off,
 //   then on), a JSON file per pass (.bi0 / .bi1 appended) and a decode cost table at the end.
 #include <cuda_runtime.h>
@@ -37,6 +42,7 @@
 
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/model/llama_model.h"
+#include "engine/runner/engine.h"
 
 namespace arbor {
 namespace {
@@ -446,6 +452,10 @@ struct Args {
   int max_splits = 0;
   bool linear = false;
   bool graphs = true;
+  bool graph_compare = false;              // LlamaModel::forward decode with step graphs off vs on
+  bool engine = false;                     // the same through Engine::step
+  bool verify = true;                      // the verify-step curve
+  bool plain = true;                       // the plain-decode table
   std::vector<int> batch_invariant = {1};  // CudaBackendOptions::batch_invariant per pass
   std::string json, verify_json;
 };
@@ -455,6 +465,114 @@ struct DecodeTimes {
   int batch_invariant;
   std::vector<std::array<double, 4>> rows;  // batch, model forward ms, device ms, graph ms
 };
+
+// Greedy decode through LlamaModel::forward with step graphs off, then on: each step's
+// contexts one token longer (so the attention splits grow as in real decoding), argmax ids
+// downloaded (the engine's greedy path). Returns the JSON rows.
+nlohmann::json graph_compare(const Args& a, const ModelConfig& cfg, const KvLayout& kv,
+                             LlamaModel& model, std::mt19937& rng) {
+  std::printf(
+      "\n## step graphs: greedy decode through LlamaModel::forward (argmax ids, context %d "
+      "growing a token per step)\n\n| batch | graphs off ms | tok/s | graphs on ms | tok/s "
+      "| speed-up | captures / replays |\n|---|---|---|---|---|---|---|\n",
+      a.context);
+  nlohmann::json rows = nlohmann::json::array();
+  ForwardRequest want;
+  want.argmax_only = true;
+  for (int b : a.batches) {
+    double ms[2] = {0, 0};
+    StepGraphStats st;
+    for (int on = 0; on < 2; ++on) {
+      model.set_step_graphs(on != 0);
+      std::vector<double> t;
+      for (int s = 0; s < a.decode_steps + 4; ++s) {
+        std::vector<StepRequest> reqs;
+        for (int r = 0; r < b; ++r) reqs.push_back({r, a.context + s, 1, {}, false});
+        const StepInputs step = make_step(kv, reqs, cfg.vocab_size, rng);
+        ForwardOutput fo;
+        const double t0 = now_s();
+        model.forward(step, &fo, want);
+        if (s >= 4) t.push_back(now_s() - t0);
+      }
+      ms[on] = median(t) * 1e3;
+      if (on) st = model.step_graph_stats();
+    }
+    std::printf("| %d | %.2f | %.1f | %.2f | %.1f | %.2fx | %lld / %lld |\n", b, ms[0],
+                b / ms[0] * 1e3, ms[1], b / ms[1] * 1e3, ms[0] / ms[1],
+                static_cast<long long>(st.captures), static_cast<long long>(st.replays));
+    std::fflush(stdout);
+    rows.push_back({{"batch", b}, {"graphs_off_ms", ms[0]}, {"graphs_on_ms", ms[1]}});
+  }
+  return rows;
+}
+
+// Greedy decode through the Engine (scheduler, batch builder, forward with device argmax,
+// verification, KV bookkeeping): `batch` requests of `context` random prompt tokens prefilled,
+// then decode_steps steps timed, step graphs off then on. Reallocates the backend's KV cache.
+nlohmann::json engine_decode(const Args& a, const ModelConfig& cfg, LlamaModel& model) {
+  std::printf(
+      "\n## step graphs through the Engine: greedy decode steps after a %d-token prefill "
+      "(Engine::step wall time)\n\n| batch | graphs off ms/step | tok/s | graphs on ms/step | "
+      "tok/s | speed-up |\n|---|---|---|---|---|---|\n",
+      a.context);
+  nlohmann::json rows = nlohmann::json::array();
+  std::mt19937 rng(77);
+  std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(cfg.vocab_size - 1));
+  for (int b : a.batches) {
+    double ms[2] = {0, 0}, tps[2] = {0, 0};
+    for (int on = 0; on < 2; ++on) {
+      model.set_step_graphs(on != 0);
+      EngineConfig ec;
+      ec.block_size = 16;
+      const int max_tokens = a.decode_steps + 24;
+      ec.num_blocks = b * ((a.context + max_tokens + 16) / 16 + 2);
+      ec.max_step_tokens = std::max(2048, a.context);
+      ec.max_running = std::max(64, b);
+      Engine engine(model, ec);
+      for (int r = 0; r < b; ++r) {
+        GenerationRequest req;
+        req.prompt.push_back(static_cast<int32_t>(cfg.bos_token_id));
+        while (static_cast<int>(req.prompt.size()) < a.context) req.prompt.push_back(tok(rng));
+        req.sampling.temperature = 0;
+        req.max_tokens = max_tokens;
+        req.ignore_eos = true;
+        engine.add(static_cast<ReqId>(r + 1), req);
+      }
+      // Prefill (and the first tokens), then a few decode steps to reach steady state.
+      std::vector<int> produced(static_cast<size_t>(b), 0);
+      int ready = 0, guard = 0;
+      while (ready < b && guard++ < 10000)
+        for (const EngineEvent& ev : engine.step())
+          if (produced[ev.id - 1]++ == 0) ++ready;
+      for (int s = 0; s < 4; ++s) engine.step();
+      int64_t tokens = 0;
+      std::vector<double> t;
+      const double t_all = now_s();
+      for (int s = 0; s < a.decode_steps; ++s) {
+        const double t0 = now_s();
+        for (const EngineEvent& ev : engine.step())
+          tokens += static_cast<int64_t>(ev.tokens.size());
+        t.push_back(now_s() - t0);
+      }
+      tps[on] = tokens / (now_s() - t_all);
+      ms[on] = median(t) * 1e3;
+      while (!engine.idle()) engine.step();
+    }
+    std::printf("| %d | %.2f | %.1f | %.2f | %.1f | %.2fx |\n", b, ms[0], tps[0], ms[1], tps[1],
+                tps[1] / tps[0]);
+    std::fflush(stdout);
+    rows.push_back({{"batch", b},
+                    {"graphs_off_ms_per_step", ms[0]},
+                    {"graphs_off_tok_s", tps[0]},
+                    {"graphs_on_ms_per_step", ms[1]},
+                    {"graphs_on_tok_s", tps[1]}});
+  }
+  const StepGraphStats st = model.step_graph_stats();
+  std::printf("(model step graphs over the whole run: %lld captures, %lld replays, %lld eager)\n",
+              static_cast<long long>(st.captures), static_cast<long long>(st.replays),
+              static_cast<long long>(st.eager));
+  return rows;
+}
 
 int run(const Args& a, int batch_invariant, DecodeTimes* times) {
   cudaDeviceProp prop{};
@@ -568,7 +686,7 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
       "| tok/s | floor ms | %% of floor (best) |\n|---|---|---|---|---|---|---|---|---|\n");
   nlohmann::json decode = nlohmann::json::array();
   nlohmann::json breakdown;
-  for (int b : a.batches) {
+  for (int b : a.plain ? a.batches : std::vector<int>{}) {
     std::vector<int32_t> committed(b, a.context);
     auto decode_step = [&]() {
       std::vector<StepRequest> reqs;
@@ -576,6 +694,7 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
       return make_step(kv, reqs, cfg.vocab_size, rng);
     };
     std::vector<double> t_model, t_dev;
+    model.set_step_graphs(false);  // this column: op by op (--graph-compare has both)
     for (int s = 0; s < a.decode_steps + 3; ++s) {
       const StepInputs step = decode_step();
       const double t0 = now_s();
@@ -583,6 +702,7 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
       model.forward(step, &fo);
       if (s >= 3) t_model.push_back(now_s() - t0);
     }
+    model.set_step_graphs(true);
     std::fill(committed.begin(), committed.end(), a.context);
     for (int s = 0; s < a.decode_steps + 3; ++s) {
       const StepInputs step = decode_step();
@@ -654,7 +774,7 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
       "|---|---|---|---|---|\n",
       a.context);
   nlohmann::json curve;
-  for (int b : a.verify_batches) {
+  for (int b : a.verify ? a.verify_batches : std::vector<int>{}) {
     nlohmann::json points = nlohmann::json::array();
     for (int t : a.trees) {
       std::vector<StepRequest> reqs;
@@ -684,6 +804,8 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
   }
   report["verify"] = curve;
   report["breakdown_ms"] = breakdown;
+  if (a.graph_compare) report["graph_compare"] = graph_compare(a, cfg, kv, model, rng);
+  if (a.engine) report["engine"] = engine_decode(a, cfg, model);
 
   std::printf("\n## where the GPU time of one step goes (ms, event-timed per op kind)\n\n");
   for (auto& [name, kinds] : breakdown.items()) {
@@ -749,6 +871,14 @@ int main(int argc, char** argv) {
       a.linear = true;
     else if (k == "--no-graphs")
       a.graphs = false;
+    else if (k == "--graph-compare")
+      a.graph_compare = true;
+    else if (k == "--engine")
+      a.engine = true;
+    else if (k == "--no-verify")
+      a.verify = false;
+    else if (k == "--no-plain")
+      a.plain = false;
     else if (k == "--json")
       a.json = next();
     else if (k == "--verify-json")

@@ -13,6 +13,7 @@
 #include <string>
 #include <tuple>
 
+#include "engine/backend/step_graphs.h"
 #include "engine/core/error.h"
 #include "kernels/attention/paged_tree_attention.h"
 #include "kernels/elementwise/elementwise.h"
@@ -69,12 +70,19 @@ size_t align_up(size_t n, size_t a) {
   return (n + a - 1) / a * a;
 }
 
-// A grow-only device allocation.
+// A grow-only device allocation. Buffers that recorded step graphs point into have `epoch`
+// set: a reallocation moves it (the recordings are then dropped) and grows by half again, so
+// that slowly growing needs reallocate rarely.
 struct DeviceBuffer {
   void* ptr = nullptr;
   size_t bytes = 0;
+  uint64_t* epoch = nullptr;
   void ensure(size_t need, const char* what) {
     if (need <= bytes) return;
+    if (epoch != nullptr) {
+      ++*epoch;
+      need += need / 2;
+    }
     if (ptr != nullptr) cuda_check(cudaFree(ptr), what);
     ptr = nullptr;
     bytes = 0;
@@ -187,10 +195,17 @@ struct CudaBackend::State {
   const int32_t* d_logits_rows = nullptr;
   const int32_t* d_token_request = nullptr;
 
-  // Attention plan of this step (built at the first attention call; keyed by head count).
+  // Attention plan of this step (built at the first attention call, or by prepare_step_graph;
+  // keyed by head count). A plan for a step graph launches plan_num_work CTAs (the work list
+  // padded to a bucket with empty items) and always the split merge, so that its launches do
+  // not change while the split counts grow with the context.
   bool plan_valid = false;
   int64_t plan_heads = 0;
   kernels::AttentionPlan plan;
+  bool plan_for_graph = false;
+  int32_t plan_num_work = 0;
+  bool plan_needs_merge = false;
+  void build_plan(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, bool for_graph);
   StagedUpload plan_upload;
   const kernels::AttentionWorkItem* d_work = nullptr;
   const int32_t* d_splits = nullptr;
@@ -202,6 +217,15 @@ struct CudaBackend::State {
   };
   VirtualArrays d_virt{};
   DeviceBuffer partial_out, partial_lse;
+
+  // Step graphs (CUDA graphs): recordings by id, the epoch of the memory they point into
+  // (DeviceBuffer::epoch), whether a recording is under way.
+  uint64_t epoch = 1;
+  bool capturing = false;
+  uint64_t capture_epoch = 0;  // epoch when the recording began (a move fails it)
+  std::map<int64_t, cudaGraphExec_t> graphs;
+  int64_t next_graph = 0;
+  DeviceBuffer cublas_workspace;  // cuBLAS must not allocate inside a recording
   int32_t last_splits = 1;
   bool last_tensor_core = false;
   bool use_wgmma = false;
@@ -244,12 +268,12 @@ struct CudaBackend::State {
   cublasLtMatrixLayout_t lt_layout(cudaDataType type, int64_t rows, int64_t cols);
   const LtAlgo& lt_algo(int64_t out_features, int64_t in_features);
 
-  DeviceBuffer gemm_input;  // bf16 copy of linear()'s fp32 input
-  DeviceBuffer convert;     // fp32 staging for download/upload of 16-bit tensors
-  DeviceBuffer argmax_ids;  // [M] int32 argmax_rows() output
+  DeviceBuffer gemm_input;      // bf16 copy of linear()'s fp32 input
+  DeviceBuffer convert;         // fp32 staging for download/upload of 16-bit tensors
+  DeviceBuffer argmax_ids;      // [M] int32 argmax_rows() output
   StagedUpload sample_meta;     // sample_trees' batch
   DeviceBuffer sample_scratch;  // sample_trees' per-row / per-item scratch and outputs
-  StagedUpload copy_slots;  // copy_kv's slot lists
+  StagedUpload copy_slots;      // copy_kv's slot lists
   DeviceBuffer copy_staging;
 
   template <typename T>
@@ -276,6 +300,13 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : s_(std::make_uniqu
   cuda_check(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   cublas_check(cublasCreate(&s_->cublas), "cublasCreate");
   cublas_check(cublasSetStream(s_->cublas, s_->stream), "cublasSetStream");
+  constexpr size_t kCublasWorkspaceBytes = 32u << 20;
+  s_->cublas_workspace.ensure(kCublasWorkspaceBytes, "cublasSetWorkspace");
+  cublas_check(cublasSetWorkspace(s_->cublas, s_->cublas_workspace.ptr, kCublasWorkspaceBytes),
+               "cublasSetWorkspace");
+  for (DeviceBuffer* b : {&s_->meta.device, &s_->plan_upload.device, &s_->partial_out,
+                          &s_->partial_lse, &s_->inv_freq, &s_->gemm_input, &s_->lt_workspace})
+    b->epoch = &s_->epoch;
   s_->kv_type = elem(options.kv_dtype);
   bool wgmma = false;
   cuda_check(kernels::attention_wgmma_available(&wgmma), "attention_wgmma_available");
@@ -311,6 +342,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : s_(std::make_uniqu
 
 CudaBackend::~CudaBackend() {
   if (s_->stream != nullptr) cudaStreamSynchronize(s_->stream);
+  for (auto& [id, exec] : s_->graphs) cudaGraphExecDestroy(exec);
   for (void* w : s_->weights) cudaFree(w);
   for (auto& c : s_->chunks) cudaFree(c.ptr);
   if (s_->cublas != nullptr) cublasDestroy(s_->cublas);
@@ -495,6 +527,7 @@ Tensor CudaBackend::scratch(int64_t rows, int64_t cols) {
   if (s.chunk_index == s.chunks.size()) {
     State::Chunk c{nullptr, std::max<size_t>(bytes, 64u << 20)};
     cuda_check(cudaMalloc(&c.ptr, c.bytes), "scratch");
+    ++s.epoch;
     s.chunks.push_back(c);
     s.chunk_used = 0;
   }
@@ -517,6 +550,7 @@ void CudaBackend::reset_scratch() {
     State::Chunk c{nullptr, std::max(total, s.step_scratch_bytes)};
     cuda_check(cudaMalloc(&c.ptr, c.bytes), "reset_scratch");
     s.chunks.push_back(c);
+    ++s.epoch;
   }
   s.chunk_index = 0;
   s.chunk_used = 0;
@@ -577,6 +611,7 @@ void CudaBackend::allocate_kv(const KvCacheShape& shape) {
   State& s = *s_;
   cuda_check(cudaStreamSynchronize(s.stream), "allocate_kv");
   kv_shape_ = shape;
+  ++s.epoch;  // the cache planes move
   s.num_slots = shape.num_blocks * shape.block_size;
   s.kv_width = shape.num_kv_heads * shape.head_dim;
   const size_t bytes = static_cast<size_t>(2 * shape.num_layers * s.num_slots * s.kv_width) * 2;
@@ -869,12 +904,15 @@ void CudaBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& rp) {
   const std::vector<double> inv_d = rope_inv_freq(rp);
   std::vector<float> inv(inv_d.begin(), inv_d.end());
   if (inv != s.inv_freq_host) {
+    if (s.capturing)
+      throw_error(ErrorCode::kInternal, "rope: new RoPE frequencies inside a step graph");
     s.inv_freq.ensure(inv.size() * 4, "rope");
     cuda_check(cudaMemcpyAsync(s.inv_freq.ptr, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice,
                                s.stream),
                "rope");
     cuda_check(cudaStreamSynchronize(s.stream), "rope");
     s.inv_freq_host = inv;
+    ++s.epoch;  // recordings read the old frequencies
   }
   kernels::RopeParams p;
   p.q = static_cast<float*>(q.data);
@@ -914,6 +952,71 @@ void CudaBackend::write_kv(int64_t layer, const Tensor& k, const Tensor& v) {
   cuda_check(kernels::launch_write_kv(p, s.stream), "write_kv");
 }
 
+void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                    bool for_graph) {
+  const int32_t r_count = step.num_requests();
+  kernels::AttentionPlanInputs in;
+  in.qo_indptr = step.qo_indptr.data();
+  in.committed_len = step.committed_len.data();
+  in.num_requests = r_count;
+  in.num_q_heads = static_cast<int32_t>(num_heads);
+  in.num_kv_heads = static_cast<int32_t>(num_kv_heads);
+  in.head_dim = static_cast<int32_t>(head_dim);
+  in.num_sms = num_sms;
+  in.max_splits = options.attention_max_splits;
+  in.wgmma = use_wgmma;
+  in.batch_invariant = options.batch_invariant;
+  in.tree_mask = step.tree_mask.data();
+  in.mask_indptr = step.mask_indptr.data();
+  in.num_tokens = step.num_tokens();
+  plan = kernels::plan_paged_tree_attention(in);
+  plan_for_graph = for_graph;
+  plan_num_work = static_cast<int32_t>(plan.work.size());
+  plan_needs_merge = plan.needs_merge;
+  std::vector<kernels::AttentionWorkItem> padded;
+  const std::vector<kernels::AttentionWorkItem>* work = &plan.work;
+  if (for_graph && plan.tensor_core) {
+    // Empty items (request -1) make the grid a bucket (at least 16 CTAs apart at small grids,
+    // where empty CTAs cost nothing); the merge skips unsplit requests.
+    plan_num_work = static_cast<int32_t>(graph_bucket((plan_num_work + 15) / 16 * 16));
+    padded = plan.work;
+    padded.resize(static_cast<size_t>(plan_num_work), kernels::AttentionWorkItem{-1, 0, 0, 0, 1});
+    work = &padded;
+    plan_needs_merge = true;
+  }
+  // Sections whose sizes the graph key fixes come first; the key-path (its size depends on the
+  // tree's shape, not in the key) last, so the offsets of the others never move.
+  Packer pk;
+  const size_t o_work = pk.add(*work), o_splits = pk.add(plan.request_splits),
+               o_chunk = pk.add(plan.request_kv_chunk), o_prow = pk.add(plan.request_partial_row);
+  const kernels::AttentionVirtualRequests& v = plan.virt;
+  const size_t o_vqo = pk.add(v.qo_indptr), o_vcommitted = pk.add(v.committed_len),
+               o_vmask = pk.add(v.mask_indptr), o_vtable = pk.add(v.table_request),
+               o_vbase = pk.add(v.path_base), o_vpathptr = pk.add(v.path_indptr),
+               o_vtreq = pk.add(v.token_request), o_vpath = pk.add(v.path);
+  uint8_t* host = plan_upload.begin(pk.size(), "attention plan");
+  pk.write(host);
+  plan_upload.commit(pk.size(), stream, "attention plan");
+  auto* base = static_cast<uint8_t*>(plan_upload.device.ptr);
+  d_work = reinterpret_cast<const kernels::AttentionWorkItem*>(base + o_work);
+  d_splits = reinterpret_cast<const int32_t*>(base + o_splits);
+  d_kv_chunk = reinterpret_cast<const int32_t*>(base + o_chunk);
+  d_partial_row = reinterpret_cast<const int32_t*>(base + o_prow);
+  auto at = [&](size_t off) { return reinterpret_cast<const int32_t*>(base + off); };
+  d_virt = {at(o_vqo),   at(o_vcommitted), at(o_vmask), at(o_vtable),
+            at(o_vbase), at(o_vpathptr),   at(o_vpath), at(o_vtreq)};
+  if (plan_needs_merge) {
+    // A graph's plan keeps room for a few splits per row, so growing contexts rarely move the
+    // partials (and with them the epoch).
+    const int64_t rows =
+        std::max<int64_t>(plan.num_partial_rows, for_graph ? 4 * int64_t{step.num_tokens()} : 0);
+    partial_out.ensure(static_cast<size_t>(rows * num_heads * head_dim) * 4, "attention partials");
+    partial_lse.ensure(static_cast<size_t>(rows * num_heads) * 4, "attention partials");
+  }
+  plan_valid = true;
+  plan_heads = num_heads;
+}
+
 void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t num_heads,
                                        const Tensor& out) {
   s_->flush();
@@ -936,49 +1039,10 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
                     " heads x head_dim " + std::to_string(d));
   const int32_t r_count = s.step.num_requests();
   if (!s.plan_valid || s.plan_heads != num_heads) {
-    kernels::AttentionPlanInputs in;
-    in.qo_indptr = s.step.qo_indptr.data();
-    in.committed_len = s.step.committed_len.data();
-    in.num_requests = r_count;
-    in.num_q_heads = static_cast<int32_t>(num_heads);
-    in.num_kv_heads = static_cast<int32_t>(hkv);
-    in.head_dim = static_cast<int32_t>(d);
-    in.num_sms = s.num_sms;
-    in.max_splits = s.options.attention_max_splits;
-    in.wgmma = s.use_wgmma;
-    in.batch_invariant = s.options.batch_invariant;
-    in.tree_mask = s.step.tree_mask.data();
-    in.mask_indptr = s.step.mask_indptr.data();
-    in.num_tokens = s.step.num_tokens();
-    s.plan = kernels::plan_paged_tree_attention(in);
-    Packer pk;
-    const size_t o_work = pk.add(s.plan.work), o_splits = pk.add(s.plan.request_splits),
-                 o_chunk = pk.add(s.plan.request_kv_chunk),
-                 o_prow = pk.add(s.plan.request_partial_row);
-    const kernels::AttentionVirtualRequests& v = s.plan.virt;
-    const size_t o_vqo = pk.add(v.qo_indptr), o_vcommitted = pk.add(v.committed_len),
-                 o_vmask = pk.add(v.mask_indptr), o_vtable = pk.add(v.table_request),
-                 o_vbase = pk.add(v.path_base), o_vpathptr = pk.add(v.path_indptr),
-                 o_vpath = pk.add(v.path), o_vtreq = pk.add(v.token_request);
-    uint8_t* host = s.plan_upload.begin(pk.size(), "attention plan");
-    pk.write(host);
-    s.plan_upload.commit(pk.size(), s.stream, "attention plan");
-    auto* base = static_cast<uint8_t*>(s.plan_upload.device.ptr);
-    s.d_work = reinterpret_cast<const kernels::AttentionWorkItem*>(base + o_work);
-    s.d_splits = reinterpret_cast<const int32_t*>(base + o_splits);
-    s.d_kv_chunk = reinterpret_cast<const int32_t*>(base + o_chunk);
-    s.d_partial_row = reinterpret_cast<const int32_t*>(base + o_prow);
-    auto at = [&](size_t off) { return reinterpret_cast<const int32_t*>(base + off); };
-    s.d_virt = {at(o_vqo),   at(o_vcommitted), at(o_vmask), at(o_vtable),
-                at(o_vbase), at(o_vpathptr),   at(o_vpath), at(o_vtreq)};
-    if (s.plan.needs_merge) {
-      s.partial_out.ensure(static_cast<size_t>(s.plan.num_partial_rows * num_heads * d) * 4,
-                           "attention partials");
-      s.partial_lse.ensure(static_cast<size_t>(s.plan.num_partial_rows * num_heads) * 4,
-                           "attention partials");
-    }
-    s.plan_valid = true;
-    s.plan_heads = num_heads;
+    if (s.capturing)  // a recording would copy the plan from host memory at replay time
+      throw_error(ErrorCode::kInternal,
+                  "paged_tree_attention: no attention plan prepared for the step graph");
+    s.build_plan(num_heads, hkv, d, false);
   }
   const int64_t plane = s.num_slots * s.kv_width * 2;
   kernels::PagedTreeAttentionParams p;
@@ -1005,11 +1069,11 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
   p.tensor_core = s.plan.tensor_core;
   p.wgmma = s.plan.wgmma;
   p.work = s.d_work;
-  p.num_work = static_cast<int32_t>(s.plan.work.size());
+  p.num_work = s.plan_num_work;
   p.request_splits = s.d_splits;
   p.request_kv_chunk = s.d_kv_chunk;
   p.request_partial_row = s.d_partial_row;
-  p.needs_merge = s.plan.needs_merge;
+  p.needs_merge = s.plan_needs_merge;
   if (s.plan.batch_invariant) {  // the kernel sees the virtual requests (all causal)
     p.qo_indptr = s.d_virt.qo_indptr;
     p.committed_len = s.d_virt.committed_len;
@@ -1027,6 +1091,105 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
   s.last_splits = s.plan.max_splits_used;
   s.last_tensor_core = s.plan.tensor_core;
   s.last_wgmma = s.plan.wgmma;
+}
+
+// --- step graphs ------------------------------------------------------------------------------
+
+bool CudaBackend::prepare_step_graph(int64_t num_q_heads, std::vector<int64_t>* key) {
+  s_->flush();
+  State& s = *s_;
+  require_step(s.has_step, "prepare_step_graph");
+  const int64_t d = kv_shape_.head_dim, hkv = kv_shape_.num_kv_heads;
+  if (!s.options.cuda_graphs || s.capturing ||
+      !kernels::attention_unsupported_reason(static_cast<int32_t>(num_q_heads),
+                                             static_cast<int32_t>(hkv), static_cast<int32_t>(d))
+           .empty())
+    return false;
+  s.build_plan(num_q_heads, hkv, d, true);
+  // What the attention launches take by value beyond the step's shape: the (padded) grid, the
+  // number of (virtual) requests, the kernel.
+  key->insert(key->end(),
+              {num_q_heads, s.plan_num_work, static_cast<int64_t>(s.plan.request_splits.size()),
+               s.plan.tensor_core ? 1 : 0, s.plan.wgmma ? 1 : 0, s.plan_needs_merge ? 1 : 0});
+  return true;
+}
+
+void CudaBackend::begin_step_capture() {
+  s_->flush();
+  State& s = *s_;
+  ARBOR_CHECK(!s.capturing, "begin_step_capture: a recording is already under way");
+  // Relaxed: cuBLASLt's capture path is proven in this mode (tests/cuda/model_bench); a host
+  // synchronisation on the stream still fails the recording (then the step runs eagerly).
+  cuda_check(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeRelaxed),
+             "cudaStreamBeginCapture");
+  s.capturing = true;
+  s.capture_epoch = s.epoch;
+}
+
+int64_t CudaBackend::end_step_capture() {
+  State& s = *s_;
+  ARBOR_CHECK(s.capturing, "end_step_capture without begin_step_capture");
+  bool flushed = true;
+  try {
+    s.flush();  // deferred (fused) launches belong to the recording
+  } catch (const std::exception&) {
+    flushed = false;
+  }
+  s.gemm_pending = s.add_pending = false;
+  s.capturing = false;
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(s.stream, &graph);
+  cudaGraphExec_t exec = nullptr;
+  if (e == cudaSuccess && flushed && graph != nullptr) e = cudaGraphInstantiate(&exec, graph, 0);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  // Memory reallocated inside the recording (a grown buffer, a new scratch chunk): earlier
+  // nodes may point at what was freed.
+  const bool moved = s.epoch != s.capture_epoch;
+  if (e != cudaSuccess || !flushed || moved || exec == nullptr) {
+    cudaGetLastError();  // capture errors are not sticky; clear the last-error slot
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    return -1;
+  }
+  const int64_t id = s.next_graph++;
+  s.graphs.emplace(id, exec);
+  return id;
+}
+
+void CudaBackend::abort_step_capture() {
+  State& s = *s_;
+  if (!s.capturing) return;
+  s.gemm_pending = s.add_pending = false;
+  s.capturing = false;
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(s.stream, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();
+}
+
+void CudaBackend::replay_step_graph(int64_t graph) {
+  s_->flush();
+  State& s = *s_;
+  auto it = s.graphs.find(graph);
+  ARBOR_CHECK(it != s.graphs.end(), "replay_step_graph: no graph " + std::to_string(graph));
+  cuda_check(cudaGraphLaunch(it->second, s.stream), "cudaGraphLaunch");
+}
+
+void CudaBackend::release_step_graph(int64_t graph) {
+  State& s = *s_;
+  auto it = s.graphs.find(graph);
+  if (it == s.graphs.end()) return;
+  // A launched recording may still run: cudaGraphExecDestroy waits for nothing, but the
+  // runtime keeps the executable alive until its launches complete.
+  cudaGraphExecDestroy(it->second);
+  s.graphs.erase(it);
+}
+
+uint64_t CudaBackend::step_graph_epoch() const {
+  return s_->epoch;
+}
+
+bool CudaBackend::step_graphs_enabled() const {
+  return s_->options.cuda_graphs;
 }
 
 void CudaBackend::gather_logit_rows(const Tensor& x, const Tensor& out) {
@@ -1072,7 +1235,8 @@ void CudaBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>* out) {
 }
 
 static_assert(sizeof(TreeSampleParams) == sizeof(kernels::TreeSampleItemParams) &&
-              offsetof(TreeSampleParams, greedy) == offsetof(kernels::TreeSampleItemParams, greedy));
+              offsetof(TreeSampleParams, greedy) ==
+                  offsetof(kernels::TreeSampleItemParams, greedy));
 
 void CudaBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
                                TreeSampleResult* out) {
