@@ -120,6 +120,12 @@ class Backend {
   // lowest index among equal values (argmax() in engine/sampling), or -1 where that argmax
   // rejects the row: a NaN or +inf in it, or every value -inf.
   virtual void argmax_rows(const Tensor& logits, std::vector<int32_t>* out) = 0;
+  // The k best entries of each row of logits [rows, cols] fp32 (backend memory) and their
+  // log-softmax values: ids [rows, k] (host, resized) best first, the lower id first among
+  // equal values (spec_math::top_k), values = min(x - logsumexp(row), 0)
+  // (spec_math::log_softmax_inplace). 1 <= k <= min(cols, 1024), else kInvalidArgument.
+  virtual void top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
+                                 std::vector<float>* values) = 0;
   // Sampling and speculative verification of a batch of trees with the logits left in backend
   // memory (tree_sampling.h): logits [M, vocab] fp32, rows named by batch.logits_row; they may be
   // overwritten (the backend may process them in place). Throws kInvalidArgument for a malformed

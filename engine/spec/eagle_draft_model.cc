@@ -251,11 +251,9 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   return out;
 }
 
-std::vector<float> EagleDraftModel::logits(std::span<const float> hidden, int64_t rows) {
+Tensor EagleDraftModel::device_logits(std::span<const float> hidden, int64_t rows) {
   const int64_t h = config_.hidden_size;
   ARBOR_CHECK(static_cast<int64_t>(hidden.size()) == rows * h);
-  std::vector<float> out(static_cast<size_t>(rows * draft_vocab()));
-  if (rows == 0) return out;
   Backend& b = *backend_;
   b.reset_scratch();
   Tensor x = b.scratch(rows, h);
@@ -268,7 +266,21 @@ std::vector<float> EagleDraftModel::logits(std::span<const float> hidden, int64_
   } else {
     b.linear(x, lm_head_, Tensor{}, logits);
   }
-  b.download(logits, out.data());
+  return logits;
+}
+
+std::vector<float> EagleDraftModel::logits(std::span<const float> hidden, int64_t rows) {
+  std::vector<float> out(static_cast<size_t>(rows * draft_vocab()));
+  if (rows == 0) return out;
+  backend_->download(device_logits(hidden, rows), out.data());
+  return out;
+}
+
+TopKRows EagleDraftModel::top_log_probs(std::span<const float> hidden, int64_t rows, int32_t k) {
+  TopKRows out;
+  out.k = k;
+  if (rows == 0) return out;
+  backend_->top_k_log_softmax(device_logits(hidden, rows), k, &out.ids, &out.values);
   return out;
 }
 

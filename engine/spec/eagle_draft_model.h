@@ -13,6 +13,7 @@
 #include "engine/backend/backend.h"
 #include "engine/kv_cache/kv_cache_manager.h"
 #include "engine/spec/eagle_checkpoint.h"
+#include "engine/spec/eagle_tree.h"
 
 namespace arbor {
 
@@ -61,6 +62,9 @@ class EagleDraftModel {
   std::vector<float> logits(std::span<const float> hidden, int64_t rows);
   // log_softmax of logits(), per row.
   std::vector<float> log_probs(std::span<const float> hidden, int64_t rows);
+  // The k best entries of each row of log_probs(), computed where the logits are
+  // (Backend::top_k_log_softmax): only [rows, k] ids and values reach the host.
+  TopKRows top_log_probs(std::span<const float> hidden, int64_t rows, int32_t k);
 
  private:
   struct Row {
@@ -72,6 +76,8 @@ class EagleDraftModel {
   // Runs the layer over the reserved rows; `input` is [N, in_width] (features or hidden).
   std::vector<float> forward(const std::vector<Row>& rows, std::span<const float> input,
                              bool input_is_feature);
+  // The draft logits [rows, draft_vocab] in backend scratch (valid until the next reset).
+  Tensor device_logits(std::span<const float> hidden, int64_t rows);
   std::vector<int64_t> reserve(SeqId seq, int32_t num_tokens, SlotCopies* copies);
 
   std::unique_ptr<Backend> backend_;

@@ -167,6 +167,8 @@ DraftTree EagleProposer::propose(RequestId request, const TreeBudget& budget) {
 
   const int64_t h = draft_.hidden_size();
   const int32_t position = s.first_position + draft_.length(s.seq);
+  // Only each row's best top_k draft entries are read (computed on the draft's backend).
+  const int32_t top_k = static_cast<int32_t>(std::min<int64_t>(params.top_k, draft_.draft_vocab()));
   auto expand = [&](int32_t step, const std::vector<FrontierNode>& frontier) {
     std::vector<SeqId> parents;
     std::vector<int32_t> tokens;
@@ -185,11 +187,11 @@ DraftTree EagleProposer::propose(RequestId request, const TreeBudget& budget) {
     temporary = children;
     prev_seqs = std::move(children);
     prev_out = out;
-    return draft_.log_probs(out, static_cast<int64_t>(frontier.size()));
+    return draft_.top_log_probs(out, static_cast<int64_t>(frontier.size()), top_k);
   };
-  const std::vector<float> root_log_probs = draft_.log_probs(s.last_output, 1);
-  return grow_dynamic_tree(
-      root, root_log_probs, params, [this](int32_t id) { return draft_.to_target(id); }, expand);
+  const TopKRows root_top = draft_.top_log_probs(s.last_output, 1, top_k);
+  return grow_dynamic_tree_top_k(
+      root, root_top, params, [this](int32_t id) { return draft_.to_target(id); }, expand);
 }
 
 bool EagleProposer::fork(RequestId src, RequestId dst) {

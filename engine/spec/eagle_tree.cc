@@ -31,6 +31,25 @@ std::vector<int32_t> best_of(const std::vector<Candidate>& cands, int32_t begin,
 
 }  // namespace
 
+namespace {
+
+TopKRows top_k_of(std::span<const float> rows, int64_t vocab, int32_t k) {
+  TopKRows out;
+  out.k = k;
+  const int64_t n = static_cast<int64_t>(rows.size()) / vocab;
+  for (int64_t r = 0; r < n; ++r) {
+    std::span<const float> row =
+        rows.subspan(static_cast<size_t>(r * vocab), static_cast<size_t>(vocab));
+    for (int32_t id : spec_math::top_k(row, k)) {
+      out.ids.push_back(id);
+      out.values.push_back(row[id]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 DraftTree grow_dynamic_tree(int32_t root_token, std::span<const float> root_log_probs,
                             const DynamicTreeParams& params,
                             const std::function<int32_t(int32_t)>& to_target,
@@ -38,12 +57,31 @@ DraftTree grow_dynamic_tree(int32_t root_token, std::span<const float> root_log_
   ARBOR_CHECK(params.total_tokens >= 1 && params.depth >= 0 && params.top_k >= 1);
   const int64_t vocab = static_cast<int64_t>(root_log_probs.size());
   ARBOR_CHECK(vocab > 0);
-  if (params.total_tokens == 1) return DraftTree::root_only(root_token);
   const int32_t top_k = static_cast<int32_t>(std::min<int64_t>(params.top_k, vocab));
+  return grow_dynamic_tree_top_k(root_token, top_k_of(root_log_probs, vocab, top_k), params,
+                                 to_target,
+                                 [&](int32_t step, const std::vector<FrontierNode>& frontier) {
+                                   const std::vector<float> log_probs = expand(step, frontier);
+                                   ARBOR_CHECK(static_cast<int64_t>(log_probs.size()) ==
+                                               static_cast<int64_t>(frontier.size()) * vocab);
+                                   return top_k_of(log_probs, vocab, top_k);
+                                 });
+}
+
+DraftTree grow_dynamic_tree_top_k(int32_t root_token, const TopKRows& root,
+                                  const DynamicTreeParams& params,
+                                  const std::function<int32_t(int32_t)>& to_target,
+                                  const FrontierExpandTopK& expand) {
+  ARBOR_CHECK(params.total_tokens >= 1 && params.depth >= 0 && params.top_k >= 1);
+  ARBOR_CHECK(root.k >= 1 && root.k <= params.top_k && root.rows() == 1 &&
+              root.values.size() == root.ids.size());
+  if (params.total_tokens == 1) return DraftTree::root_only(root_token);
+  const int32_t top_k = root.k;
 
   std::vector<Candidate> cands;  // in the official flat order
-  for (int32_t id : spec_math::top_k(root_log_probs, top_k))
-    cands.push_back({root_log_probs[id], to_target(id), -1});
+  for (int32_t j = 0; j < top_k; ++j)
+    cands.push_back(
+        {root.values[static_cast<size_t>(j)], to_target(root.ids[static_cast<size_t>(j)]), -1});
   std::vector<int32_t> frontier(cands.size());  // candidate indices, in row order
   std::iota(frontier.begin(), frontier.end(), 0);
   std::vector<int32_t> parent_row(cands.size(), -1);  // frontier row -> parent's previous row
@@ -52,16 +90,16 @@ DraftTree grow_dynamic_tree(int32_t root_token, std::span<const float> root_log_
     std::vector<FrontierNode> nodes(frontier.size());
     for (size_t r = 0; r < frontier.size(); ++r)
       nodes[r] = {parent_row[r], cands[frontier[r]].token};
-    const std::vector<float> log_probs = expand(step, nodes);
-    ARBOR_CHECK(static_cast<int64_t>(log_probs.size()) ==
-                static_cast<int64_t>(frontier.size()) * vocab);
+    const TopKRows rows = expand(step, nodes);
+    ARBOR_CHECK(rows.k == top_k && rows.rows() == static_cast<int32_t>(frontier.size()) &&
+                rows.values.size() == rows.ids.size());
     const int32_t group_begin = static_cast<int32_t>(cands.size());
     std::vector<int32_t> row_of_candidate;  // for the next frontier's parent rows
     for (size_t r = 0; r < frontier.size(); ++r) {
-      std::span<const float> row(log_probs.data() + r * vocab, static_cast<size_t>(vocab));
       const float base = cands[frontier[r]].score;
-      for (int32_t id : spec_math::top_k(row, top_k)) {
-        cands.push_back({base + row[id], to_target(id), frontier[r]});
+      for (int32_t j = 0; j < top_k; ++j) {
+        const size_t e = r * static_cast<size_t>(top_k) + static_cast<size_t>(j);
+        cands.push_back({base + rows.values[e], to_target(rows.ids[e]), frontier[r]});
         row_of_candidate.push_back(static_cast<int32_t>(r));
       }
     }

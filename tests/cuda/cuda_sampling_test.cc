@@ -320,6 +320,44 @@ TEST(CudaSampleTrees, MalformedBatchesAreRejectedBeforeLaunch) {
   EXPECT_EQ(compare(*gpu, good, &accepted, true), 0);
 }
 
+// Backend::top_k_log_softmax (the EAGLE draft's tree expansion) against the CPU backend: random
+// rows with repeated values (ties broken by the lower id) at several widths and k.
+TEST(CudaSampleTrees, TopKLogSoftmaxMatchesCpu) {
+  ARBOR_REQUIRE_GPU();
+  auto gpu = make_cuda_backend();
+  auto cpu = make_cpu_backend(1);
+  std::mt19937 rng(3);
+  int checked = 0;
+  for (int64_t cols : {7, 1000, 49152, 151936}) {
+    for (int32_t k : {1, 3, 10, 64}) {
+      if (k > cols) continue;
+      const int64_t rows = 5;
+      std::vector<float> x(static_cast<size_t>(rows * cols));
+      std::normal_distribution<float> normal(0.f, 3.f);
+      for (auto& v : x) v = std::round(normal(rng) * 8.f) / 8.f;  // many exact ties
+      gpu->reset_scratch();
+      cpu->reset_scratch();
+      Tensor tg = gpu->scratch(rows, cols), tc = cpu->scratch(rows, cols);
+      gpu->upload(x.data(), tg);
+      cpu->upload(x.data(), tc);
+      std::vector<int32_t> ig, ic;
+      std::vector<float> vg, vc;
+      gpu->top_k_log_softmax(tg, k, &ig, &vg);
+      cpu->top_k_log_softmax(tc, k, &ic, &vc);
+      EXPECT_EQ(ig, ic) << cols << " " << k;
+      ASSERT_EQ(vg.size(), vc.size());
+      for (size_t i = 0; i < vg.size(); ++i) EXPECT_NEAR(vg[i], vc[i], 1e-5) << cols << " " << k;
+      ++checked;
+    }
+  }
+  Tensor t = gpu->scratch(2, 8);
+  std::vector<int32_t> ids;
+  std::vector<float> values;
+  EXPECT_THROW(gpu->top_k_log_softmax(t, 9, &ids, &values), Error);
+  EXPECT_THROW(gpu->top_k_log_softmax(t, 0, &ids, &values), Error);
+  std::printf("  top_k_log_softmax: %d shapes equal to the CPU backend\n", checked);
+}
+
 // The engine on the GPU: sampled requests (every parameter) with and without speculation give
 // the same tokens for the same seeds whether the step samples on the device (no logits
 // downloaded) or downloads the logits and runs verify() on the host.

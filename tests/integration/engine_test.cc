@@ -178,6 +178,10 @@ class CountingBackend final : public Backend {
     ++argmax_calls;
     inner_->argmax_rows(logits, out);
   }
+  void top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
+                         std::vector<float>* values) override {
+    inner_->top_k_log_softmax(logits, k, ids, values);
+  }
   void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
                     TreeSampleResult* out) override {
     ++sample_calls;

@@ -9,6 +9,7 @@
 
 #include "engine/core/error.h"
 #include "engine/spec/device_verify.h"
+#include "engine/spec/proposer_math.h"
 
 namespace arbor {
 
@@ -275,6 +276,27 @@ void CpuBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>* out) {
         best = static_cast<int32_t>(c);
     }
     (*out)[static_cast<size_t>(m)] = rejected ? -1 : best;
+  }
+}
+
+void CpuBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
+                                   std::vector<float>* values) {
+  ARBOR_CHECK(logits.dtype == DType::kF32);
+  if (k < 1 || k > 1024 || k > logits.cols)
+    throw_error(ErrorCode::kInvalidArgument,
+                "top_k_log_softmax: k " + std::to_string(k) + " outside [1, min(" +
+                    std::to_string(logits.cols) + ", 1024)]");
+  ids->clear();
+  values->clear();
+  std::vector<float> row(static_cast<size_t>(logits.cols));
+  for (int64_t r = 0; r < logits.rows; ++r) {
+    const float* x = f32(logits) + r * logits.cols;
+    row.assign(x, x + logits.cols);
+    spec_math::log_softmax_inplace(row);
+    for (int32_t id : spec_math::top_k(row, k)) {
+      ids->push_back(id);
+      values->push_back(row[static_cast<size_t>(id)]);
+    }
   }
 }
 

@@ -22,6 +22,7 @@
 #include "kernels/kv/kv_cache_ops.h"
 #include "kernels/norm_rope/norm_rope.h"
 #include "kernels/sampling/argmax_rows.h"
+#include "kernels/sampling/top_k_rows.h"
 #include "kernels/sampling/tree_sampling.h"
 
 namespace arbor {
@@ -271,6 +272,7 @@ struct CudaBackend::State {
   DeviceBuffer gemm_input;      // bf16 copy of linear()'s fp32 input
   DeviceBuffer convert;         // fp32 staging for download/upload of 16-bit tensors
   DeviceBuffer argmax_ids;      // [M] int32 argmax_rows() output
+  DeviceBuffer top_k_out;       // top_k_log_softmax's ids and values
   StagedUpload sample_meta;     // sample_trees' batch
   DeviceBuffer sample_scratch;  // sample_trees' per-row / per-item scratch and outputs
   StagedUpload copy_slots;      // copy_kv's slot lists
@@ -1232,6 +1234,37 @@ void CudaBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>* out) {
                              s.stream),
              "argmax_rows download");
   cuda_check(cudaStreamSynchronize(s.stream), "argmax_rows");
+}
+
+void CudaBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
+                                    std::vector<float>* values) {
+  s_->flush();
+  State& s = *s_;
+  if (logits.dtype != DType::kF32 || logits.cols <= 0 || logits.cols >= (int64_t{1} << 31) - 1)
+    throw_error(ErrorCode::kInvalidArgument, "top_k_log_softmax: logits " + shape(logits) + " " +
+                                                 dtype_name(logits.dtype) + ", need fp32");
+  if (k < 1 || k > 1024 || k > logits.cols)
+    throw_error(ErrorCode::kInvalidArgument,
+                "top_k_log_softmax: k " + std::to_string(k) + " outside [1, min(" +
+                    std::to_string(logits.cols) + ", 1024)]");
+  const size_t n = static_cast<size_t>(logits.rows) * static_cast<size_t>(k);
+  ids->assign(n, -1);
+  values->assign(n, 0.0f);
+  if (n == 0) return;
+  s.top_k_out.ensure(n * 8, "top_k_log_softmax");
+  kernels::TopKRowsParams p;
+  p.x = static_cast<const float*>(logits.data);
+  p.ids = static_cast<int32_t*>(s.top_k_out.ptr);
+  p.values = reinterpret_cast<float*>(static_cast<uint8_t*>(s.top_k_out.ptr) + n * 4);
+  p.rows = logits.rows;
+  p.cols = logits.cols;
+  p.k = k;
+  cuda_check(kernels::launch_top_k_log_softmax(p, s.stream), "top_k_log_softmax");
+  cuda_check(cudaMemcpyAsync(ids->data(), p.ids, n * 4, cudaMemcpyDeviceToHost, s.stream),
+             "top_k_log_softmax download");
+  cuda_check(cudaMemcpyAsync(values->data(), p.values, n * 4, cudaMemcpyDeviceToHost, s.stream),
+             "top_k_log_softmax download");
+  cuda_check(cudaStreamSynchronize(s.stream), "top_k_log_softmax");
 }
 
 static_assert(sizeof(TreeSampleParams) == sizeof(kernels::TreeSampleItemParams) &&
