@@ -41,6 +41,7 @@ const std::map<std::string, Reader>& fields() {
       {"model.chat_template", field(&ServeConfig::chat_template, "a string")},
       {"model.backend", field(&ServeConfig::backend, "a string")},
       {"model.threads", field(&ServeConfig::threads, "an integer")},
+      {"model.cuda_graphs", field(&ServeConfig::cuda_graphs, "a boolean")},
       {"engine.kv_blocks", field(&ServeConfig::kv_blocks, "an integer")},
       {"engine.block_size", field(&ServeConfig::block_size, "an integer")},
       {"engine.max_step_tokens", field(&ServeConfig::max_step_tokens, "an integer")},
@@ -155,7 +156,8 @@ std::string ServeConfig::to_yaml() const {
   e << YAML::Key << "name" << YAML::Value << model_name;
   e << YAML::Key << "chat_template" << YAML::Value << chat_template;
   e << YAML::Key << "backend" << YAML::Value << backend;
-  e << YAML::Key << "threads" << YAML::Value << threads << YAML::EndMap;
+  e << YAML::Key << "threads" << YAML::Value << threads;
+  e << YAML::Key << "cuda_graphs" << YAML::Value << cuda_graphs << YAML::EndMap;
   e << YAML::Key << "engine" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kv_blocks" << YAML::Value << kv_blocks;
   e << YAML::Key << "block_size" << YAML::Value << block_size;

@@ -15,6 +15,9 @@ struct ServeConfig {
   std::string chat_template;  // Jinja file overriding the tokenizer's template
   std::string backend = "cpu";
   int32_t threads = 0;
+  // CUDA backend: replay recorded CUDA graphs for steady-state decode / verify steps
+  // (CudaBackendOptions::cuda_graphs, docs/kernels.md "CUDA graphs"); ignored on the CPU.
+  bool cuda_graphs = true;
   // engine
   int32_t kv_blocks = 2048;
   int32_t block_size = 16;

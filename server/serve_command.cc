@@ -62,6 +62,8 @@ void add_serve_command(CLI::App& app) {
        "Jinja chat template file (overrides the tokenizer's)");
   flag(c, s, "--backend", &ServeConfig::backend, "cpu or cuda");
   flag(c, s, "--threads", &ServeConfig::threads, "CPU backend threads (0: default)");
+  flag(c, s, "--cuda-graphs", &ServeConfig::cuda_graphs,
+       "Replay CUDA graphs for steady-state decode steps (cuda backend; true / false)");
   flag(c, s, "--kv-blocks", &ServeConfig::kv_blocks, "KV cache blocks");
   flag(c, s, "--block-size", &ServeConfig::block_size, "Tokens per KV block");
   flag(c, s, "--max-step-tokens", &ServeConfig::max_step_tokens, "Tokens per engine step");
@@ -125,6 +127,7 @@ int run_serve() {
                             &backend, [&](const ModelWeights& w) {
                               proposer = make_proposer(sc, w, make_draft_backend(cfg.backend));
                             });
+  model->set_step_graphs(cfg.cuda_graphs);
   const Tokenizer& tok = *bundle.tokenizer;
 
   EngineConfig ec;
