@@ -248,17 +248,32 @@ std::vector<EngineEvent> Engine::step() {
   const int64_t vocab = model_.config().vocab_size;
   const int32_t eos = model_.config().eos_token_id;
 
-  auto draft = [&](ReqId sid, const TreeBudget& budget) -> int32_t {
-    Choice& c = *choices_.at(sid);
+  // Every speculating request's tree in one proposer call (a draft model batches its forwards
+  // across requests); each request is charged an equal share of the drafting time.
+  auto draft = [&](const std::vector<std::pair<ReqId, TreeBudget>>& wanted) {
+    std::vector<std::pair<RequestId, TreeBudget>> requests;
+    for (const auto& [sid, budget] : wanted)
+      requests.push_back({static_cast<RequestId>(sid), budget});
     const auto t0 = std::chrono::steady_clock::now();
-    c.draft = proposer_->propose(static_cast<RequestId>(sid), budget);
-    c.draft_ms =
+    std::vector<DraftTree> trees = proposer_->propose_batch(requests);
+    const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    ARBOR_CHECK(!c.draft.token.empty() && c.draft.token[0] == sched_.context(sid).back(),
-                "proposer tree root differs from the request's newest token");
-    return std::min<int32_t>(c.draft.size(), budget.max_nodes);
+    ARBOR_CHECK(trees.size() == wanted.size(), "proposer returned " + std::to_string(trees.size()) +
+                                                   " trees for " + std::to_string(wanted.size()) +
+                                                   " requests");
+    std::vector<int32_t> n;
+    for (size_t i = 0; i < wanted.size(); ++i) {
+      const auto& [sid, budget] = wanted[i];
+      Choice& c = *choices_.at(sid);
+      c.draft = std::move(trees[i]);
+      c.draft_ms = ms / static_cast<double>(wanted.size());
+      ARBOR_CHECK(!c.draft.token.empty() && c.draft.token[0] == sched_.context(sid).back(),
+                  "proposer tree root differs from the request's newest token");
+      n.push_back(std::min<int32_t>(c.draft.size(), budget.max_nodes));
+    }
+    return n;
   };
-  const StepPlan plan = sched_.schedule(draft);
+  const StepPlan plan = sched_.schedule(Scheduler::BatchDraftFn(draft));
   for (ReqId sid : plan.preempted) {
     Choice& c = *choices_.at(sid);
     c.result.preemptions++;
@@ -470,17 +485,18 @@ std::vector<EngineEvent> Engine::step() {
     // Recomputed requests carry generated tokens in the context: split at the prompt.
     const VerifyResult v =
         backend_sample ? sampling.result(sample_item[k], out_.sampled)
-        : argmax_only  ? verify_greedy_argmax(
-                          tree,
-                          std::span<const int32_t>(out_.argmax)
-                              .subspan(static_cast<size_t>(first_logit[k]), static_cast<size_t>(t)),
-                          vocab, cs.subspan(0, prompt_len), cs.subspan(prompt_len))
-                    : verify(tree,
-                             std::span<const float>(out_.logits)
-                                 .subspan(static_cast<size_t>(first_logit[k]) * vocab,
-                                          static_cast<size_t>(t * vocab)),
-                             vocab, c.sampler, cs.subspan(0, prompt_len), cs.subspan(prompt_len),
-                             c.rng, config_.verify);
+        : argmax_only
+            ? verify_greedy_argmax(
+                  tree,
+                  std::span<const int32_t>(out_.argmax)
+                      .subspan(static_cast<size_t>(first_logit[k]), static_cast<size_t>(t)),
+                  vocab, cs.subspan(0, prompt_len), cs.subspan(prompt_len))
+            : verify(tree,
+                     std::span<const float>(out_.logits)
+                         .subspan(static_cast<size_t>(first_logit[k]) * vocab,
+                                  static_cast<size_t>(t * vocab)),
+                     vocab, c.sampler, cs.subspan(0, prompt_len), cs.subspan(prompt_len), c.rng,
+                     config_.verify);
     c.result.acceptance.add(v);
     if (t > 1) stats_.acceptance.add(v);
     sched_.record_acceptance(it.id, v, t);

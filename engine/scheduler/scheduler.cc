@@ -177,6 +177,14 @@ void Scheduler::admit(StepPlan* plan) {
 }
 
 StepPlan Scheduler::schedule(const DraftFn& draft) {
+  return schedule(BatchDraftFn([&](const std::vector<std::pair<ReqId, TreeBudget>>& requests) {
+    std::vector<int32_t> n;
+    for (const auto& [id, budget] : requests) n.push_back(draft(id, budget));
+    return n;
+  }));
+}
+
+StepPlan Scheduler::schedule(const BatchDraftFn& draft) {
   StepPlan plan;
   admit(&plan);
   if (running_.empty()) return plan;
@@ -228,9 +236,10 @@ StepPlan Scheduler::schedule(const DraftFn& draft) {
   auto is_running = [&](ReqId id) {
     return std::find(running_.begin(), running_.end(), id) != running_.end();
   };
+  std::vector<ScheduledItem> decode_items;
+  std::vector<std::pair<ReqId, TreeBudget>> to_draft;
   for (size_t k = 0; k < decodes.size(); ++k) {
     const ReqId id = decodes[k];
-    if (!is_running(id)) continue;  // preempted for an earlier item
     Req& r = get(id);
     ScheduledItem it;
     it.id = id;
@@ -244,13 +253,28 @@ StepPlan Scheduler::schedule(const DraftFn& draft) {
         plan.detached.push_back(id);
       }
     }
+    if (it.budget.max_nodes > 1) to_draft.push_back({id, it.budget});
+    decode_items.push_back(it);
+  }
+  std::vector<int32_t> drafted;
+  if (!to_draft.empty()) {
+    drafted = draft(to_draft);
+    ARBOR_CHECK(drafted.size() == to_draft.size(),
+                "drafted " + std::to_string(drafted.size()) + " trees for " +
+                    std::to_string(to_draft.size()) + " requests");
+  }
+  size_t next_draft = 0;
+  for (ScheduledItem it : decode_items) {
+    const ReqId id = it.id;
     int32_t n = 1;
     if (it.budget.max_nodes > 1) {
-      n = draft(id, it.budget);
+      n = drafted[next_draft++];
       ARBOR_CHECK(n >= 1 && n <= it.budget.max_nodes,
                   "draft of request " + std::to_string(id) + " returned " + std::to_string(n) +
                       " nodes for a budget of " + std::to_string(it.budget.max_nodes));
     }
+    if (!is_running(id)) continue;  // preempted for an earlier item
+    Req& r = get(id);
     bool ok = reserve(r, n, &plan);
     if (!ok && n > 1) {
       n = 1;

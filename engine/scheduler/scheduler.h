@@ -62,8 +62,13 @@ class Scheduler {
   void add(ReqId id, std::vector<int32_t> context, bool speculate);
   // Draws the tree of a decode item: returns its node count in [1, budget.max_nodes].
   using DraftFn = std::function<int32_t(ReqId, const TreeBudget&)>;
+  // Draws the trees of every speculating decode item of the step at once (a batched
+  // proposer): their node counts, in order.
+  using BatchDraftFn =
+      std::function<std::vector<int32_t>(const std::vector<std::pair<ReqId, TreeBudget>>&)>;
   // Plans one step and applies its reservations (items hold exactly num_tokens reserved slots).
-  // Empty when nothing is runnable.
+  // Empty when nothing is runnable. Trees are drafted before any reservation, all in one call.
+  StepPlan schedule(const BatchDraftFn& draft);
   StepPlan schedule(const DraftFn& draft);
 
   // --- after the step ran ---------------------------------------------------------------------

@@ -137,8 +137,17 @@ std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
                                            std::span<const int32_t> tokens,
                                            std::span<const float> hidden, int32_t position,
                                            std::vector<SeqId>* children) {
+  const std::vector<int32_t> positions(parents.size(), position);
+  return expand(parents, tokens, hidden, std::span<const int32_t>(positions), children);
+}
+
+std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
+                                           std::span<const int32_t> tokens,
+                                           std::span<const float> hidden,
+                                           std::span<const int32_t> positions,
+                                           std::vector<SeqId>* children) {
   const size_t count = parents.size();
-  ARBOR_CHECK(tokens.size() == count &&
+  ARBOR_CHECK(tokens.size() == count && positions.size() == count &&
               static_cast<int64_t>(hidden.size()) == static_cast<int64_t>(count) * hidden_size());
   children->clear();
   std::vector<Row> rows;
@@ -147,7 +156,7 @@ std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
     for (size_t i = 0; i < count; ++i) {
       const SeqId child = kv_.fork(parents[i]);
       children->push_back(child);
-      rows.push_back({child, {tokens[i]}, position, reserve(child, 1, &copies)});
+      rows.push_back({child, {tokens[i]}, positions[i], reserve(child, 1, &copies)});
     }
     if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
     std::vector<float> out = forward(rows, hidden, /*input_is_feature=*/false);

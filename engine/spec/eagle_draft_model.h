@@ -56,6 +56,10 @@ class EagleDraftModel {
   std::vector<float> expand(std::span<const SeqId> parents, std::span<const int32_t> tokens,
                             std::span<const float> hidden, int32_t position,
                             std::vector<SeqId>* children);
+  // The same with a RoPE position per row (rows of several requests in one forward).
+  std::vector<float> expand(std::span<const SeqId> parents, std::span<const int32_t> tokens,
+                            std::span<const float> hidden, std::span<const int32_t> positions,
+                            std::vector<SeqId>* children);
 
   // Draft logits of layer outputs hidden [rows, hidden]: the target's LM head (EAGLE-1/2, no
   // final norm) or lm_head(norm(h)) (EAGLE-3). [rows, draft_vocab] host fp32.

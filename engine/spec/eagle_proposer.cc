@@ -194,6 +194,112 @@ DraftTree EagleProposer::propose(RequestId request, const TreeBudget& budget) {
       root, root_top, params, [this](int32_t id) { return draft_.to_target(id); }, expand);
 }
 
+std::vector<DraftTree> EagleProposer::propose_batch(
+    const std::vector<std::pair<RequestId, TreeBudget>>& requests) {
+  std::vector<DraftTree> trees(requests.size());
+  // Per growing request: its grower, the previous expansion's sequences and outputs, and the
+  // position of its first draft row.
+  struct Growing {
+    size_t index;
+    DynamicTreeGrower grower;
+    std::vector<SeqId> prev_seqs;
+    std::vector<float> prev_out;
+    std::vector<SeqId> temporary;
+    int32_t position;
+  };
+  std::vector<Growing> growing;
+  struct Release {
+    EagleDraftModel& draft;
+    std::vector<Growing>& growing;
+    ~Release() {
+      for (Growing& g : growing)
+        for (SeqId q : g.temporary) draft.free_sequence(q);
+    }
+  } release{draft_, growing};
+  const int32_t top_k =
+      static_cast<int32_t>(std::min<int64_t>(options_.tree.top_k, draft_.draft_vocab()));
+  const int64_t h = draft_.hidden_size();
+  auto to_target = [this](int32_t id) { return draft_.to_target(id); };
+
+  std::vector<size_t> roots;  // requests whose tree grows
+  std::vector<DynamicTreeParams> params(requests.size());
+  std::vector<float> root_rows;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& [request, budget] = requests[i];
+    tracker_.check_budget(request, budget);
+    const int32_t root = tracker_.root(request);
+    const RequestState& s = requests_.at(request);
+    params[i].total_tokens = std::min(options_.tree.total_tokens, budget.max_nodes);
+    params[i].depth = std::min(options_.tree.depth, budget.max_depth - 1);
+    params[i].top_k = options_.tree.top_k;
+    trees[i] = DraftTree::root_only(root);
+    if (s.last_output.empty() || params[i].total_tokens <= 1 || budget.max_depth < 1) continue;
+    roots.push_back(i);
+    root_rows.insert(root_rows.end(), s.last_output.begin(), s.last_output.end());
+  }
+  if (roots.empty()) return trees;
+  growing.reserve(roots.size());
+  {
+    const TopKRows top = draft_.top_log_probs(root_rows, static_cast<int64_t>(roots.size()), top_k);
+    for (size_t r = 0; r < roots.size(); ++r) {
+      const size_t i = roots[r];
+      const RequestState& s = requests_.at(requests[i].first);
+      TopKRows row;
+      row.k = top_k;
+      row.ids.assign(top.ids.begin() + r * top_k, top.ids.begin() + (r + 1) * top_k);
+      row.values.assign(top.values.begin() + r * top_k, top.values.begin() + (r + 1) * top_k);
+      growing.push_back({i,
+                         DynamicTreeGrower(trees[i].token[0], row, params[i], to_target),
+                         {s.seq},
+                         s.last_output,
+                         {},
+                         s.first_position + draft_.length(s.seq)});
+    }
+  }
+  while (true) {
+    std::vector<SeqId> parents;
+    std::vector<int32_t> tokens, positions;
+    std::vector<float> hidden;
+    std::vector<std::pair<size_t, size_t>> span_of;  // growing index -> [first row, rows)
+    for (size_t gi = 0; gi < growing.size(); ++gi) {
+      Growing& g = growing[gi];
+      if (g.grower.done()) continue;
+      const std::vector<FrontierNode> frontier = g.grower.frontier();
+      span_of.push_back({gi, parents.size()});
+      for (const FrontierNode& node : frontier) {
+        const size_t row = node.parent_row < 0 ? 0 : static_cast<size_t>(node.parent_row);
+        parents.push_back(g.prev_seqs.at(row));
+        tokens.push_back(node.token);
+        positions.push_back(g.position + g.grower.step());
+        hidden.insert(hidden.end(), g.prev_out.begin() + static_cast<int64_t>(row) * h,
+                      g.prev_out.begin() + static_cast<int64_t>(row + 1) * h);
+      }
+    }
+    if (parents.empty()) break;
+    std::vector<SeqId> children;
+    const std::vector<float> out = draft_.expand(parents, tokens, hidden, positions, &children);
+    const TopKRows top = draft_.top_log_probs(out, static_cast<int64_t>(parents.size()), top_k);
+    for (size_t k = 0; k < span_of.size(); ++k) {
+      Growing& g = growing[span_of[k].first];
+      const size_t begin = span_of[k].second;
+      const size_t end = k + 1 < span_of.size() ? span_of[k + 1].second : parents.size();
+      // The previous step's forks are no longer needed: their children hold references.
+      for (SeqId q : g.temporary) draft_.free_sequence(q);
+      g.temporary.assign(children.begin() + begin, children.begin() + end);
+      g.prev_seqs = g.temporary;
+      g.prev_out.assign(out.begin() + static_cast<int64_t>(begin) * h,
+                        out.begin() + static_cast<int64_t>(end) * h);
+      TopKRows rows;
+      rows.k = top_k;
+      rows.ids.assign(top.ids.begin() + begin * top_k, top.ids.begin() + end * top_k);
+      rows.values.assign(top.values.begin() + begin * top_k, top.values.begin() + end * top_k);
+      g.grower.absorb(rows);
+    }
+  }
+  for (Growing& g : growing) trees[g.index] = g.grower.tree();
+  return trees;
+}
+
 bool EagleProposer::fork(RequestId src, RequestId dst) {
   tracker_.fork(src, dst);
   RequestState s = requests_.at(src);

@@ -39,6 +39,10 @@ class EagleProposer final : public Proposer {
   // At most min(total_tokens, budget.max_nodes) nodes and min(depth, budget.max_depth - 1) draft
   // steps after the first (so depth <= budget.max_depth).
   DraftTree propose(RequestId request, const TreeBudget& budget) override;
+  // Every request's tree grows in lockstep: one top-k call for the roots, then per expansion
+  // step one draft forward and one top-k call over all requests' frontiers.
+  std::vector<DraftTree> propose_batch(
+      const std::vector<std::pair<RequestId, TreeBudget>>& requests) override;
   void end(RequestId request) override;
   bool fork(RequestId src, RequestId dst) override;
 

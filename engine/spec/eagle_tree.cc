@@ -10,13 +10,9 @@ namespace arbor {
 
 namespace {
 
-struct Candidate {
-  float score;     // cumulative log-probability from the root
-  int32_t token;   // target id
-  int32_t parent;  // candidate index, -1 for the root
-};
-
 // Indices into `cands` [begin, end) of the k best scores, best first; ties: lower index first.
+using Candidate = DynamicTreeGrower::Candidate;
+
 std::vector<int32_t> best_of(const std::vector<Candidate>& cands, int32_t begin, int32_t end,
                              int32_t k) {
   std::vector<int32_t> index(static_cast<size_t>(end - begin));
@@ -68,62 +64,84 @@ DraftTree grow_dynamic_tree(int32_t root_token, std::span<const float> root_log_
                                  });
 }
 
+DynamicTreeGrower::DynamicTreeGrower(int32_t root_token, const TopKRows& root,
+                                     const DynamicTreeParams& params,
+                                     const std::function<int32_t(int32_t)>& to_target)
+    : root_token_(root_token), params_(params), to_target_(to_target), top_k_(root.k) {
+  ARBOR_CHECK(params.total_tokens >= 1 && params.depth >= 0 && params.top_k >= 1);
+  ARBOR_CHECK(root.k >= 1 && root.k <= params.top_k && root.rows() == 1 &&
+              root.values.size() == root.ids.size());
+  if (params.total_tokens == 1) {
+    done_ = true;
+    return;
+  }
+  for (int32_t j = 0; j < top_k_; ++j)
+    cands_.push_back(
+        {root.values[static_cast<size_t>(j)], to_target_(root.ids[static_cast<size_t>(j)]), -1});
+  frontier_.resize(cands_.size());
+  std::iota(frontier_.begin(), frontier_.end(), 0);
+  parent_row_.assign(cands_.size(), -1);
+  done_ = params.depth == 0;
+}
+
+std::vector<FrontierNode> DynamicTreeGrower::frontier() const {
+  std::vector<FrontierNode> nodes(frontier_.size());
+  for (size_t r = 0; r < frontier_.size(); ++r)
+    nodes[r] = {parent_row_[r], cands_[static_cast<size_t>(frontier_[r])].token};
+  return nodes;
+}
+
+void DynamicTreeGrower::absorb(const TopKRows& rows) {
+  ARBOR_CHECK(!done_ && rows.k == top_k_ && rows.rows() == static_cast<int32_t>(frontier_.size()) &&
+              rows.values.size() == rows.ids.size());
+  ++step_;
+  const int32_t group_begin = static_cast<int32_t>(cands_.size());
+  std::vector<int32_t> row_of_candidate;  // for the next frontier's parent rows
+  for (size_t r = 0; r < frontier_.size(); ++r) {
+    const float base = cands_[static_cast<size_t>(frontier_[r])].score;
+    for (int32_t j = 0; j < top_k_; ++j) {
+      const size_t e = r * static_cast<size_t>(top_k_) + static_cast<size_t>(j);
+      cands_.push_back({base + rows.values[e], to_target_(rows.ids[e]), frontier_[r]});
+      row_of_candidate.push_back(static_cast<int32_t>(r));
+    }
+  }
+  if (step_ == params_.depth) {
+    done_ = true;
+    return;
+  }
+  frontier_ = best_of(cands_, group_begin, static_cast<int32_t>(cands_.size()), top_k_);
+  parent_row_.assign(frontier_.size(), -1);
+  for (size_t r = 0; r < frontier_.size(); ++r)
+    parent_row_[r] = row_of_candidate[static_cast<size_t>(frontier_[r] - group_begin)];
+}
+
+DraftTree DynamicTreeGrower::tree() const {
+  ARBOR_CHECK(done_);
+  DraftTree tree = DraftTree::root_only(root_token_);
+  if (params_.total_tokens == 1) return tree;
+  std::vector<int32_t> chosen =
+      best_of(cands_, 0, static_cast<int32_t>(cands_.size()), params_.total_tokens - 1);
+  std::sort(chosen.begin(), chosen.end());
+  std::vector<int32_t> node_of(cands_.size(), -1);
+  for (int32_t c : chosen) {
+    const Candidate& cand = cands_[static_cast<size_t>(c)];
+    const int32_t parent = cand.parent < 0 ? 0 : node_of[static_cast<size_t>(cand.parent)];
+    ARBOR_CHECK(parent >= 0,
+                "dynamic tree: candidate " + std::to_string(c) + " was kept without its parent");
+    node_of[static_cast<size_t>(c)] = tree.size();
+    tree.parent.push_back(parent);
+    tree.token.push_back(cand.token);
+  }
+  return tree;
+}
+
 DraftTree grow_dynamic_tree_top_k(int32_t root_token, const TopKRows& root,
                                   const DynamicTreeParams& params,
                                   const std::function<int32_t(int32_t)>& to_target,
                                   const FrontierExpandTopK& expand) {
-  ARBOR_CHECK(params.total_tokens >= 1 && params.depth >= 0 && params.top_k >= 1);
-  ARBOR_CHECK(root.k >= 1 && root.k <= params.top_k && root.rows() == 1 &&
-              root.values.size() == root.ids.size());
-  if (params.total_tokens == 1) return DraftTree::root_only(root_token);
-  const int32_t top_k = root.k;
-
-  std::vector<Candidate> cands;  // in the official flat order
-  for (int32_t j = 0; j < top_k; ++j)
-    cands.push_back(
-        {root.values[static_cast<size_t>(j)], to_target(root.ids[static_cast<size_t>(j)]), -1});
-  std::vector<int32_t> frontier(cands.size());  // candidate indices, in row order
-  std::iota(frontier.begin(), frontier.end(), 0);
-  std::vector<int32_t> parent_row(cands.size(), -1);  // frontier row -> parent's previous row
-
-  for (int32_t step = 1; step <= params.depth; ++step) {
-    std::vector<FrontierNode> nodes(frontier.size());
-    for (size_t r = 0; r < frontier.size(); ++r)
-      nodes[r] = {parent_row[r], cands[frontier[r]].token};
-    const TopKRows rows = expand(step, nodes);
-    ARBOR_CHECK(rows.k == top_k && rows.rows() == static_cast<int32_t>(frontier.size()) &&
-                rows.values.size() == rows.ids.size());
-    const int32_t group_begin = static_cast<int32_t>(cands.size());
-    std::vector<int32_t> row_of_candidate;  // for the next frontier's parent rows
-    for (size_t r = 0; r < frontier.size(); ++r) {
-      const float base = cands[frontier[r]].score;
-      for (int32_t j = 0; j < top_k; ++j) {
-        const size_t e = r * static_cast<size_t>(top_k) + static_cast<size_t>(j);
-        cands.push_back({base + rows.values[e], to_target(rows.ids[e]), frontier[r]});
-        row_of_candidate.push_back(static_cast<int32_t>(r));
-      }
-    }
-    if (step == params.depth) break;
-    frontier = best_of(cands, group_begin, static_cast<int32_t>(cands.size()), top_k);
-    parent_row.assign(frontier.size(), -1);
-    for (size_t r = 0; r < frontier.size(); ++r)
-      parent_row[r] = row_of_candidate[frontier[r] - group_begin];
-  }
-
-  std::vector<int32_t> chosen =
-      best_of(cands, 0, static_cast<int32_t>(cands.size()), params.total_tokens - 1);
-  std::sort(chosen.begin(), chosen.end());
-  std::vector<int32_t> node_of(cands.size(), -1);
-  DraftTree tree = DraftTree::root_only(root_token);
-  for (int32_t c : chosen) {
-    const int32_t parent = cands[c].parent < 0 ? 0 : node_of[cands[c].parent];
-    ARBOR_CHECK(parent >= 0,
-                "dynamic tree: candidate " + std::to_string(c) + " was kept without its parent");
-    node_of[c] = tree.size();
-    tree.parent.push_back(parent);
-    tree.token.push_back(cands[c].token);
-  }
-  return tree;
+  DynamicTreeGrower g(root_token, root, params, to_target);
+  while (!g.done()) g.absorb(expand(g.step() + 1, g.frontier()));
+  return g.tree();
 }
 
 }  // namespace arbor

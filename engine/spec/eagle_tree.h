@@ -54,6 +54,41 @@ struct TopKRows {
 };
 using FrontierExpandTopK =
     std::function<TopKRows(int32_t step, const std::vector<FrontierNode>& frontier)>;
+// grow_dynamic_tree_top_k as a state machine, so several requests' trees can grow in lockstep
+// with one draft forward per step for all of them (EagleProposer::propose_batch):
+//   DynamicTreeGrower g(root, root_top, params, to_target);
+//   while (!g.done()) g.absorb(<top-k rows of the draft over g.frontier()>);
+//   DraftTree t = g.tree();
+class DynamicTreeGrower {
+ public:
+  struct Candidate {
+    float score;     // cumulative log-probability from the root
+    int32_t token;   // target id
+    int32_t parent;  // candidate index, -1 for the root
+  };
+  DynamicTreeGrower(int32_t root_token, const TopKRows& root, const DynamicTreeParams& params,
+                    const std::function<int32_t(int32_t)>& to_target);
+  bool done() const { return done_; }
+  int32_t step() const { return step_; }  // expansions absorbed so far
+  // The nodes the next draft step runs over (step() + 1; parent rows index the previous
+  // frontier, -1 for the root's children).
+  std::vector<FrontierNode> frontier() const;
+  // The draft's top-k rows for frontier() (one per node, in order).
+  void absorb(const TopKRows& rows);
+  DraftTree tree() const;
+
+ private:
+  int32_t root_token_;
+  DynamicTreeParams params_;
+  std::function<int32_t(int32_t)> to_target_;
+  int32_t top_k_;
+  int32_t step_ = 0;
+  bool done_ = false;
+  std::vector<Candidate> cands_;     // in the official flat order
+  std::vector<int32_t> frontier_;    // candidate indices, in row order
+  std::vector<int32_t> parent_row_;  // frontier row -> parent's previous row
+};
+
 DraftTree grow_dynamic_tree_top_k(int32_t root_token, const TopKRows& root,
                                   const DynamicTreeParams& params,
                                   const std::function<int32_t(int32_t)>& to_target,

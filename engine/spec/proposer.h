@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/spec/draft_tree.h"
@@ -51,6 +52,16 @@ class Proposer {
   virtual void observe(const TargetFeedback& feedback) = 0;
   // Draft tree rooted at the last feedback's next_token (tree.token[0] == that token).
   virtual DraftTree propose(RequestId request, const TreeBudget& budget) = 0;
+  // Trees for several requests of one step, in order (each as propose() would return it).
+  // Proposers with a draft model override it to run one draft forward per expansion step for
+  // all the requests instead of one per request.
+  virtual std::vector<DraftTree> propose_batch(
+      const std::vector<std::pair<RequestId, TreeBudget>>& requests) {
+    std::vector<DraftTree> out;
+    out.reserve(requests.size());
+    for (const auto& [request, budget] : requests) out.push_back(propose(request, budget));
+    return out;
+  }
   virtual void end(RequestId request) = 0;
   // n > 1 samples of one prompt: `dst` starts as a copy of `src` (which must have observed its
   // prompt with next_token -1, i.e. before either request's first token is known); each then

@@ -153,6 +153,35 @@ TEST_P(EagleReference, DynamicTreesOfTwoRoundsMatchTopKGenerate) {
   }
 }
 
+// propose_batch grows several requests' trees with one draft forward per step for all of them:
+// request A (after round 0), request B (after rounds 0 and 1, so other positions and features)
+// and a root-only budget in one call give each request the official tree of its own round.
+TEST_P(EagleReference, BatchedProposalsEqualTheOfficialTreeOfEachRequest) {
+  const Fixture f = load(GetParam());
+  const auto& rounds = f.ref["rounds"];
+  ASSERT_GE(rounds.size(), 2u);
+  for (size_t s = 0; s < rounds[0]["trees"].size(); ++s) {
+    auto p = make(f, options_of(rounds[0]["trees"][s]));
+    const Round r0 = round_of(rounds[0]), r1 = round_of(rounds[1]);
+    for (RequestId id : {21, 22, 23}) {
+      p->begin(id, r0.tokens);
+      p->observe(r0.feedback(id));
+    }
+    p->observe(r1.feedback(22));
+    const std::vector<DraftTree> trees = p->propose_batch(
+        {{21, TreeBudget{64, 8}}, {23, TreeBudget{1, 8}}, {22, TreeBudget{64, 8}}});
+    ASSERT_EQ(trees.size(), 3u);
+    for (const auto& [tree, round] : {std::pair{trees[0], 0}, {trees[2], 1}}) {
+      const nlohmann::json& t = rounds[round]["trees"][s];
+      test::expect_tree(
+          tree, t["tokens"].get<std::vector<int32_t>>(), t["parents"].get<std::vector<int32_t>>(),
+          "batched, setting " + std::to_string(s) + " round " + std::to_string(round));
+    }
+    EXPECT_EQ(trees[1].size(), 1);
+    for (RequestId id : {21, 22, 23}) p->end(id);
+  }
+}
+
 TEST_P(EagleReference, TreeBudgetBoundsNodesAndDepth) {
   // Budget {8 nodes, depth 2} on the default settings is the official tree of total_tokens 8,
   // depth 1 (one draft step after the first), the fixture's third setting.
