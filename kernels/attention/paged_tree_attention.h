@@ -60,6 +60,8 @@ struct AttentionPlanInputs {
   const uint32_t* tree_mask = nullptr;   // [sum_r T_r * ceil(T_r / 32)] host (batch_invariant)
   const int32_t* mask_indptr = nullptr;  // [R + 1] host (batch_invariant)
   int32_t num_tokens = 0;                // sum_r T_r (batch_invariant)
+  // Keys per split of a batch-invariant plan in 64-key tiles (0: kAttnInvariantChunkTiles).
+  int32_t invariant_chunk_tiles = 0;
 };
 
 // Keys per KV split in a batch-invariant plan, in 64-key tiles: the split boundaries are the

@@ -457,6 +457,8 @@ struct Args {
   bool verify = true;                      // the verify-step curve
   bool plain = true;                       // the plain-decode table
   std::vector<int> batch_invariant = {1};  // CudaBackendOptions::batch_invariant per pass
+  std::vector<int> split_keys = {512};     // CudaBackendOptions::invariant_split_keys per pass
+  int gemm_tune = 1;                       // CudaBackendOptions::tune_invariant_gemm
   std::string json, verify_json;
 };
 
@@ -586,6 +588,8 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
   opt.skinny_gemm_max_rows = a.skinny_max_rows;
   opt.attention_max_splits = a.max_splits;
   opt.batch_invariant = batch_invariant != 0;
+  opt.invariant_split_keys = a.split_keys.at(0);
+  opt.tune_invariant_gemm = a.gemm_tune != 0;
   CudaBackend backend(opt);
   times->batch_invariant = batch_invariant;
   auto stream = static_cast<cudaStream_t>(backend.stream_handle());
@@ -593,8 +597,9 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
   const double weight_bytes = streamed_weight_bytes(cfg);
   std::printf(
       "# model_bench: Llama-3-8B shapes (%lld layers), random bf16 weights, %s, "
-      "batch_invariant %d\n",
-      static_cast<long long>(cfg.num_layers), gpu.c_str(), batch_invariant);
+      "batch_invariant %d, invariant_split_keys %d, tune_invariant_gemm %d\n",
+      static_cast<long long>(cfg.num_layers), gpu.c_str(), batch_invariant, a.split_keys.at(0),
+      a.gemm_tune);
   std::printf(
       "device-to-device copy: %.2f TB/s (read + write); weights streamed per step: %.2f "
       "GB -> %.2f ms at that rate, %.2f ms at 3.0 TB/s\n",
@@ -829,6 +834,15 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
     v["batch"] = curve;
     std::ofstream(a.verify_json) << v.dump(1) << "\n";
   }
+  if (batch_invariant)
+    for (const auto& [o, i] : std::vector<std::pair<int64_t, int64_t>>{
+             {cfg.num_heads * cfg.head_dim, cfg.hidden_size},
+             {cfg.num_kv_heads * cfg.head_dim, cfg.hidden_size},
+             {cfg.intermediate_size, cfg.hidden_size},
+             {cfg.hidden_size, cfg.intermediate_size},
+             {cfg.vocab_size, cfg.hidden_size}})
+      std::printf("linear algo out %lld in %lld: %s\n", static_cast<long long>(o),
+                  static_cast<long long>(i), backend.batch_invariant_gemm_algo(o, i).c_str());
   return 0;
 }
 
@@ -862,6 +876,10 @@ int main(int argc, char** argv) {
       a.skinny_max_rows = std::atoi(next().c_str());
     else if (k == "--max-splits")
       a.max_splits = std::atoi(next().c_str());
+    else if (k == "--split-keys")
+      a.split_keys = arbor::parse_list(next());
+    else if (k == "--gemm-tune")
+      a.gemm_tune = std::atoi(next().c_str());
     else if (k == "--layers")
       a.layers = std::atoi(next().c_str());
     else if (k == "--batch-invariant") {
@@ -891,16 +909,18 @@ int main(int argc, char** argv) {
   try {
     std::vector<arbor::DecodeTimes> passes;
     const arbor::Args base = a;
-    for (int bi : base.batch_invariant) {
-      arbor::Args pass = base;
-      if (base.batch_invariant.size() > 1) {  // one JSON file per pass
-        const std::string tag = ".bi" + std::to_string(bi);
-        if (!pass.json.empty()) pass.json += tag;
-        if (!pass.verify_json.empty()) pass.verify_json += tag;
+    for (int bi : base.batch_invariant)
+      for (int sk : base.split_keys) {
+        arbor::Args pass = base;
+        pass.split_keys = {sk};
+        if (base.batch_invariant.size() > 1) {  // one JSON file per pass
+          const std::string tag = ".bi" + std::to_string(bi);
+          if (!pass.json.empty()) pass.json += tag;
+          if (!pass.verify_json.empty()) pass.verify_json += tag;
+        }
+        passes.emplace_back();
+        if (const int rc = arbor::run(pass, bi, &passes.back()); rc != 0) return rc;
       }
-      passes.emplace_back();
-      if (const int rc = arbor::run(pass, bi, &passes.back()); rc != 0) return rc;
-    }
     if (passes.size() == 2 && passes[0].rows.size() == passes[1].rows.size()) {
       std::printf(
           "\n## cost of batch invariance (plain decode; batch_invariant 0 -> 1)\n\n"

@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -267,7 +269,9 @@ struct CudaBackend::State {
   std::map<std::pair<int64_t, int64_t>, LtAlgo> lt_algos;
   std::map<std::tuple<int, int64_t, int64_t>, cublasLtMatrixLayout_t> lt_layouts;
   cublasLtMatrixLayout_t lt_layout(cudaDataType type, int64_t rows, int64_t cols);
-  const LtAlgo& lt_algo(int64_t out_features, int64_t in_features);
+  // `weight` (the [out, in] bf16 matrix) lets the first use time the candidates
+  // (CudaBackendOptions::tune_invariant_gemm); nullptr takes the heuristic's first.
+  const LtAlgo& lt_algo(int64_t out_features, int64_t in_features, const void* weight = nullptr);
 
   DeviceBuffer gemm_input;      // bf16 copy of linear()'s fp32 input
   DeviceBuffer convert;         // fp32 staging for download/upload of 16-bit tensors
@@ -324,6 +328,12 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : s_(std::make_uniqu
     throw_error(ErrorCode::kInvalidArgument, "cuda backend: batch_invariant_gemm " +
                                                  std::to_string(options.batch_invariant_gemm) +
                                                  " (0 cuBLASLt fixed algorithm, 1 own kernel)");
+  if (options.invariant_split_keys < 64 || options.invariant_split_keys % 64 != 0 ||
+      options.invariant_split_keys > 64 * 1024)
+    throw_error(ErrorCode::kInvalidArgument,
+                "cuda backend: invariant_split_keys " +
+                    std::to_string(options.invariant_split_keys) +
+                    " (a multiple of 64 in [64, 65536])");
   cublas_check(cublasLtCreate(&s_->lt), "cublasLtCreate");
   cublas_check(cublasLtMatmulDescCreate(&s_->lt_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                "cublasLtMatmulDescCreate");
@@ -383,7 +393,8 @@ cublasLtMatrixLayout_t CudaBackend::State::lt_layout(cudaDataType type, int64_t 
 // with no reduction scheme and kept if cuBLASLt accepts it at every probed N, so the kernel (and
 // with it the per-element summation order over K) is the same for every row count.
 const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_features,
-                                                              int64_t in_features) {
+                                                              int64_t in_features,
+                                                              const void* weight) {
   const auto key = std::make_pair(out_features, in_features);
   auto it = lt_algos.find(key);
   if (it != lt_algos.end()) return it->second;
@@ -399,6 +410,7 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
   constexpr int kCandidates = 32;
   cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int found = 0;
+  std::vector<LtAlgo> valid;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
       lt, lt_desc, a, lt_layout(CUDA_R_16BF, k, kLtRepresentativeRows),
       lt_layout(CUDA_R_32F, o, kLtRepresentativeRows),
@@ -435,12 +447,75 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
                                          sizeof(splitk), &written);
     cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
                                          sizeof(cluster), &written);
-    LtAlgo chosen{algo, "candidate " + std::to_string(i) + " algo " + std::to_string(id) +
-                            " tile " + std::to_string(tile) + " stages " + std::to_string(stages) +
-                            " splitK " + std::to_string(splitk) + " cluster " +
-                            std::to_string(cluster)};
-    return lt_algos.emplace(key, chosen).first->second;
+    valid.push_back({algo, "candidate " + std::to_string(i) + " algo " + std::to_string(id) +
+                               " tile " + std::to_string(tile) + " stages " +
+                               std::to_string(stages) + " splitK " + std::to_string(splitk) +
+                               " cluster " + std::to_string(cluster)});
   }
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &capturing);
+  if (valid.size() > 1 && weight != nullptr && options.tune_invariant_gemm &&
+      capturing == cudaStreamCaptureStatusNone) {
+    // Time every candidate at 1, 16 and 128 rows (zero inputs; the speed does not depend on
+    // the values) and keep the one with the smallest sum of time / best time at each size: the
+    // same algorithm serves every row count, so it must not be slow at any of them.
+    const int64_t sizes[] = {1, 16, 128};
+    void* x = nullptr;
+    void* y = nullptr;
+    cuda_check(cudaMalloc(&x, static_cast<size_t>(128 * k) * 2), "linear tuning");
+    cuda_check(cudaMalloc(&y, static_cast<size_t>(128 * o) * 4), "linear tuning");
+    cuda_check(cudaMemsetAsync(x, 0, static_cast<size_t>(128 * k) * 2, stream), "linear tuning");
+    cudaEvent_t e0, e1;
+    cuda_check(cudaEventCreate(&e0), "linear tuning");
+    cuda_check(cudaEventCreate(&e1), "linear tuning");
+    std::vector<std::array<float, 3>> ms(valid.size());
+    const float alpha = 1.f, beta = 0.f;
+    for (size_t c = 0; c < valid.size(); ++c)
+      for (int si = 0; si < 3; ++si) {
+        const int64_t n = sizes[si];
+        const cublasLtMatrixLayout_t lc = lt_layout(CUDA_R_32F, o, n);
+        auto run = [&] {
+          return cublasLtMatmul(lt, lt_desc, &alpha, weight, a, x, lt_layout(CUDA_R_16BF, k, n),
+                                &beta, y, lc, y, lc, &valid[c].algo, lt_workspace.ptr,
+                                kLtWorkspaceBytes, stream);
+        };
+        cublas_check(run(), "linear tuning");
+        float best = 1e30f;
+        for (int rep = 0; rep < 3; ++rep) {
+          cuda_check(cudaEventRecord(e0, stream), "linear tuning");
+          for (int it = 0; it < 4; ++it) cublas_check(run(), "linear tuning");
+          cuda_check(cudaEventRecord(e1, stream), "linear tuning");
+          cuda_check(cudaEventSynchronize(e1), "linear tuning");
+          float t = 0;
+          cuda_check(cudaEventElapsedTime(&t, e0, e1), "linear tuning");
+          best = std::min(best, t / 4);
+        }
+        ms[c][static_cast<size_t>(si)] = best;
+      }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(x);
+    cudaFree(y);
+    std::array<float, 3> fastest = {1e30f, 1e30f, 1e30f};
+    for (const auto& t : ms)
+      for (size_t si = 0; si < 3; ++si) fastest[si] = std::min(fastest[si], t[si]);
+    size_t pick = 0;
+    double pick_score = 1e300;
+    for (size_t c = 0; c < valid.size(); ++c) {
+      double score = 0;
+      for (size_t si = 0; si < 3; ++si) score += ms[c][si] / fastest[si];
+      if (score < pick_score) {
+        pick_score = score;
+        pick = c;
+      }
+    }
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), " (tuned over %zu: %.1f / %.1f / %.1f us at 1 / 16 / 128 rows)",
+                  valid.size(), ms[pick][0] * 1e3, ms[pick][1] * 1e3, ms[pick][2] * 1e3);
+    valid[pick].words += buf;
+    return lt_algos.emplace(key, valid[pick]).first->second;
+  }
+  if (!valid.empty()) return lt_algos.emplace(key, valid[0]).first->second;
   throw_error(ErrorCode::kUnsupported, "linear: no cuBLASLt algorithm without split-K for out " +
                                            std::to_string(o) + ", in " + std::to_string(k) + " (" +
                                            std::to_string(found) +
@@ -841,7 +916,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
                   "linear: the batch-invariant kernel needs an even in_features, got " + shape(w));
     cuda_check(kernels::launch_batch_invariant_gemm(p, s.stream), "linear (batch-invariant)");
   } else if (s.options.batch_invariant) {
-    const State::LtAlgo& algo = s.lt_algo(w.rows, w.cols);
+    const State::LtAlgo& algo = s.lt_algo(w.rows, w.cols, w.data);
     const cublasLtMatrixLayout_t lc = s.lt_layout(CUDA_R_32F, w.rows, x.rows);
     cublas_check(
         cublasLtMatmul(s.lt, s.lt_desc, &alpha, w.data, s.lt_layout(CUDA_R_16BF, w.cols, w.rows),
@@ -968,6 +1043,7 @@ void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int
   in.max_splits = options.attention_max_splits;
   in.wgmma = use_wgmma;
   in.batch_invariant = options.batch_invariant;
+  in.invariant_chunk_tiles = options.invariant_split_keys / 64;
   in.tree_mask = step.tree_mask.data();
   in.mask_indptr = step.mask_indptr.data();
   in.num_tokens = step.num_tokens();

@@ -33,6 +33,12 @@ struct CudaBackendOptions {
   // (kernels/gemm/batch_invariant_gemm.h, slower).
   int batch_invariant_gemm = 0;
   int attention_max_splits = 0;   // split-KV cap: 0 = chosen from the shape, 1 = never split
+  // Batch-invariant attention: keys per KV split (fixed boundaries from key 0), a multiple of
+  // 64. Smaller splits spread a short decode over more SMs; larger ones merge less.
+  int32_t invariant_split_keys = 512;
+  // Batch-invariant linear (cuBLASLt): time the no-split-K candidates of each (out, in) shape at
+  // 1, 16 and 128 rows at first use and keep the best overall; off: the heuristic's first.
+  bool tune_invariant_gemm = true;
   int32_t max_tree_nodes = 1024;  // largest masked (tree) request accepted by set_step
   // Tensor-core attention kernel: 0 = wgmma for head_dim 128 where the build and GPU have it
   // (sm_90a), else mma.sync (head_dim 64 always); 1 = mma.sync; 2 = wgmma for head_dim 128
