@@ -102,6 +102,13 @@ class Backend {
   virtual void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) = 0;
   // out[N, out] = x[N, in] @ w[out, in]^T (+ bias[out] when bias.data != nullptr)
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) = 0;
+  // outs[j] = columns [c_j, c_j + outs[j].cols) of x, c_j the sum of the earlier widths (each
+  // output [N, w_j], the widths summing to x.cols; at most 3 outputs): unpacks a fused
+  // projection's output (q|k|v, gate|up).
+  virtual void split_cols(const Tensor& x, const std::vector<Tensor>& outs) = 0;
+  // Whether LlamaModel should run q/k/v and gate/up as one linear each (concatenated weights)
+  // on this backend: fewer, larger GEMMs where launches and small matrices cost.
+  virtual bool fuse_projections() const { return false; }
   // out = a + b (elementwise; out may alias a)
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   // out[N, F] = silu(gate[N, F]) * up[N, F]

@@ -4,6 +4,37 @@
 
 namespace arbor {
 
+namespace {
+
+// Matrices (or bias vectors) stacked by rows; shape-only when every part is (dummy weights the
+// backend fills itself). Missing bias parts (empty data, given `rows`) become zeros.
+HostTensor stack_rows(const std::vector<const HostTensor*>& parts,
+                      const std::vector<int64_t>& rows = {}) {
+  HostTensor out;
+  bool any_data = false;
+  for (const HostTensor* p : parts) any_data = any_data || !p->data.empty();
+  int64_t total = 0, cols = -1;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const HostTensor& p = *parts[i];
+    const int64_t r = p.shape.empty() ? rows.at(i) : p.shape[0];
+    const int64_t c = p.shape.size() >= 2 ? p.shape[1] : 1;
+    ARBOR_CHECK(cols < 0 || c == cols, "stacking weights of different widths");
+    cols = c;
+    total += r;
+    if (any_data) {
+      if (p.data.empty())
+        out.data.insert(out.data.end(), static_cast<size_t>(r * c), 0.0f);
+      else
+        out.data.insert(out.data.end(), p.data.begin(), p.data.end());
+    }
+  }
+  out.shape =
+      parts[0]->shape.size() >= 2 ? std::vector<int64_t>{total, cols} : std::vector<int64_t>{total};
+  return out;
+}
+
+}  // namespace
+
 LlamaModel::LlamaModel(Backend& backend, const ModelWeights& w)
     : backend_(backend), config_(w.config) {
   config_.validate("model");
@@ -15,23 +46,39 @@ LlamaModel::LlamaModel(Backend& backend, const ModelWeights& w)
   rope_.high_freq_factor = config_.rope_scaling.high_freq_factor;
   rope_.original_max_position = config_.rope_scaling.original_max_position;
 
+  fused_ = backend_.fuse_projections();
   embed_ = backend_.upload_weight(w.embed);
   final_norm_ = backend_.upload_weight(w.final_norm);
   lm_head_ = config_.tie_embeddings ? embed_ : backend_.upload_weight(w.lm_head);
   auto opt = [&](const HostTensor& t) { return t.empty() ? Tensor{} : backend_.upload_weight(t); };
   for (const LayerWeights& lw : w.layers) {
     Layer l;
+    // Upload order matters for dummy weights (each upload advances the backend's seed):
+    // model_bench mirrors it.
     l.attn_norm = backend_.upload_weight(lw.attn_norm);
-    l.wq = backend_.upload_weight(lw.wq);
-    l.wk = backend_.upload_weight(lw.wk);
-    l.wv = backend_.upload_weight(lw.wv);
-    l.bq = opt(lw.bq);
-    l.bk = opt(lw.bk);
-    l.bv = opt(lw.bv);
+    if (fused_) {
+      const int64_t q_rows = config_.num_heads * config_.head_dim;
+      const int64_t kv_rows = config_.num_kv_heads * config_.head_dim;
+      l.wqkv = backend_.upload_weight(stack_rows({&lw.wq, &lw.wk, &lw.wv}));
+      if (!lw.bq.empty() || !lw.bk.empty() || !lw.bv.empty())
+        l.bqkv = backend_.upload_weight(
+            stack_rows({&lw.bq, &lw.bk, &lw.bv}, {q_rows, kv_rows, kv_rows}));
+    } else {
+      l.wq = backend_.upload_weight(lw.wq);
+      l.wk = backend_.upload_weight(lw.wk);
+      l.wv = backend_.upload_weight(lw.wv);
+      l.bq = opt(lw.bq);
+      l.bk = opt(lw.bk);
+      l.bv = opt(lw.bv);
+    }
     l.wo = backend_.upload_weight(lw.wo);
     l.ffn_norm = backend_.upload_weight(lw.ffn_norm);
-    l.w_gate = backend_.upload_weight(lw.w_gate);
-    l.w_up = backend_.upload_weight(lw.w_up);
+    if (fused_) {
+      l.w_gate_up = backend_.upload_weight(stack_rows({&lw.w_gate, &lw.w_up}));
+    } else {
+      l.w_gate = backend_.upload_weight(lw.w_gate);
+      l.w_up = backend_.upload_weight(lw.w_up);
+    }
     l.w_down = backend_.upload_weight(lw.w_down);
     layers_.push_back(l);
   }
@@ -143,6 +190,23 @@ LlamaModel::StepTensors LlamaModel::run_ops(const StepInputs& step, const Forwar
   Tensor proj = b.scratch(n, hidden);
   Tensor gate = b.scratch(n, config_.intermediate_size);
   Tensor up = b.scratch(n, config_.intermediate_size);
+  // Fused projections: one output for q|k|v and one for gate|up; at one token the parts are
+  // contiguous views of it, else split_cols copies them out.
+  Tensor qkv, gate_up;
+  if (fused_) {
+    qkv = b.scratch(n, q_width + 2 * kv_width);
+    gate_up = b.scratch(n, 2 * config_.intermediate_size);
+    if (n == 1) {
+      auto view = [](const Tensor& t, int64_t col, int64_t cols) {
+        return Tensor{static_cast<float*>(t.data) + col, t.dtype, 1, cols};
+      };
+      q = view(qkv, 0, q_width);
+      k = view(qkv, q_width, kv_width);
+      v = view(qkv, q_width + kv_width, kv_width);
+      gate = view(gate_up, 0, config_.intermediate_size);
+      up = view(gate_up, config_.intermediate_size, config_.intermediate_size);
+    }
+  }
   auto capture = [&](size_t layer_input) {
     for (size_t c = 0; c < want.capture_layers.size(); ++c) {
       if (want.capture_layers[c] != static_cast<int32_t>(layer_input)) continue;
@@ -154,17 +218,27 @@ LlamaModel::StepTensors LlamaModel::run_ops(const StepInputs& step, const Forwar
     capture(li);
     const Layer& l = layers_[li];
     b.rms_norm(x, l.attn_norm, eps, normed);
-    b.linear(normed, l.wq, l.bq, q);
-    b.linear(normed, l.wk, l.bk, k);
-    b.linear(normed, l.wv, l.bv, v);
+    if (fused_) {
+      b.linear(normed, l.wqkv, l.bqkv, qkv);
+      if (n > 1) b.split_cols(qkv, {q, k, v});
+    } else {
+      b.linear(normed, l.wq, l.bq, q);
+      b.linear(normed, l.wk, l.bk, k);
+      b.linear(normed, l.wv, l.bv, v);
+    }
     b.rope(q, k, rope_);
     b.write_kv(static_cast<int64_t>(li), k, v);
     b.paged_tree_attention(static_cast<int64_t>(li), q, config_.num_heads, attn);
     b.linear(attn, l.wo, Tensor{}, proj);
     b.add(x, proj, x);
     b.rms_norm(x, l.ffn_norm, eps, normed);
-    b.linear(normed, l.w_gate, Tensor{}, gate);
-    b.linear(normed, l.w_up, Tensor{}, up);
+    if (fused_) {
+      b.linear(normed, l.w_gate_up, Tensor{}, gate_up);
+      if (n > 1) b.split_cols(gate_up, {gate, up});
+    } else {
+      b.linear(normed, l.w_gate, Tensor{}, gate);
+      b.linear(normed, l.w_up, Tensor{}, up);
+    }
     b.silu_mul(gate, up, gate);
     b.linear(gate, l.w_down, Tensor{}, proj);
     b.add(x, proj, x);

@@ -60,8 +60,11 @@ class LlamaModel {
   StepGraphStats step_graph_stats() const;
 
  private:
+  bool fused_ = false;  // Backend::fuse_projections() at construction
   struct Layer {
     Tensor attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w_gate, w_up, w_down;
+    // Backend::fuse_projections(): [q; k; v] and [gate; up] concatenated by rows instead.
+    Tensor wqkv, bqkv, w_gate_up;
   };
   // The scratch tensors a step's op sequence leaves its results in.
   struct StepTensors {

@@ -331,6 +331,33 @@ TEST(CudaOps, AddAndSiluMul) {
   }
 }
 
+// split_cols (fused q|k|v and gate|up outputs): float4 path (widths multiple of 4) and scalar
+// path (odd widths), 2 and 3 outputs, poisoned outputs so unwritten elements show.
+TEST(CudaOps, SplitColsMatchesCpu) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(8);
+  for (const auto& widths : std::vector<std::vector<int>>{
+           {4096, 1024, 1024}, {64, 16, 16}, {5, 3, 7}, {14336, 14336}, {9, 1}}) {
+    for (int rows : {1, 3, 37}) {
+      CpuGpu b(small_kv());
+      int cols = 0;
+      for (int w : widths) cols += w;
+      Both x = b.input(random_vector(rng, static_cast<size_t>(rows) * cols, 2.f), rows, cols);
+      std::vector<Both> outs;
+      std::vector<Tensor> oc, og;
+      for (int w : widths) {
+        outs.push_back(b.output(rows, w));
+        oc.push_back(outs.back().c);
+        og.push_back(outs.back().g);
+      }
+      b.cpu().split_cols(x.c, oc);
+      b.gpu().split_cols(x.g, og);
+      for (size_t j = 0; j < outs.size(); ++j)
+        expect_close(b.get(outs[j]), 0, "split_cols output " + std::to_string(j));
+    }
+  }
+}
+
 TEST(CudaOps, RopeAtExplicitPositions) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(7);

@@ -135,7 +135,9 @@ double streamed_weight_bytes(const ModelConfig& c) {
 struct BenchModel {
   struct Layer {
     Tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+    Tensor wqkv, w_gate_up;  // fused projections (CudaBackendOptions::fuse_projections)
   };
+  bool fused = false;
   ModelConfig config;
   RopeParams rope;
   Tensor embed, final_norm, lm_head;
@@ -144,6 +146,12 @@ struct BenchModel {
 
 BenchModel upload_bench_model(Backend& b, const ModelWeights& w) {
   BenchModel m;
+  m.fused = b.fuse_projections();
+  auto stacked = [](std::vector<int64_t> shape) {
+    HostTensor t;
+    t.shape = std::move(shape);
+    return t;
+  };
   m.config = w.config;
   const ModelConfig& c = w.config;
   m.rope.head_dim = c.head_dim;
@@ -159,13 +167,23 @@ BenchModel upload_bench_model(Backend& b, const ModelWeights& w) {
   for (const LayerWeights& lw : w.layers) {
     BenchModel::Layer l;
     l.attn_norm = b.upload_weight(lw.attn_norm);
-    l.wq = b.upload_weight(lw.wq);
-    l.wk = b.upload_weight(lw.wk);
-    l.wv = b.upload_weight(lw.wv);
+    if (m.fused) {
+      l.wqkv = b.upload_weight(
+          stacked({lw.wq.shape[0] + lw.wk.shape[0] + lw.wv.shape[0], lw.wq.shape[1]}));
+    } else {
+      l.wq = b.upload_weight(lw.wq);
+      l.wk = b.upload_weight(lw.wk);
+      l.wv = b.upload_weight(lw.wv);
+    }
     l.wo = b.upload_weight(lw.wo);
     l.ffn_norm = b.upload_weight(lw.ffn_norm);
-    l.w_gate = b.upload_weight(lw.w_gate);
-    l.w_up = b.upload_weight(lw.w_up);
+    if (m.fused) {
+      l.w_gate_up =
+          b.upload_weight(stacked({lw.w_gate.shape[0] + lw.w_up.shape[0], lw.w_gate.shape[1]}));
+    } else {
+      l.w_gate = b.upload_weight(lw.w_gate);
+      l.w_up = b.upload_weight(lw.w_up);
+    }
     l.w_down = b.upload_weight(lw.w_down);
     m.layers.push_back(l);
   }
@@ -222,13 +240,33 @@ Tensor forward_ops(CudaBackend& b, const BenchModel& m, const StepInputs& step, 
   Tensor q = b.scratch(n, q_width), k = b.scratch(n, kv_width), v = b.scratch(n, kv_width);
   Tensor attn = b.scratch(n, q_width), proj = b.scratch(n, hidden);
   Tensor gate = b.scratch(n, c.intermediate_size), up = b.scratch(n, c.intermediate_size);
+  Tensor qkv, gate_up;
+  if (m.fused) {
+    qkv = b.scratch(n, q_width + 2 * kv_width);
+    gate_up = b.scratch(n, 2 * c.intermediate_size);
+    if (n == 1) {
+      auto view = [](const Tensor& t, int64_t col, int64_t cols) {
+        return Tensor{static_cast<float*>(t.data) + col, t.dtype, 1, cols};
+      };
+      q = view(qkv, 0, q_width);
+      k = view(qkv, q_width, kv_width);
+      v = view(qkv, q_width + kv_width, kv_width);
+      gate = view(gate_up, 0, c.intermediate_size);
+      up = view(gate_up, c.intermediate_size, c.intermediate_size);
+    }
+  }
   for (size_t li = 0; li < m.layers.size(); ++li) {
     const BenchModel::Layer& l = m.layers[li];
     b.rms_norm(x, l.attn_norm, eps, normed);
     mark("rms_norm");
-    b.linear(normed, l.wq, Tensor{}, q);
-    b.linear(normed, l.wk, Tensor{}, k);
-    b.linear(normed, l.wv, Tensor{}, v);
+    if (m.fused) {
+      b.linear(normed, l.wqkv, Tensor{}, qkv);
+      if (n > 1) b.split_cols(qkv, {q, k, v});
+    } else {
+      b.linear(normed, l.wq, Tensor{}, q);
+      b.linear(normed, l.wk, Tensor{}, k);
+      b.linear(normed, l.wv, Tensor{}, v);
+    }
     mark("linear qkv");
     b.rope(q, k, m.rope);
     mark("rope");
@@ -242,8 +280,13 @@ Tensor forward_ops(CudaBackend& b, const BenchModel& m, const StepInputs& step, 
     mark("add");
     b.rms_norm(x, l.ffn_norm, eps, normed);
     mark("rms_norm");
-    b.linear(normed, l.w_gate, Tensor{}, gate);
-    b.linear(normed, l.w_up, Tensor{}, up);
+    if (m.fused) {
+      b.linear(normed, l.w_gate_up, Tensor{}, gate_up);
+      if (n > 1) b.split_cols(gate_up, {gate, up});
+    } else {
+      b.linear(normed, l.w_gate, Tensor{}, gate);
+      b.linear(normed, l.w_up, Tensor{}, up);
+    }
     mark("linear gate+up");
     b.silu_mul(gate, up, gate);
     mark("silu_mul");
@@ -459,6 +502,7 @@ struct Args {
   std::vector<int> batch_invariant = {1};  // CudaBackendOptions::batch_invariant per pass
   std::vector<int> split_keys = {512};     // CudaBackendOptions::invariant_split_keys per pass
   int gemm_tune = 1;                       // CudaBackendOptions::tune_invariant_gemm
+  int fuse = 1;                            // CudaBackendOptions::fuse_projections
   std::string json, verify_json;
 };
 
@@ -590,6 +634,7 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
   opt.batch_invariant = batch_invariant != 0;
   opt.invariant_split_keys = a.split_keys.at(0);
   opt.tune_invariant_gemm = a.gemm_tune != 0;
+  opt.fuse_projections = a.fuse != 0;
   CudaBackend backend(opt);
   times->batch_invariant = batch_invariant;
   auto stream = static_cast<cudaStream_t>(backend.stream_handle());
@@ -597,9 +642,10 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
   const double weight_bytes = streamed_weight_bytes(cfg);
   std::printf(
       "# model_bench: Llama-3-8B shapes (%lld layers), random bf16 weights, %s, "
-      "batch_invariant %d, invariant_split_keys %d, tune_invariant_gemm %d\n",
+      "batch_invariant %d, invariant_split_keys %d, tune_invariant_gemm %d, fuse_projections "
+      "%d\n",
       static_cast<long long>(cfg.num_layers), gpu.c_str(), batch_invariant, a.split_keys.at(0),
-      a.gemm_tune);
+      a.gemm_tune, a.fuse);
   std::printf(
       "device-to-device copy: %.2f TB/s (read + write); weights streamed per step: %.2f "
       "GB -> %.2f ms at that rate, %.2f ms at 3.0 TB/s\n",
@@ -878,6 +924,8 @@ int main(int argc, char** argv) {
       a.max_splits = std::atoi(next().c_str());
     else if (k == "--split-keys")
       a.split_keys = arbor::parse_list(next());
+    else if (k == "--fuse")
+      a.fuse = std::atoi(next().c_str());
     else if (k == "--gemm-tune")
       a.gemm_tune = std::atoi(next().c_str());
     else if (k == "--layers")

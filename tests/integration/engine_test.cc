@@ -178,6 +178,9 @@ class CountingBackend final : public Backend {
     ++argmax_calls;
     inner_->argmax_rows(logits, out);
   }
+  void split_cols(const Tensor& x, const std::vector<Tensor>& outs) override {
+    inner_->split_cols(x, outs);
+  }
   void top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
                          std::vector<float>* values) override {
     inner_->top_k_log_softmax(logits, k, ids, values);

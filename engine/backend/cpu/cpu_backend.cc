@@ -279,6 +279,27 @@ void CpuBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>* out) {
   }
 }
 
+void CpuBackend::split_cols(const Tensor& x, const std::vector<Tensor>& outs) {
+  ARBOR_CHECK(x.dtype == DType::kF32);
+  int64_t total = 0;
+  for (const Tensor& o : outs) {
+    if (o.rows != x.rows || o.dtype != DType::kF32)
+      throw_error(ErrorCode::kInvalidArgument, "split_cols: output rows / dtype differ from x");
+    total += o.cols;
+  }
+  if (total != x.cols || outs.empty() || outs.size() > 3)
+    throw_error(ErrorCode::kInvalidArgument,
+                "split_cols: " + std::to_string(outs.size()) + " outputs of " +
+                    std::to_string(total) + " columns for x of " + std::to_string(x.cols));
+  for (int64_t r = 0; r < x.rows; ++r) {
+    int64_t c = 0;
+    for (const Tensor& o : outs) {
+      std::memcpy(f32(o) + r * o.cols, f32(x) + r * x.cols + c, sizeof(float) * o.cols);
+      c += o.cols;
+    }
+  }
+}
+
 void CpuBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
                                    std::vector<float>* values) {
   ARBOR_CHECK(logits.dtype == DType::kF32);

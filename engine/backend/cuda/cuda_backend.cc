@@ -19,6 +19,7 @@
 #include "engine/core/error.h"
 #include "kernels/attention/paged_tree_attention.h"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/elementwise/split_cols.h"
 #include "kernels/gemm/batch_invariant_gemm.h"
 #include "kernels/gemm/skinny_gemm.h"
 #include "kernels/kv/kv_cache_ops.h"
@@ -940,6 +941,35 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
     p.cols = out.cols;
     cuda_check(kernels::launch_add_bias(p, s.stream), "linear bias");
   }
+}
+
+void CudaBackend::split_cols(const Tensor& x, const std::vector<Tensor>& outs) {
+  State& s = *s_;
+  s.flush();
+  if (x.dtype != DType::kF32 || outs.empty() || outs.size() > 3 || x.rows > 65535)
+    throw_error(ErrorCode::kInvalidArgument, "split_cols: x " + shape(x) + " " +
+                                                 dtype_name(x.dtype) + " into " +
+                                                 std::to_string(outs.size()) + " outputs");
+  kernels::SplitColsParams p;
+  p.x = static_cast<const float*>(x.data);
+  p.rows = x.rows;
+  int64_t total = 0;
+  for (size_t j = 0; j < outs.size(); ++j) {
+    if (outs[j].rows != x.rows || outs[j].dtype != DType::kF32)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "split_cols: output " + shape(outs[j]) + " for x " + shape(x));
+    p.out[j] = static_cast<float*>(outs[j].data);
+    p.width[j] = outs[j].cols;
+    total += outs[j].cols;
+  }
+  if (total != x.cols)
+    throw_error(ErrorCode::kInvalidArgument, "split_cols: output widths sum to " +
+                                                 std::to_string(total) + ", x " + shape(x));
+  cuda_check(kernels::launch_split_cols(p, s.stream), "split_cols");
+}
+
+bool CudaBackend::fuse_projections() const {
+  return s_->options.fuse_projections;
 }
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {

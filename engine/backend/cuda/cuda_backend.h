@@ -39,6 +39,9 @@ struct CudaBackendOptions {
   // Batch-invariant linear (cuBLASLt): time the no-split-K candidates of each (out, in) shape at
   // 1, 16 and 128 rows at first use and keep the best overall; off: the heuristic's first.
   bool tune_invariant_gemm = true;
+  // LlamaModel runs q/k/v as one linear and gate/up as one (concatenated weights, then
+  // split_cols; free views at one token): 2 GEMMs fewer per layer and no small k / v GEMMs.
+  bool fuse_projections = true;
   int32_t max_tree_nodes = 1024;  // largest masked (tree) request accepted by set_step
   // Tensor-core attention kernel: 0 = wgmma for head_dim 128 where the build and GPU have it
   // (sm_90a), else mma.sync (head_dim 64 always); 1 = mma.sync; 2 = wgmma for head_dim 128
@@ -82,6 +85,8 @@ class CudaBackend final : public Backend {
   void embedding(const Tensor& table, const Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
+  void split_cols(const Tensor& x, const std::vector<Tensor>& outs) override;
+  bool fuse_projections() const override;
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   void rope(const Tensor& q, const Tensor& k, const RopeParams& p) override;
