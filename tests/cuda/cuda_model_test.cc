@@ -81,6 +81,8 @@ const ModelWeights& weights_of(const std::string& name) {
   ModelWeights w;
   if (name == "stories260K")
     w = load_model_weights(testing::stories260k_path());
+  else if (name == "SmolLM2")
+    w = load_model_weights(testing::smollm2_path());
   else if (name == "random_d64")
     w = random_model(64, 8, 2, 64);
   else if (name == "random_d128")
@@ -117,6 +119,9 @@ class CudaModel : public ::testing::TestWithParam<std::string> {
     ARBOR_REQUIRE_GPU();
     if (GetParam() == "stories260K" && !std::filesystem::exists(testing::stories260k_path()))
       GTEST_SKIP() << "stories260K not found at " << testing::stories260k_path();
+    if (GetParam() == "SmolLM2" && !std::filesystem::exists(testing::smollm2_path()))
+      GTEST_SKIP() << "SmolLM2 GGUF not found at " << testing::smollm2_path()
+                   << " (stage it and set ARBOR_SMOLLM2_GGUF)";
     const ModelWeights& w = weights_of(GetParam());
     cpu_backend_ = make_cpu_backend(1);
     cpu_model_ = std::make_unique<LlamaModel>(*cpu_backend_, bf16_rounded(w));
@@ -293,6 +298,10 @@ TEST_P(CudaModel, SpeculativeGreedyEqualsPlainOnGpu) {
   std::vector<std::pair<std::string, std::string>> methods = {{"ngram", ""}};
   const std::string medusa = testing::test_data_dir() + "/spec/random/medusa_" + GetParam();
   if (std::filesystem::exists(medusa)) methods.push_back({"medusa", medusa});
+  if (GetParam() == "SmolLM2") {  // the trained heads (docs/heads.md)
+    methods.push_back({"medusa", testing::test_data_dir() + "/heads/smollm2/medusa"});
+    methods.push_back({"eagle", testing::test_data_dir() + "/heads/smollm2/eagle"});
+  }
   for (const auto& [method, heads] : methods) {
     SpecConfig sc;
     sc.method = parse_spec_method(method);
@@ -318,9 +327,10 @@ TEST_P(CudaModel, SpeculativeGreedyEqualsPlainOnGpu) {
 // prompts x 64 greedy tokens; speculation (n-gram trees; Medusa and EAGLE where the test data
 // has heads) must give exactly the plain greedy tokens, and the 16 prompts run as one batch
 // exactly what each gives alone (plain and with n-gram speculation).
-TEST_P(CudaModel, BatchInvariantSpeculationAndBatching) {
-  if (GetParam() != "stories260K" && GetParam() != "random_d64" && GetParam() != "random_d128")
-    GTEST_SKIP() << "run on stories260K and the random head_dim 64 / 128 models";
+// Instantiated for stories260K, SmolLM2 and the random head_dim 64 / 128 models only.
+class CudaModelInvariance : public CudaModel {};
+
+TEST_P(CudaModelInvariance, BatchInvariantSpeculationAndBatching) {
   const ModelWeights& w = weights_of(GetParam());
   std::vector<GenerationRequest> reqs;
   std::mt19937 rng(4242);
@@ -384,6 +394,8 @@ TEST_P(CudaModel, BatchInvariantSpeculationAndBatching) {
     methods.push_back({"medusa", spec_dir + "medusa_" + GetParam()});
   if (std::filesystem::exists(spec_dir + "eagle_" + GetParam()))
     methods.push_back({"eagle", spec_dir + "eagle_" + GetParam()});
+  if (GetParam() == "SmolLM2")  // the trained EAGLE head (docs/heads.md)
+    methods.push_back({"eagle", testing::test_data_dir() + "/heads/smollm2/eagle"});
   for (const auto& [method, heads] : methods) {
     SpecConfig sc;
     sc.method = parse_spec_method(method);
@@ -403,7 +415,10 @@ TEST_P(CudaModel, BatchInvariantSpeculationAndBatching) {
 INSTANTIATE_TEST_SUITE_P(Models, CudaModel,
                          ::testing::Values("llama_gqa", "qwen2", "llama_tied_bf16",
                                            "mistral_sharded", "llama3_rope_f16", "stories260K",
-                                           "random_d64", "random_d128"),
+                                           "random_d64", "random_d128", "SmolLM2"),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Models, CudaModelInvariance,
+                         ::testing::Values("stories260K", "random_d64", "random_d128", "SmolLM2"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -120,4 +120,11 @@ inline std::string stories260k_path() {
   return std::string(ARBOR_SHARED_DIR) + "/models/stories260K/stories260K.bin";
 }
 
+// SmolLM2-135M-Instruct GGUF (93 MB, staged on the device machine in parts; see
+// scripts/run_gpu_suite.sh): ARBOR_SMOLLM2_GGUF, else the repository's models/ copy.
+inline std::string smollm2_path() {
+  if (const char* e = std::getenv("ARBOR_SMOLLM2_GGUF")) return e;
+  return std::string(ARBOR_TEST_DATA_DIR) + "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
 }  // namespace arbor::testing
