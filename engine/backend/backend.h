@@ -106,6 +106,10 @@ class Backend {
   // output [N, w_j], the widths summing to x.cols; at most 3 outputs): unpacks a fused
   // projection's output (q|k|v, gate|up).
   virtual void split_cols(const Tensor& x, const std::vector<Tensor>& outs) = 0;
+  // out[i] = x's element at flat index[i] (row * cols + col), read back to the host (resized);
+  // kInvalidArgument for an index outside x.
+  virtual void gather_values(const Tensor& x, const std::vector<int64_t>& index,
+                             std::vector<float>* out) = 0;
   // Whether LlamaModel should run q/k/v and gate/up as one linear each (concatenated weights)
   // on this backend: fewer, larger GEMMs where launches and small matrices cost.
   virtual bool fuse_projections() const { return false; }

@@ -1,5 +1,7 @@
 #include "engine/model/llama_model.h"
 
+#include <algorithm>
+
 #include "engine/core/error.h"
 
 namespace arbor {
@@ -334,7 +336,52 @@ void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
     return;
   }
   if (want.sample) {
+    out->top_k = 0;
+    out->top_ids.clear();
+    out->top_values.clear();
+    out->emitted_logprobs.clear();
+    out->emitted_indptr.clear();
+    Tensor raw;
+    if (want.top_logprobs >= 0) {
+      // sample_trees processes the logits in place: keep the raw rows for the emitted tokens.
+      out->top_k = std::max<int32_t>(1, want.top_logprobs);
+      b.top_k_log_softmax(t.logits, out->top_k, &out->top_ids, &out->top_values);
+      raw = b.scratch(m, config_.vocab_size);
+      b.split_cols(t.logits, {raw});
+    }
     b.sample_trees(t.logits, *want.sample, &out->sampled);
+    if (want.top_logprobs >= 0) {
+      // Emitted token d of item i is predicted by the row of path node d (the bonus token by
+      // the last): log p = raw logit - log-sum-exp of the row (from its best entry).
+      const TreeSampleBatch& batch = *want.sample;
+      const TreeSampleResult& r = out->sampled;
+      std::vector<int64_t> index, best_index;
+      std::vector<int32_t> rows;
+      out->emitted_indptr.push_back(0);
+      for (int32_t i = 0; i < batch.num_items(); ++i) {
+        const int32_t first = batch.node_indptr[i];
+        const int32_t p0 = r.path_indptr[i], p1 = r.path_indptr[i + 1];
+        if (r.status[i] == 0) {
+          for (int32_t d = p0; d < p1; ++d) {
+            const int32_t row = batch.logits_row[first + r.path_nodes[d]];
+            const int32_t token =
+                d + 1 < p1 ? batch.token[first + r.path_nodes[d + 1]] : r.bonus[i];
+            index.push_back(static_cast<int64_t>(row) * config_.vocab_size + token);
+            best_index.push_back(static_cast<int64_t>(row) * config_.vocab_size +
+                                 out->top_ids[static_cast<size_t>(row) * out->top_k]);
+            rows.push_back(row);
+          }
+        }
+        out->emitted_indptr.push_back(static_cast<int32_t>(index.size()));
+      }
+      std::vector<float> values, best;
+      b.gather_values(raw, index, &values);
+      b.gather_values(raw, best_index, &best);
+      for (size_t j = 0; j < values.size(); ++j) {
+        const float lse = best[j] - out->top_values[static_cast<size_t>(rows[j]) * out->top_k];
+        out->emitted_logprobs.push_back(values[j] - lse);
+      }
+    }
     return;
   }
   out->logits.resize(static_cast<size_t>(m * config_.vocab_size));

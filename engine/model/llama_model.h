@@ -25,6 +25,10 @@ struct ForwardRequest {
   // index step.logits_rows; ForwardOutput::sampled gets the result and no logits are returned.
   // Not with argmax_only.
   const TreeSampleBatch* sample = nullptr;
+  // With `sample`: >= 0 also returns logprobs without the logits: the max(k, 1) best raw
+  // log-softmax entries of every logits row (ForwardOutput::top_*) and the raw log-probability
+  // of every token the items emit (ForwardOutput::emitted_logprobs).
+  int32_t top_logprobs = -1;
 };
 
 struct ForwardOutput {
@@ -33,7 +37,15 @@ struct ForwardOutput {
   // [M] with argmax_only (else empty): Backend::argmax_rows of the logits rows, the lowest id
   // among ties, -1 for a row with a NaN or +inf or only -inf.
   std::vector<int32_t> argmax;
-  TreeSampleResult sampled;   // with ForwardRequest::sample
+  TreeSampleResult sampled;  // with ForwardRequest::sample
+  // With ForwardRequest::top_logprobs >= 0: [M, top_k] ids and raw log-softmax values per
+  // logits row (best first), and per sampled item the log-probabilities of its emitted tokens
+  // (accepted path tokens, then the bonus token) at emitted_indptr[i] .. emitted_indptr[i + 1].
+  int32_t top_k = 0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_values;
+  std::vector<float> emitted_logprobs;
+  std::vector<int32_t> emitted_indptr;
   std::vector<float> hidden;  // [N, hidden] final-norm hidden states of all rows (if requested)
   std::vector<std::vector<float>> captured;  // per capture_layers entry: [N, hidden]
 };

@@ -344,7 +344,7 @@ std::vector<EngineEvent> Engine::step() {
   for (size_t k = 0; k < plan.items.size() && backend_sample; ++k) {
     const ScheduledItem& it = plan.items[k];
     const Choice& c = *choices_.at(it.id);
-    if (c.req().logprobs >= 0) backend_sample = false;
+    if (c.req().logprobs >= 0) want.top_logprobs = std::max(want.top_logprobs, c.req().logprobs);
     if (it.decode && !tree_sampling_supports(c.sampler.params(), config_.verify.mode))
       backend_sample = false;
     // The first step of n > 1 forks the other choices after the forward: they draw on the host.
@@ -370,6 +370,7 @@ std::vector<EngineEvent> Engine::step() {
     }
     want.sample = &sampling.batch();
   }
+  if (!backend_sample) want.top_logprobs = -1;
   if (!argmax_only && !backend_sample) stats_.logits_downloads++;
   const auto t0 = std::chrono::steady_clock::now();
   model_.forward(step, &out_, want);
@@ -387,8 +388,19 @@ std::vector<EngineEvent> Engine::step() {
   // Emits tokens for a choice (stopping at a stop token or max_tokens); `rows` are the logits
   // rows that predicted them.
   std::vector<uint64_t> finished;
+  // The logprob of emitted token i of backend-sampled item `item` (row: its logits row).
+  auto backend_logprob = [&](int32_t item, size_t i, int32_t tok, int32_t row, int32_t k) {
+    TokenLogprob t;
+    t.token = tok;
+    t.logprob = out_.emitted_logprobs[static_cast<size_t>(out_.emitted_indptr[item]) + i];
+    for (int32_t j = 0; j < std::min(k, out_.top_k); ++j) {
+      const size_t e = static_cast<size_t>(row) * out_.top_k + j;
+      t.top.emplace_back(out_.top_ids[e], out_.top_values[e]);
+    }
+    return t;
+  };
   auto emit = [&](Choice& c, const std::vector<int32_t>& tokens, const std::vector<int32_t>& rows,
-                  int32_t accepted) {
+                  int32_t accepted, int32_t item) {
     EngineEvent ev;
     ev.id = c.request->id;
     ev.choice = c.index;
@@ -398,7 +410,9 @@ std::vector<EngineEvent> Engine::step() {
       const int32_t tok = tokens[i];
       c.result.tokens.push_back(tok);
       ev.tokens.push_back(tok);
-      if (r.logprobs >= 0) ev.logprobs.push_back(logprob_of(logits_row(rows[i]), tok, r.logprobs));
+      if (r.logprobs >= 0)
+        ev.logprobs.push_back(item >= 0 ? backend_logprob(item, i, tok, rows[i], r.logprobs)
+                                        : logprob_of(logits_row(rows[i]), tok, r.logprobs));
       stats_.decode_tokens++;
       const bool stop = (!r.ignore_eos && tok == eos) ||
                         std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), tok) !=
@@ -466,13 +480,13 @@ std::vector<EngineEvent> Engine::step() {
         for (Choice* x : all) {
           const int32_t next = next_token(*x);
           if (x->speculate) feed(*x, sched_.computed(x->sid), {}, {}, first_row, next);
-          emit(*x, {next}, {first_logit[k]}, 0);
+          emit(*x, {next}, {first_logit[k]}, 0, -1);
         }
         continue;
       }
       const int32_t next = next_token(c);
       feed(c, it.start, chunk, rows, first_row, next);
-      emit(c, {next}, {first_logit[k]}, 0);
+      emit(c, {next}, {first_logit[k]}, 0, sample_item[k]);
       continue;
     }
     // Decode / verify.
@@ -520,7 +534,7 @@ std::vector<EngineEvent> Engine::step() {
       if (t > 1) sched_.record_draft_ms(it.id, observe_ms + c.draft_ms);
       c.draft_ms = 0;
     }
-    emit(c, emitted, rows, v.num_accepted());
+    emit(c, emitted, rows, v.num_accepted(), sample_item[k]);
   }
   for (uint64_t sid : finished) drop(sid);
   return events;

@@ -20,6 +20,7 @@
 #include "engine/core/error.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/model_loader.h"
+#include "engine/runner/engine.h"
 #include "engine/runner/generator.h"
 #include "engine/spec/device_verify.h"
 #include "engine/spec/proposer_factory.h"
@@ -383,13 +384,19 @@ TEST(CudaSampleTrees, EngineBackendSamplingEqualsHostSampling) {
     r.sampling.seed = 1000 + i;
     r.max_tokens = 64;
     r.ignore_eos = true;
+    if (i % 3 == 0) r.logprobs = 2;  // logprobs from the backend too (no logits download)
     reqs.push_back(r);
   }
   std::vector<std::pair<std::string, std::string>> methods = {{"none", ""}, {"ngram", ""}};
   const std::string eagle = testing::test_data_dir() + "/spec/random/eagle_stories260K";
   if (std::filesystem::exists(eagle)) methods.push_back({"eagle", eagle});
+  struct Run {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<TokenLogprob>> logprobs;
+    int64_t logits_downloads = 0;
+  };
   for (const auto& [method, heads] : methods) {
-    std::vector<std::vector<GenerationResult>> out;
+    std::vector<Run> out;
     for (bool on : {true, false}) {
       auto backend = make_cuda_backend();
       LlamaModel model(*backend, w);
@@ -400,20 +407,51 @@ TEST(CudaSampleTrees, EngineBackendSamplingEqualsHostSampling) {
         sc.head_path = heads;
         proposer = make_proposer(sc, w);
       }
-      GeneratorConfig gc;
-      gc.num_blocks = 256;
-      gc.backend_sampling = on;
-      Generator g(model, gc, proposer.get());
-      out.push_back(g.run(reqs));
+      EngineConfig ec;
+      ec.num_blocks = 256;
+      ec.backend_sampling = on;
+      Engine engine(model, ec, proposer.get());
+      for (size_t i = 0; i < reqs.size(); ++i) engine.add(static_cast<ReqId>(i + 1), reqs[i]);
+      Run run;
+      run.tokens.resize(reqs.size());
+      run.logprobs.resize(reqs.size());
+      for (int guard = 0; !engine.idle() && guard < 100000; ++guard)
+        for (EngineEvent& ev : engine.step()) {
+          const size_t i = static_cast<size_t>(ev.id - 1);
+          run.tokens[i].insert(run.tokens[i].end(), ev.tokens.begin(), ev.tokens.end());
+          run.logprobs[i].insert(run.logprobs[i].end(), ev.logprobs.begin(), ev.logprobs.end());
+        }
+      EXPECT_TRUE(engine.idle());
+      run.logits_downloads = engine.stats().logits_downloads;
+      out.push_back(std::move(run));
     }
     int equal = 0;
+    double worst_logprob = 0;
     for (size_t i = 0; i < reqs.size(); ++i) {
-      EXPECT_EQ(out[0][i].tokens.size(), 64u);
-      equal += out[0][i].tokens == out[1][i].tokens;
-      EXPECT_EQ(out[0][i].tokens, out[1][i].tokens) << method << " request " << i;
+      EXPECT_EQ(out[0].tokens[i].size(), 64u);
+      equal += out[0].tokens[i] == out[1].tokens[i];
+      EXPECT_EQ(out[0].tokens[i], out[1].tokens[i]) << method << " request " << i;
+      ASSERT_EQ(out[0].logprobs[i].size(), reqs[i].logprobs >= 0 ? 64u : 0u);
+      ASSERT_EQ(out[0].logprobs[i].size(), out[1].logprobs[i].size());
+      for (size_t j = 0; j < out[0].logprobs[i].size(); ++j) {
+        const TokenLogprob &a = out[0].logprobs[i][j], &b = out[1].logprobs[i][j];
+        if (a.token != b.token) break;  // diverged (reported above)
+        worst_logprob = std::max(worst_logprob, double(std::fabs(a.logprob - b.logprob)));
+        ASSERT_EQ(a.top.size(), b.top.size());
+        for (size_t t = 0; t < a.top.size(); ++t)
+          worst_logprob =
+              std::max(worst_logprob, double(std::fabs(a.top[t].second - b.top[t].second)));
+      }
     }
-    std::printf("  %-6s backend sampling == host sampling: %d/%zu requests\n", method.c_str(),
-                equal, reqs.size());
+    EXPECT_LT(worst_logprob, 1e-4) << method;
+    EXPECT_EQ(out[0].logits_downloads, 0) << "backend sampling downloads no logits";
+    EXPECT_GT(out[1].logits_downloads, 0);
+    std::printf(
+        "  %-6s backend sampling == host sampling: %d/%zu requests, logprobs within %.2g, "
+        "logits downloads %lld vs %lld\n",
+        method.c_str(), equal, reqs.size(), worst_logprob,
+        static_cast<long long>(out[0].logits_downloads),
+        static_cast<long long>(out[1].logits_downloads));
   }
 }
 

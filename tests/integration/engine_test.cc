@@ -178,6 +178,10 @@ class CountingBackend final : public Backend {
     ++argmax_calls;
     inner_->argmax_rows(logits, out);
   }
+  void gather_values(const Tensor& x, const std::vector<int64_t>& index,
+                     std::vector<float>* out) override {
+    inner_->gather_values(x, index, out);
+  }
   void split_cols(const Tensor& x, const std::vector<Tensor>& outs) override {
     inner_->split_cols(x, outs);
   }
@@ -250,8 +254,11 @@ TEST_F(EngineTest, GreedyArgmaxStepsEqualFullLogitsSteps) {
   EXPECT_EQ(argmax_backend->logits_downloads, 0);
   EXPECT_GT(argmax_backend->argmax_calls, 0);
   EXPECT_EQ(forked_backend->logits_downloads, 0);
+  // Logprobs come from the backend too (top-k of the raw log-softmax, the emitted tokens'
+  // values): no [M, vocab] download.
   EXPECT_EQ(logprobs_backend->argmax_calls, 0);
-  EXPECT_GT(logprobs_backend->logits_downloads, 0);
+  EXPECT_EQ(logprobs_backend->logits_downloads, 0);
+  EXPECT_GT(logprobs_backend->sample_calls, 0);
   // Beside a sampled request the step samples on the backend (Backend::sample_trees); with
   // backend sampling off it downloads the logits.
   EXPECT_EQ(mixed_backend->logits_downloads, 0);
@@ -281,6 +288,7 @@ TEST_F(EngineTest, BackendSamplingEqualsHostSampling) {
   params[3].frequency_penalty = 0.4f;
   params[3].top_p = 0.95f;
   for (bool speculate : {false, true}) {
+    std::vector<std::vector<TokenLogprob>> logprobs;  // per run: requests 2 and 4, in order
     auto run = [&](bool backend_sampling, CountingBackend** counted) {
       auto backend = std::make_unique<CountingBackend>(make_cpu_backend(1), vocab);
       *counted = backend.get();
@@ -294,11 +302,16 @@ TEST_F(EngineTest, BackendSamplingEqualsHostSampling) {
         r.sampling = params[i];
         r.sampling.seed = 100 + i;
         r.speculate = speculate;
+        if (i % 2 == 1) r.logprobs = 3;
         engine.add(i + 1, r);
       }
       auto events = drain(engine);
       std::vector<std::vector<int32_t>> tokens;
       for (size_t i = 0; i < params.size(); ++i) tokens.push_back(tokens_of(events[{i + 1, 0}]));
+      logprobs.emplace_back();
+      for (size_t i = 1; i < params.size(); i += 2)
+        for (const EngineEvent& ev : events[{i + 1, 0}])
+          logprobs.back().insert(logprobs.back().end(), ev.logprobs.begin(), ev.logprobs.end());
       backends_.push_back(std::move(backend));
       models_.push_back(std::move(model));
       return tokens;
@@ -306,6 +319,19 @@ TEST_F(EngineTest, BackendSamplingEqualsHostSampling) {
     CountingBackend *on = nullptr, *off = nullptr;
     const auto device_tokens = run(true, &on);
     const auto host_tokens = run(false, &off);
+    ASSERT_EQ(logprobs.size(), 2u);
+    ASSERT_EQ(logprobs[0].size(), logprobs[1].size());
+    EXPECT_EQ(logprobs[0].size(), 96u);
+    for (size_t j = 0; j < logprobs[0].size(); ++j) {
+      EXPECT_EQ(logprobs[0][j].token, logprobs[1][j].token);
+      EXPECT_NEAR(logprobs[0][j].logprob, logprobs[1][j].logprob, 1e-5) << j;
+      ASSERT_EQ(logprobs[0][j].top.size(), 3u);
+      ASSERT_EQ(logprobs[1][j].top.size(), 3u);
+      for (size_t t = 0; t < 3; ++t) {
+        EXPECT_EQ(logprobs[0][j].top[t].first, logprobs[1][j].top[t].first) << j;
+        EXPECT_NEAR(logprobs[0][j].top[t].second, logprobs[1][j].top[t].second, 1e-5) << j;
+      }
+    }
     for (size_t i = 0; i < params.size(); ++i) {
       EXPECT_EQ(device_tokens[i].size(), 48u) << i;
       EXPECT_EQ(device_tokens[i], host_tokens[i]) << "request " << i << " speculate " << speculate;

@@ -300,6 +300,18 @@ void CpuBackend::split_cols(const Tensor& x, const std::vector<Tensor>& outs) {
   }
 }
 
+void CpuBackend::gather_values(const Tensor& x, const std::vector<int64_t>& index,
+                               std::vector<float>* out) {
+  ARBOR_CHECK(x.dtype == DType::kF32);
+  out->resize(index.size());
+  for (size_t i = 0; i < index.size(); ++i) {
+    if (index[i] < 0 || index[i] >= x.numel())
+      throw_error(ErrorCode::kInvalidArgument, "gather_values: index " + std::to_string(index[i]) +
+                                                   " outside " + std::to_string(x.numel()));
+    (*out)[i] = f32(x)[index[i]];
+  }
+}
+
 void CpuBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
                                    std::vector<float>* values) {
   ARBOR_CHECK(logits.dtype == DType::kF32);

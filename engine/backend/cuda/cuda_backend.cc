@@ -19,6 +19,7 @@
 #include "engine/core/error.h"
 #include "kernels/attention/paged_tree_attention.h"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/elementwise/gather_values.h"
 #include "kernels/elementwise/split_cols.h"
 #include "kernels/gemm/batch_invariant_gemm.h"
 #include "kernels/gemm/skinny_gemm.h"
@@ -278,6 +279,7 @@ struct CudaBackend::State {
   DeviceBuffer convert;         // fp32 staging for download/upload of 16-bit tensors
   DeviceBuffer argmax_ids;      // [M] int32 argmax_rows() output
   DeviceBuffer top_k_out;       // top_k_log_softmax's ids and values
+  DeviceBuffer gather_buf;      // gather_values' indices and values
   StagedUpload sample_meta;     // sample_trees' batch
   DeviceBuffer sample_scratch;  // sample_trees' per-row / per-item scratch and outputs
   StagedUpload copy_slots;      // copy_kv's slot lists
@@ -966,6 +968,32 @@ void CudaBackend::split_cols(const Tensor& x, const std::vector<Tensor>& outs) {
     throw_error(ErrorCode::kInvalidArgument, "split_cols: output widths sum to " +
                                                  std::to_string(total) + ", x " + shape(x));
   cuda_check(kernels::launch_split_cols(p, s.stream), "split_cols");
+}
+
+void CudaBackend::gather_values(const Tensor& x, const std::vector<int64_t>& index,
+                                std::vector<float>* out) {
+  State& s = *s_;
+  s.flush();
+  if (x.dtype != DType::kF32)
+    throw_error(ErrorCode::kInvalidArgument, "gather_values: x " + shape(x) + " is not fp32");
+  for (int64_t i : index)
+    if (i < 0 || i >= x.numel())
+      throw_error(ErrorCode::kInvalidArgument, "gather_values: index " + std::to_string(i) +
+                                                   " outside " + shape(x));
+  out->resize(index.size());
+  if (index.empty()) return;
+  const size_t n = index.size();
+  s.gather_buf.ensure(n * 12, "gather_values");
+  auto* d_index = static_cast<int64_t*>(s.gather_buf.ptr);
+  auto* d_out = reinterpret_cast<float*>(static_cast<uint8_t*>(s.gather_buf.ptr) + n * 8);
+  cuda_check(cudaMemcpyAsync(d_index, index.data(), n * 8, cudaMemcpyHostToDevice, s.stream),
+             "gather_values upload");
+  cuda_check(kernels::launch_gather_values(static_cast<const float*>(x.data), d_index, d_out,
+                                           static_cast<int64_t>(n), s.stream),
+             "gather_values");
+  cuda_check(cudaMemcpyAsync(out->data(), d_out, n * 4, cudaMemcpyDeviceToHost, s.stream),
+             "gather_values download");
+  cuda_check(cudaStreamSynchronize(s.stream), "gather_values");
 }
 
 bool CudaBackend::fuse_projections() const {

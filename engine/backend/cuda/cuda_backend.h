@@ -86,6 +86,8 @@ class CudaBackend final : public Backend {
   void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
   void split_cols(const Tensor& x, const std::vector<Tensor>& outs) override;
+  void gather_values(const Tensor& x, const std::vector<int64_t>& index,
+                     std::vector<float>* out) override;
   bool fuse_projections() const override;
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
