@@ -153,16 +153,18 @@ StepGraphKey LlamaModel::graph_key(const StepInputs& step, const ForwardRequest&
   StepGraphKey key;
   if (!graphs_ || !graph_eligible(step, want)) return key;
   const int32_t r_count = step.num_requests();
-  // Layout: tag, N, R, M, block-table width, mask words, final_hidden, then (T_r, mask words_r)
-  // per request, then the backend's part. Token ids, positions, slots, committed lengths, block
-  // ids and mask bits are not in it: the recorded kernels read them from device memory.
+  // Layout: tag, N, R, M, block-table width, mask words, final_hidden, raw logits copy, then
+  // (T_r, mask words_r) per request, then the backend's part. Token ids, positions, slots,
+  // committed lengths, block ids and mask bits are not in it: the recorded kernels read them from
+  // device memory.
   key = {1,
          step.num_tokens(),
          r_count,
          static_cast<int64_t>(step.logits_rows.size()),
          step.max_blocks_per_request,
          static_cast<int64_t>(step.tree_mask.size()),
-         want.final_hidden ? 1 : 0};
+         want.final_hidden ? 1 : 0,
+         want.sample && want.top_logprobs >= 0 ? 1 : 0};
   for (int32_t r = 0; r < r_count; ++r) {
     const int32_t t = step.qo_indptr[r + 1] - step.qo_indptr[r];
     const int32_t words = step.mask_indptr[r + 1] - step.mask_indptr[r];
@@ -259,6 +261,10 @@ LlamaModel::StepTensors LlamaModel::run_ops(const StepInputs& step, const Forwar
   b.rms_norm(rows, final_norm_, eps, rows_normed);
   t.logits = b.scratch(m, config_.vocab_size);
   b.linear(rows_normed, lm_head_, Tensor{}, t.logits);
+  if (want.sample && want.top_logprobs >= 0) {
+    t.raw_logits = b.scratch(m, config_.vocab_size);
+    b.split_cols(t.logits, {t.raw_logits});
+  }
   return t;
 }
 
@@ -301,6 +307,7 @@ void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
       b.replay_step_graph(d.graph);
       t.hidden = (*d.outputs)[0];
       t.logits = (*d.outputs)[1];
+      t.raw_logits = (*d.outputs)[2];
       done = true;
     } else if (d.action == StepGraphCache::Action::kCapture) {
       int64_t graph = -1;
@@ -311,7 +318,7 @@ void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
       } catch (const std::exception&) {
         b.abort_step_capture();  // an op refused inside the recording: run eagerly below
       }
-      graphs_->captured(key, graph, {t.hidden, t.logits});
+      graphs_->captured(key, graph, {t.hidden, t.logits, t.raw_logits});
       if (graph >= 0) {
         b.replay_step_graph(graph);  // the recording ran nothing
         done = true;
@@ -341,13 +348,10 @@ void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
     out->top_values.clear();
     out->emitted_logprobs.clear();
     out->emitted_indptr.clear();
-    Tensor raw;
+    const Tensor& raw = t.raw_logits;  // the copy run_ops kept (top_logprobs >= 0)
     if (want.top_logprobs >= 0) {
-      // sample_trees processes the logits in place: keep the raw rows for the emitted tokens.
       out->top_k = std::max<int32_t>(1, want.top_logprobs);
       b.top_k_log_softmax(t.logits, out->top_k, &out->top_ids, &out->top_values);
-      raw = b.scratch(m, config_.vocab_size);
-      b.split_cols(t.logits, {raw});
     }
     b.sample_trees(t.logits, *want.sample, &out->sampled);
     if (want.top_logprobs >= 0) {

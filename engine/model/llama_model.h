@@ -82,6 +82,10 @@ class LlamaModel {
   struct StepTensors {
     Tensor hidden;  // [N, hidden] final-norm hidden states (want.final_hidden), else empty
     Tensor logits;  // [M, vocab] fp32 logits of step.logits_rows
+    // [M, vocab] copy of the logits (want.sample with top_logprobs >= 0: sample_trees then
+    // processes `logits` in place, the logprobs read this). Part of the step (and its graph),
+    // so it never overlaps scratch the step holds.
+    Tensor raw_logits;
   };
   // The device op sequence of a step (no host copies except the capture_layers downloads,
   // which only eager steps have), after set_step() and reset_scratch().
