@@ -58,7 +58,7 @@ struct SpecBenchOptions {
   int32_t batch = 1;
   int32_t threads = 0;
   bool no_bos = false;
-  bool skip_plain = false;  // acceptance only: no plain-decoding baseline run
+  bool skip_plain = false;     // acceptance only: no plain-decoding baseline run
   bool host_sampling = false;  // download logits and verify on the host (EngineConfig)
   std::string spec;
   SpecConfig spec_config;

@@ -76,9 +76,9 @@ struct EngineConfig {
 
 struct EngineStats {
   int64_t steps = 0;
-  int64_t prefill_tokens = 0;  // prompt tokens run through the model
-  int64_t decode_tokens = 0;   // tokens generated
-  int64_t tree_tokens = 0;     // tokens scored in decode / verify steps (tree nodes)
+  int64_t prefill_tokens = 0;    // prompt tokens run through the model
+  int64_t decode_tokens = 0;     // tokens generated
+  int64_t tree_tokens = 0;       // tokens scored in decode / verify steps (tree nodes)
   int64_t logits_downloads = 0;  // steps whose [M, vocab] logits were copied to the host
   int64_t preemptions = 0;
   double prefill_seconds = 0;  // wall time of steps that carried prefill only

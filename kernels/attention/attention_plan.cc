@@ -133,8 +133,8 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     if (in.batch_invariant) {
       // Fixed boundaries: a row's splits are those of a plain decode at its position (extra,
       // empty splits of a longer causal chunk merge with weight exactly 0).
-      chunk_tiles = in.invariant_chunk_tiles > 0 ? in.invariant_chunk_tiles
-                                                 : kAttnInvariantChunkTiles;
+      chunk_tiles =
+          in.invariant_chunk_tiles > 0 ? in.invariant_chunk_tiles : kAttnInvariantChunkTiles;
       while ((kv_tiles[r] + chunk_tiles - 1) / chunk_tiles > kAttnMaxSplits) chunk_tiles *= 2;
       splits = std::max<int64_t>(1, (kv_tiles[r] + chunk_tiles - 1) / chunk_tiles);
     } else {

@@ -288,9 +288,9 @@ void CpuBackend::split_cols(const Tensor& x, const std::vector<Tensor>& outs) {
     total += o.cols;
   }
   if (total != x.cols || outs.empty() || outs.size() > 3)
-    throw_error(ErrorCode::kInvalidArgument,
-                "split_cols: " + std::to_string(outs.size()) + " outputs of " +
-                    std::to_string(total) + " columns for x of " + std::to_string(x.cols));
+    throw_error(ErrorCode::kInvalidArgument, "split_cols: " + std::to_string(outs.size()) +
+                                                 " outputs of " + std::to_string(total) +
+                                                 " columns for x of " + std::to_string(x.cols));
   for (int64_t r = 0; r < x.rows; ++r) {
     int64_t c = 0;
     for (const Tensor& o : outs) {
@@ -316,9 +316,9 @@ void CpuBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<
                                    std::vector<float>* values) {
   ARBOR_CHECK(logits.dtype == DType::kF32);
   if (k < 1 || k > 1024 || k > logits.cols)
-    throw_error(ErrorCode::kInvalidArgument,
-                "top_k_log_softmax: k " + std::to_string(k) + " outside [1, min(" +
-                    std::to_string(logits.cols) + ", 1024)]");
+    throw_error(ErrorCode::kInvalidArgument, "top_k_log_softmax: k " + std::to_string(k) +
+                                                 " outside [1, min(" + std::to_string(logits.cols) +
+                                                 ", 1024)]");
   ids->clear();
   values->clear();
   std::vector<float> row(static_cast<size_t>(logits.cols));

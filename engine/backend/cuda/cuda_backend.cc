@@ -333,10 +333,9 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : s_(std::make_uniqu
                                                  " (0 cuBLASLt fixed algorithm, 1 own kernel)");
   if (options.invariant_split_keys < 64 || options.invariant_split_keys % 64 != 0 ||
       options.invariant_split_keys > 64 * 1024)
-    throw_error(ErrorCode::kInvalidArgument,
-                "cuda backend: invariant_split_keys " +
-                    std::to_string(options.invariant_split_keys) +
-                    " (a multiple of 64 in [64, 65536])");
+    throw_error(ErrorCode::kInvalidArgument, "cuda backend: invariant_split_keys " +
+                                                 std::to_string(options.invariant_split_keys) +
+                                                 " (a multiple of 64 in [64, 65536])");
   cublas_check(cublasLtCreate(&s_->lt), "cublasLtCreate");
   cublas_check(cublasLtMatmulDescCreate(&s_->lt_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                "cublasLtMatmulDescCreate");
@@ -965,8 +964,8 @@ void CudaBackend::split_cols(const Tensor& x, const std::vector<Tensor>& outs) {
     total += outs[j].cols;
   }
   if (total != x.cols)
-    throw_error(ErrorCode::kInvalidArgument, "split_cols: output widths sum to " +
-                                                 std::to_string(total) + ", x " + shape(x));
+    throw_error(ErrorCode::kInvalidArgument,
+                "split_cols: output widths sum to " + std::to_string(total) + ", x " + shape(x));
   cuda_check(kernels::launch_split_cols(p, s.stream), "split_cols");
 }
 
@@ -978,8 +977,8 @@ void CudaBackend::gather_values(const Tensor& x, const std::vector<int64_t>& ind
     throw_error(ErrorCode::kInvalidArgument, "gather_values: x " + shape(x) + " is not fp32");
   for (int64_t i : index)
     if (i < 0 || i >= x.numel())
-      throw_error(ErrorCode::kInvalidArgument, "gather_values: index " + std::to_string(i) +
-                                                   " outside " + shape(x));
+      throw_error(ErrorCode::kInvalidArgument,
+                  "gather_values: index " + std::to_string(i) + " outside " + shape(x));
   out->resize(index.size());
   if (index.empty()) return;
   const size_t n = index.size();
@@ -1378,9 +1377,9 @@ void CudaBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector
     throw_error(ErrorCode::kInvalidArgument, "top_k_log_softmax: logits " + shape(logits) + " " +
                                                  dtype_name(logits.dtype) + ", need fp32");
   if (k < 1 || k > 1024 || k > logits.cols)
-    throw_error(ErrorCode::kInvalidArgument,
-                "top_k_log_softmax: k " + std::to_string(k) + " outside [1, min(" +
-                    std::to_string(logits.cols) + ", 1024)]");
+    throw_error(ErrorCode::kInvalidArgument, "top_k_log_softmax: k " + std::to_string(k) +
+                                                 " outside [1, min(" + std::to_string(logits.cols) +
+                                                 ", 1024)]");
   const size_t n = static_cast<size_t>(logits.rows) * static_cast<size_t>(k);
   ids->assign(n, -1);
   values->assign(n, 0.0f);

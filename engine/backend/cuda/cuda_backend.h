@@ -32,7 +32,7 @@ struct CudaBackendOptions {
   // split-K) and reused for every row count; 1 = the repo's own MMA kernel
   // (kernels/gemm/batch_invariant_gemm.h, slower).
   int batch_invariant_gemm = 0;
-  int attention_max_splits = 0;   // split-KV cap: 0 = chosen from the shape, 1 = never split
+  int attention_max_splits = 0;  // split-KV cap: 0 = chosen from the shape, 1 = never split
   // Batch-invariant attention: keys per KV split (fixed boundaries from key 0), a multiple of
   // 64. Smaller splits spread a short decode over more SMs; larger ones merge less.
   int32_t invariant_split_keys = 512;
