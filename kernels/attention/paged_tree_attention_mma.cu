@@ -70,26 +70,68 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Eight consecutive elements of a q row, as floats.
-__device__ __forceinline__ void load8(const void* base, ElemType t, int64_t i, float (&v)[8]) {
-  if (t == ElemType::kF32) {
-    const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
-    const float4 b = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i + 4);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  } else {
-    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + i);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+// Q rows [row_begin, row_begin + tile_rows) of the packed tile (row = node * group + head in
+// the group) -> bf16 / fp16 in shared memory, swizzled for ldmatrix. Each thread owns one
+// 16-byte chunk column; all its global loads are issued before the first store.
+template <typename IoT, typename KvT, int D>
+__device__ __forceinline__ void stage_q_tile(const PagedTreeAttentionParams& p, KvT* qs,
+                                             int tile_rows, int row_begin, int total_rows,
+                                             int group, int q0, int kvh, int tid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kStep = kAttnThreads / kChunks;
+  constexpr int kIters = kAttnMaxRowsPerTile / kStep;
+  constexpr int kWords = sizeof(IoT) * 8 / 16;  // 16-byte words per 8 elements: 2 (fp32) or 1
+  const int chunk = tid % kChunks;
+  const int i0 = tid / kChunks;
+  uint4 raw[kIters][kWords];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (t == ElemType::kBF16) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
-        v[2 * k] = f.x, v[2 * k + 1] = f.y;
-      } else {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
-        v[2 * k] = f.x, v[2 * k + 1] = f.y;
-      }
+  for (int k = 0; k < kIters; ++k) {
+    const int i = i0 + k * kStep;
+    const int prow = row_begin + i;
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) raw[k][w] = make_uint4(0u, 0u, 0u, 0u);
+    if (i < tile_rows && prow < total_rows) {
+      const int t = prow / group;
+      const int h = kvh * group + prow % group;
+      const uint4* src = reinterpret_cast<const uint4*>(
+          static_cast<const IoT*>(p.q) + (static_cast<int64_t>(q0 + t) * p.num_q_heads + h) * D +
+          chunk * 8);
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) raw[k][w] = src[w];
     }
   }
+#pragma unroll
+  for (int k = 0; k < kIters; ++k) {
+    const int i = i0 + k * kStep;
+    if (i >= tile_rows) continue;
+    float v[8];
+    if constexpr (std::is_same_v<IoT, float>) {
+      const float* f = reinterpret_cast<const float*>(&raw[k][0]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = f[e];
+    } else {
+      const IoT* x = reinterpret_cast<const IoT*>(&raw[k][0]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = to_float(x[e]);
+    }
+    uint4 packed;
+    packed.x = pack2<KvT>(v[0], v[1]);
+    packed.y = pack2<KvT>(v[2], v[3]);
+    packed.z = pack2<KvT>(v[4], v[5]);
+    packed.w = pack2<KvT>(v[6], v[7]);
+    *reinterpret_cast<uint4*>(qs + swz<D>(i, chunk * 8)) = packed;
+  }
+}
+
+// Two adjacent output elements (d even) of a tensor whose type is known at run time.
+__device__ __forceinline__ void store_pair(void* out, ElemType t, int64_t i, float a, float b) {
+  if (t == ElemType::kBF16)
+    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + i) =
+        __floats2bfloat162_rn(a, b);
+  else if (t == ElemType::kF16)
+    *reinterpret_cast<__half2*>(static_cast<__half*>(out) + i) = __floats2half2_rn(a, b);
+  else
+    *reinterpret_cast<float2*>(static_cast<float*>(out) + i) = make_float2(a, b);
 }
 
 // Online-softmax state update for one 64-key tile whose raw scores (q.k, unscaled) are in
@@ -121,10 +163,16 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[D / 8]
         }
       }
     }
-    float mx = -INFINITY;
+    // Row max and sum as balanced trees (dependency depth 4 instead of chains of 16 / 32).
+    float part[8];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
-      if (nt < warp_ntiles) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+      part[nt] = nt < warp_ntiles ? fmaxf(s[nt][2 * h], s[nt][2 * h + 1]) : -INFINITY;
+#pragma unroll
+    for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+      for (int nt = 0; nt < w; ++nt) part[nt] = fmaxf(part[nt], part[nt + w]);
+    float mx = part[0];
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     // Running max in the scaled (log2) domain; scale > 0 keeps the order of raw scores.
@@ -132,19 +180,22 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[D / 8]
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     const float alpha = fast_exp2(m_run[h] - m_use);
     m_run[h] = m_new;
-    float sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       if (nt < warp_ntiles) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pv = fast_exp2(fmaf(s[nt][2 * h + e], scale_log2, -m_use));
-          s[nt][2 * h + e] = pv;
-          sum += pv;
-        }
+        for (int e = 0; e < 2; ++e)
+          s[nt][2 * h + e] = fast_exp2(fmaf(s[nt][2 * h + e], scale_log2, -m_use));
+        part[nt] = s[nt][2 * h] + s[nt][2 * h + 1];
+      } else {
+        part[nt] = 0.f;
       }
     }
-    l_run[h] = l_run[h] * alpha + sum;
+#pragma unroll
+    for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+      for (int nt = 0; nt < w; ++nt) part[nt] += part[nt + w];
+    l_run[h] = l_run[h] * alpha + part[0];
     if (__any_sync(0xffffffffu, alpha != 1.f)) {  // the running max moved for some row
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
@@ -232,56 +283,79 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
   const int load_row0 = tid / kChunks;
   const int load_chunk = tid % kChunks;
   const int load_dst0 = kv_offset<kWgmma, D>(load_row0, load_chunk * 8);
-  const int64_t head_off = static_cast<int64_t>(kvh) * D + load_chunk * 8;
-  const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * D;
+  // This thread's chunk of key slot 0; a slot adds slot * slot_bytes (one 32 x 32 -> 64-bit
+  // multiply per row).
+  const int head_off = kvh * D + load_chunk * 8;
+  const char* k_thread = reinterpret_cast<const char*>(k_cache + head_off);
+  const char* v_thread = reinterpret_cast<const char*>(v_cache + head_off);
+  const int slot_bytes = p.num_kv_heads * D * static_cast<int>(sizeof(KvT));
 
-  auto load_tile = [&](int stage, int n0) {
+  // Page-table lookups, off the critical path: lane l of every warp resolves logical keys
+  // n0 + l and n0 + 32 + l of a tile (path remap, then the block-table entry) one tile before
+  // the tile is loaded, so each lane has two independent load chains in flight per tile instead
+  // of one dependent chain per row of the load; load_tile then takes each row's slot from the
+  // lane that resolved it. `entry` is the block id (-1 past the end), `in_page` the offset.
+  struct TileSlots {
+    int entry[2];
+    int in_page[2];
+  };
+  auto resolve_slots = [&](int n0, TileSlots& ts) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int j = n0 + 32 * h + lane;
+      const bool valid = j < kv_end;
+      if (valid && j >= path_base) j = path_base + path[j - path_base];
+      const int page = bs_shift >= 0 ? j >> bs_shift : j / bs;
+      ts.in_page[h] = bs_shift >= 0 ? j & (bs - 1) : j % bs;
+      ts.entry[h] = valid ? table[page] : -1;
+    }
+  };
+  auto load_tile = [&](int stage, const TileSlots& ts) {
     KvT* ks = k_smem + stage * kTileN * D;
     KvT* vs = v_smem + stage * kTileN * D;
+    int lane_slot[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      lane_slot[h] = ts.entry[h] < 0 ? -1 : ts.entry[h] * bs + ts.in_page[h];
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
-      int j = n0 + load_row0 + i * kRowStep;
-      const bool valid = j < kv_end;
-      int64_t off = 0;
-      if (valid) {
-        if (j >= path_base) j = path_base + path[j - path_base];
-        const int page = bs_shift >= 0 ? j >> bs_shift : j / bs;
-        const int in_page = bs_shift >= 0 ? j & (bs - 1) : j % bs;
-        off = (static_cast<int64_t>(table[page]) * bs + in_page) * slot_stride + head_off;
-      }
+      // Key load_row0 + i * kRowStep of the tile; kRowStep divides 32, so which half it is in
+      // is known at compile time.
+      const int slot =
+          __shfl_sync(0xffffffffu, lane_slot[(i * kRowStep) / 32], (load_row0 + i * kRowStep) % 32);
+      const bool valid = slot >= 0;
+      const int64_t off = static_cast<int64_t>(valid ? slot : 0) * slot_bytes;
       const int dst = load_dst0 + i * kRowStep * (kWgmma ? 64 : D);
-      cp_async_16(smem_addr(ks + dst), k_cache + off, valid ? 16 : 0);
-      cp_async_16(smem_addr(vs + dst), v_cache + off, valid ? 16 : 0);
+      cp_async_16(smem_addr(ks + dst), k_thread + off, valid ? 16 : 0);
+      cp_async_16(smem_addr(vs + dst), v_thread + off, valid ? 16 : 0);
     }
   };
 
   // Prologue: tiles 0 and 1 in flight (one commit group each, empty groups included, so the
-  // wait counts below hold for any tile count).
-  if (num_tiles > 0) load_tile(0, kv_begin);
+  // wait counts below hold for any tile count); the slots of tile 2 resolved.
+  TileSlots slots;
+  if (num_tiles > 0) {
+    resolve_slots(kv_begin, slots);
+    load_tile(0, slots);
+  }
   cp_async_commit();
-  if (num_tiles > 1) load_tile(1, kv_begin + kTileN);
+  if (num_tiles > 1) {
+    resolve_slots(kv_begin + kTileN, slots);
+    load_tile(1, slots);
+  }
   cp_async_commit();
+  if (num_tiles > 2) resolve_slots(kv_begin + 2 * kTileN, slots);
 
   // Q tile -> shared (K stage 2, free until tile 2 is loaded) -> registers.
   {
     KvT* qs = k_smem + 2 * kTileN * D;
-    for (int idx = tid; idx < tile_rows * kChunks; idx += kAttnThreads) {
-      const int i = idx / kChunks, chunk = idx % kChunks;
-      const int prow = row_begin + i;
-      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (prow < total_rows) {
-        const int t = prow / group;
-        const int h = kvh * group + prow % group;
-        load8(p.q, p.io_type, (static_cast<int64_t>(q0 + t) * p.num_q_heads + h) * D + chunk * 8,
-              v);
-      }
-      uint4 packed;
-      packed.x = pack2<KvT>(v[0], v[1]);
-      packed.y = pack2<KvT>(v[2], v[3]);
-      packed.z = pack2<KvT>(v[4], v[5]);
-      packed.w = pack2<KvT>(v[6], v[7]);
-      *reinterpret_cast<uint4*>(qs + swz<D>(i, chunk * 8)) = packed;
-    }
+    if (p.io_type == ElemType::kF32)
+      stage_q_tile<float, KvT, D>(p, qs, tile_rows, row_begin, total_rows, group, q0, kvh, tid);
+    else if (p.io_type == ElemType::kBF16)
+      stage_q_tile<__nv_bfloat16, KvT, D>(p, qs, tile_rows, row_begin, total_rows, group, q0, kvh,
+                                          tid);
+    else
+      stage_q_tile<__half, KvT, D>(p, qs, tile_rows, row_begin, total_rows, group, q0, kvh, tid);
   }
   __syncthreads();
   uint32_t qf[D / 16][4];
@@ -336,9 +410,10 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
       const int n0 = kv_begin + it * kTileN;
       // Tile it + 2 goes into the stage of tile it - 1 (its K and V were consumed by waited
       // MMAs before the barrier that ended the previous iteration).
-      if (it + 2 < num_tiles) load_tile((it + 2) % kStages, n0 + 2 * kTileN);
+      if (it + 2 < num_tiles) load_tile((it + 2) % kStages, slots);
       cp_async_commit();
-      cp_async_wait<1>();  // tile it + 1 landed
+      if (it + 3 < num_tiles) resolve_slots(n0 + 3 * kTileN, slots);  // used next iteration
+      cp_async_wait<1>();                                             // tile it + 1 landed
       fence_proxy_async_smem();
       __syncthreads();
       const bool has_next = it + 1 < num_tiles;
@@ -374,8 +449,9 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
       const int n0 = kv_begin + it * kTileN;
       // Tile it + 2 goes into the stage tile it - 1 used (released by the barrier that ended
       // the previous iteration); then wait until only the two newest groups may be pending.
-      if (it + 2 < num_tiles) load_tile((it + 2) % kStages, n0 + 2 * kTileN);
+      if (it + 2 < num_tiles) load_tile((it + 2) % kStages, slots);
       cp_async_commit();
+      if (it + 3 < num_tiles) resolve_slots(n0 + 3 * kTileN, slots);  // used next iteration
       cp_async_wait<2>();
       __syncthreads();
       const int stage = it % kStages;
@@ -430,6 +506,40 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
+  const bool partial = splits > 1;
+  const int64_t partial_base =
+      partial ? static_cast<int64_t>(p.request_partial_row[r]) + item.split * tree_len : 0;
+  if constexpr (kWgmma) {
+    // One warpgroup owns whole rows (no column split): each thread normalises and writes its
+    // two rows straight from the accumulators.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int prow = rows[h];
+      if (prow >= total_rows || rows[h] - row_begin >= tile_rows) continue;
+      const int t = prow / group;
+      const int head = kvh * group + prow % group;
+      const float total = l_run[h];
+      const float inv = total > 0.f ? 1.f / total : 0.f;
+      if (!partial) {
+        const int64_t base = (static_cast<int64_t>(q0 + t) * p.num_q_heads + head) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+          store_pair(p.out, p.io_type, base + dt * 8 + (lane % 4) * 2, o[dt][2 * h] * inv,
+                     o[dt][2 * h + 1] * inv);
+      } else {
+        const int64_t prow_global = partial_base + t;
+        float* dst = p.partial_out + (prow_global * p.num_q_heads + head) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+          *reinterpret_cast<float2*>(dst + dt * 8 + (lane % 4) * 2) =
+              make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+        if (lane % 4 == 0)
+          p.partial_lse[prow_global * p.num_q_heads + head] =
+              total > 0.f ? m_run[h] + log2f(total) : -INFINITY;
+      }
+    }
+    return;
+  }
   // Merge the warps that split the KV tile's columns (warps_n > 1), staging O in shared memory.
   if (lane % 4 == 0) {
     red_m[warp][lane / 4] = m_run[0];
@@ -477,9 +587,6 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
   }
 
   // Normalise and write: the final output, or this split's partial and its log-sum-exp.
-  const bool partial = splits > 1;
-  const int64_t partial_base =
-      partial ? static_cast<int64_t>(p.request_partial_row[r]) + item.split * tree_len : 0;
   for (int idx = tid; idx < tile_rows * (D / 4); idx += kAttnThreads) {
     const int i = idx / (D / 4);
     const int d = (idx % (D / 4)) * 4;
