@@ -156,6 +156,50 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     }
   }
 
+  // Batch-invariant trees: consecutive nodes of one tree (same real request and prefix) in
+  // groups of up to max_nodes (AttentionWorkItem::nodes). A node qualifies when its keys past
+  // the last tile wholly below the prefix fit in kAttnMaxGroupTailTiles tiles and its split
+  // is at most 16 tiles (the CTA's job list stays within kAttnMaxGroupJobs).
+  std::vector<int32_t> group_of(r_count, 0);  // > 0: first node of a group of that size; -1: in one
+  if (in.batch_invariant && in.tree_groups > 0) {
+    const int32_t tile_rows = plan.wgmma ? 64 : 16;
+    // Grouping trades parallelism for fewer prefix reads: a group's node tails run one after
+    // another in its CTA. So groups only grow until the items still fill the GPU (results
+    // are the same at any group size; only the time differs).
+    int64_t node_items = 0;
+    for (int32_t v = 0; v < r_count; ++v)
+      node_items += static_cast<int64_t>(plan.request_splits[v]) * in.num_kv_heads;
+    const int64_t fill = in.tree_groups >= 2
+                             ? int64_t{kAttnMaxGroupNodes}
+                             : std::max<int64_t>(1, (node_items + target - 1) / target);
+    const int32_t max_nodes =
+        static_cast<int32_t>(std::min<int64_t>({kAttnMaxGroupNodes, tile_rows / group, fill}));
+    auto eligible = [&](int32_t v) {
+      const int32_t c = plan.virt.path_base[v];
+      if (c == INT32_MAX) return false;  // a causal request
+      if (plan.request_kv_chunk[v] / kAttnKvTile > 16) return false;
+      const int32_t end = in.committed_len[v] + 1;
+      return (end + kAttnKvTile - 1) / kAttnKvTile - c / kAttnKvTile <= kAttnMaxGroupTailTiles;
+    };
+    for (int32_t v = 0; max_nodes >= 2 && v < r_count;) {
+      if (!eligible(v)) {
+        ++v;
+        continue;
+      }
+      int32_t n = 1;
+      while (v + n < r_count && n < max_nodes && eligible(v + n) &&
+             plan.virt.table_request[v + n] == plan.virt.table_request[v] &&
+             plan.virt.path_base[v + n] == plan.virt.path_base[v] &&
+             plan.request_kv_chunk[v + n] == plan.request_kv_chunk[v])
+        ++n;
+      if (n >= 2) {
+        group_of[v] = n;
+        for (int32_t k = 1; k < n; ++k) group_of[v + k] = -1;
+      }
+      v += n;
+    }
+  }
+
   // Work list, longest first (the tail of the launch is then short ones); the row tiles of one
   // (request, kv head, split) stay adjacent so their shared K/V reads meet in L2.
   struct Keyed {
@@ -165,6 +209,19 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   std::vector<Keyed> items;
   items.reserve(static_cast<size_t>(units) * 2);
   for (int32_t r = 0; r < r_count; ++r) {
+    if (group_of[r] < 0) continue;  // scored by its group's items
+    if (group_of[r] > 0) {
+      const int32_t n = group_of[r];
+      int32_t splits = 0;
+      for (int32_t k = 0; k < n; ++k) splits = std::max(splits, plan.request_splits[r + k]);
+      const int32_t chunk_tiles = plan.request_kv_chunk[r] / kAttnKvTile;
+      for (int32_t s = 0; s < splits; ++s)
+        for (int32_t h = 0; h < in.num_kv_heads; ++h)
+          items.push_back({chunk_tiles + 2 * n, AttentionWorkItem{r, h, 0, static_cast<int16_t>(s),
+                                                                  static_cast<int16_t>(warps_m[r]),
+                                                                  static_cast<int16_t>(n), 0}});
+      continue;
+    }
     const int32_t splits = plan.request_splits[r];
     const int32_t chunk_tiles = plan.request_kv_chunk[r] / kAttnKvTile;
     for (int32_t s = 0; s < splits; ++s) {
@@ -173,7 +230,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
         for (int32_t rt = 0; rt < row_tiles[r]; ++rt)
           items.push_back(
               {tiles, AttentionWorkItem{r, h, rt * 16 * warps_m[r], static_cast<int16_t>(s),
-                                        static_cast<int16_t>(warps_m[r])}});
+                                        static_cast<int16_t>(warps_m[r]), 0, 0}});
     }
   }
   std::stable_sort(items.begin(), items.end(),

@@ -31,13 +31,25 @@ constexpr int kAttnMaxSplits = 256;  // KV splits of one request (the merge kern
 // One CTA's work: packed query rows [row_begin, row_begin + 16 * warps_m) of (request,
 // kv_head), over KV split `split` of the request. request < 0: an empty item (the CTA exits;
 // step graphs pad the work list to a bucket so that the grid size stays put).
+//
+// Tree group (batch-invariant plans only, nodes > 0): virtual requests request .. request +
+// nodes - 1 are consecutive nodes of one tree (T = 1 each, one committed prefix); the CTA
+// scores all their rows (node * group + head, row_begin 0) for split `split`, reading the
+// split's tiles below the prefix end once for all of them (docs/kernels.md).
 struct AttentionWorkItem {
   int32_t request;
   int32_t kv_head;
   int32_t row_begin;
   int16_t split;
   int16_t warps_m;  // 1, 2 or 4: warps along rows; the other 4 / warps_m split each KV tile
+  int16_t nodes;    // > 0: a tree group of that many nodes
+  int16_t reserved;
 };
+// Tree groups: at most this many nodes, each with at most kAttnMaxGroupTailTiles tiles at or
+// past the last tile wholly below the prefix end, so a CTA's job list is bounded.
+constexpr int kAttnMaxGroupNodes = 16;
+constexpr int kAttnMaxGroupTailTiles = 2;
+constexpr int kAttnMaxGroupJobs = 64;  // >= 8 shared tiles + 16 nodes x 2, plus the count
 
 // Host inputs of the planner.
 struct AttentionPlanInputs {
@@ -62,6 +74,10 @@ struct AttentionPlanInputs {
   int32_t num_tokens = 0;                // sum_r T_r (batch_invariant)
   // Keys per split of a batch-invariant plan in 64-key tiles (0: kAttnInvariantChunkTiles).
   int32_t invariant_chunk_tiles = 0;
+  // Batch-invariant plans: score the nodes of a tree in groups that read the prefix once
+  // (AttentionWorkItem::nodes) instead of one CTA per node. Same results bit for bit.
+  // 0: never; 1: groups only as large as keeps the GPU filled; 2: always the largest groups.
+  int32_t tree_groups = 1;
 };
 
 // Keys per KV split in a batch-invariant plan, in 64-key tiles: the split boundaries are the

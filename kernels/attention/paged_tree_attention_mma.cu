@@ -144,14 +144,18 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[D / 8]
                                              int col0, int lane, bool need_mask, int n0, int kv_end,
                                              int committed, int tree_len, bool causal,
                                              const uint32_t* mask, int words, const int (&rows)[2],
-                                             int total_rows, int group, float scale_log2) {
+                                             int total_rows, int group, float scale_log2,
+                                             int job_node, int job_end) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (need_mask) {  // warp-uniform: prefix tiles skip this entirely
-      const uint64_t vis = rows[h] < total_rows
-                               ? tile_visibility(n0, kv_end, committed, tree_len, rows[h] / group,
-                                                 causal, mask, words)
-                               : 0ull;
+      // A tree-group node job: only that node's rows see its keys (all below its end); the
+      // others see nothing, an exact no-op of their state.
+      const uint64_t vis = rows[h] >= total_rows ? 0ull
+                           : job_node >= 0
+                               ? (rows[h] / group == job_node ? bit_range(0, job_end - n0) : 0ull)
+                               : tile_visibility(n0, kv_end, committed, tree_len, rows[h] / group,
+                                                 causal, mask, words);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         if (nt < warp_ntiles) {
@@ -244,8 +248,16 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
   const int warp_ntiles = cols_per_warp / 8;   // n8 tiles of S per warp: 2, 4 or 8
   const int tile_rows = 16 * warps_m;
 
+  // A tree group (batch-invariant plans, item.nodes > 0): virtual requests r .. r + nodes - 1
+  // are consecutive nodes of one tree (one query row each, rows packed node * group + head),
+  // all over the same committed prefix [0, C). The CTA runs a job list: the split's tiles wholly
+  // below C once for every row, then each node's own remaining tiles (its path) with every
+  // other node's rows masked out, which leaves their softmax state exactly as it was. Each
+  // row therefore sees the tiles, in the order and with the values of its own plain decode.
+  const int group_nodes = item.nodes;
+  const bool tree_group = group_nodes > 0;
   const int q0 = p.qo_indptr[r];
-  const int tree_len = p.qo_indptr[r + 1] - q0;
+  const int tree_len = tree_group ? group_nodes : p.qo_indptr[r + 1] - q0;
   const int committed = p.committed_len[r];
   const int kv_len = committed + tree_len;
   const int group = p.num_q_heads / p.num_kv_heads;
@@ -261,7 +273,7 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
     const int last_row = min(row_begin + tile_rows, total_rows) - 1;
     kv_end = min(kv_end, committed + last_row / group + 1);
   }
-  const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kTileN - 1) / kTileN : 0;
+  int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kTileN - 1) / kTileN : 0;
 
   const KvT* k_cache = static_cast<const KvT*>(p.k_cache);
   const KvT* v_cache = static_cast<const KvT*>(p.v_cache);
@@ -273,6 +285,52 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
   const int32_t* path = p.path != nullptr ? p.path + p.path_indptr[r] : nullptr;
   const int bs = p.block_size;
   const int bs_shift = __popc(bs) == 1 ? __ffs(bs) - 1 : -1;  // power-of-two block sizes
+
+  // Tree-group job list (see above): job j covers keys [job_n0[j], + 64) for node job_node[j]
+  // (-1: the shared prefix tiles, visible to every row).
+  __shared__ int16_t job_tile[kAttnMaxGroupJobs];
+  __shared__ int8_t job_node[kAttnMaxGroupJobs];
+  __shared__ int node_kv_end[kAttnMaxGroupNodes];
+  __shared__ int node_path_off[kAttnMaxGroupNodes];
+  if (tree_group) {
+    if (warp == 0) {
+      const int chunk_tiles = p.request_kv_chunk[r] / kTileN;
+      const int s_begin = item.split * chunk_tiles, s_end = s_begin + chunk_tiles;
+      const int c_len = path_base;                        // the tree's committed prefix
+      const int shared_end = min(s_end, c_len / kTileN);  // tiles wholly below it
+      const int shared = max(0, shared_end - s_begin);
+      int mine = 0;  // lane k: node k's tiles in this split from the first non-shared one
+      if (lane < group_nodes) {
+        const int end = p.committed_len[r + lane] + 1;  // T = 1 virtual request
+        node_kv_end[lane] = end;
+        node_path_off[lane] = p.path_indptr[r + lane];
+        mine = max(0, min(s_end, (end + kTileN - 1) / kTileN) - max(s_begin, c_len / kTileN));
+      }
+      int before = mine;  // inclusive prefix sum over the lanes
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int x = __shfl_up_sync(0xffffffffu, before, d);
+        if (lane >= d) before += x;
+      }
+      const int first = max(s_begin, c_len / kTileN);
+      for (int i = 0; i < mine; ++i) {
+        job_tile[shared + before - mine + i] = static_cast<int16_t>(first + i);
+        job_node[shared + before - mine + i] = static_cast<int8_t>(lane);
+      }
+      for (int i = lane; i < shared; i += 32) {
+        job_tile[i] = static_cast<int16_t>(s_begin + i);
+        job_node[i] = -1;
+      }
+      if (lane == 31) job_node[kAttnMaxGroupJobs - 1] = static_cast<int8_t>(shared + before);
+    }
+    __syncthreads();
+    num_tiles = job_node[kAttnMaxGroupJobs - 1];  // the job count (stored past the jobs)
+    kv_end = INT_MAX;                             // per job below
+  }
+  // Job `it` of this CTA: its first key, its node (-2: an ordinary item, -1: shared prefix)
+  // and the key range / path remap its loads use.
+  auto job_n0 = [&](int it) { return tree_group ? job_tile[it] * kTileN : kv_begin + it * kTileN; };
+  auto job_of = [&](int it) { return tree_group ? static_cast<int>(job_node[it]) : -2; };
 
   // This thread's share of a tile load: one 16-byte chunk column of kRowStep-spaced rows. The
   // swizzle term is the same for all of them (kRowStep is a multiple of 8).
@@ -299,12 +357,17 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
     int entry[2];
     int in_page[2];
   };
-  auto resolve_slots = [&](int n0, TileSlots& ts) {
+  auto resolve_slots = [&](int it, TileSlots& ts) {
+    const int n0 = job_n0(it), node = job_of(it);
+    // Shared prefix tiles lie wholly below path_base (no remap, no end); a node's tiles end at
+    // its own key count and remap from path_base through its own path.
+    const int end = node >= 0 ? node_kv_end[node] : node == -1 ? INT_MAX : kv_end;
+    const int32_t* job_path = node >= 0 ? p.path + node_path_off[node] : path;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       int j = n0 + 32 * h + lane;
-      const bool valid = j < kv_end;
-      if (valid && j >= path_base) j = path_base + path[j - path_base];
+      const bool valid = j < end;
+      if (valid && j >= path_base) j = path_base + job_path[j - path_base];
       const int page = bs_shift >= 0 ? j >> bs_shift : j / bs;
       ts.in_page[h] = bs_shift >= 0 ? j & (bs - 1) : j % bs;
       ts.entry[h] = valid ? table[page] : -1;
@@ -335,16 +398,16 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
   // wait counts below hold for any tile count); the slots of tile 2 resolved.
   TileSlots slots;
   if (num_tiles > 0) {
-    resolve_slots(kv_begin, slots);
+    resolve_slots(0, slots);
     load_tile(0, slots);
   }
   cp_async_commit();
   if (num_tiles > 1) {
-    resolve_slots(kv_begin + kTileN, slots);
+    resolve_slots(1, slots);
     load_tile(1, slots);
   }
   cp_async_commit();
-  if (num_tiles > 2) resolve_slots(kv_begin + 2 * kTileN, slots);
+  if (num_tiles > 2) resolve_slots(2, slots);
 
   // Q tile -> shared (K stage 2, free until tile 2 is loaded) -> registers.
   {
@@ -376,7 +439,9 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
   const int row_a = row_begin + wm * 16 + lane / 4;  // this thread's two packed rows
   const int rows[2] = {row_a, row_a + 8};
   const int col0 = wn * cols_per_warp;  // this warp's first column in the KV tile
-  auto tile_needs_mask = [&](int n0) { return n0 + kTileN > committed || n0 + kTileN > kv_end; };
+  auto job_needs_mask = [&](int n0, int node) {
+    return node >= 0 || (node == -2 && (n0 + kTileN > committed || n0 + kTileN > kv_end));
+  };
 
   if constexpr (kWgmma) {
     // S_t = Q K_t^T for the tile in `stage` into acc (issued, not waited).
@@ -407,20 +472,21 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
       fence_accumulators(s_cur);
     }
     for (int it = 0; it < num_tiles; ++it) {
-      const int n0 = kv_begin + it * kTileN;
+      const int n0 = job_n0(it);
+      const int node = job_of(it);
       // Tile it + 2 goes into the stage of tile it - 1 (its K and V were consumed by waited
       // MMAs before the barrier that ended the previous iteration).
       if (it + 2 < num_tiles) load_tile((it + 2) % kStages, slots);
       cp_async_commit();
-      if (it + 3 < num_tiles) resolve_slots(n0 + 3 * kTileN, slots);  // used next iteration
-      cp_async_wait<1>();                                             // tile it + 1 landed
+      if (it + 3 < num_tiles) resolve_slots(it + 3, slots);  // used next iteration
+      cp_async_wait<1>();                                    // tile it + 1 landed
       fence_proxy_async_smem();
       __syncthreads();
       const bool has_next = it + 1 < num_tiles;
       if (has_next) issue_s(s_next, (it + 1) % kStages);  // overlaps the softmax below
-      softmax_tile<D>(s_cur, o, m_run, l_run, 8, 0, lane, tile_needs_mask(n0), n0, kv_end,
-                      committed, tree_len, causal, mask, words, rows, total_rows, group,
-                      scale_log2);
+      softmax_tile<D>(s_cur, o, m_run, l_run, 8, 0, lane, job_needs_mask(n0, node), n0, kv_end,
+                      committed, tree_len, causal, mask, words, rows, total_rows, group, scale_log2,
+                      node, node >= 0 ? node_kv_end[node] : 0);
       uint32_t a[4][4];
 #pragma unroll
       for (int ks16 = 0; ks16 < 4; ++ks16) p_fragment<KvT>(s_cur, ks16, a[ks16]);
@@ -446,12 +512,13 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
     }
   } else {
     for (int it = 0; it < num_tiles; ++it) {
-      const int n0 = kv_begin + it * kTileN;
+      const int n0 = job_n0(it);
+      const int node = job_of(it);
       // Tile it + 2 goes into the stage tile it - 1 used (released by the barrier that ended
       // the previous iteration); then wait until only the two newest groups may be pending.
       if (it + 2 < num_tiles) load_tile((it + 2) % kStages, slots);
       cp_async_commit();
-      if (it + 3 < num_tiles) resolve_slots(n0 + 3 * kTileN, slots);  // used next iteration
+      if (it + 3 < num_tiles) resolve_slots(it + 3, slots);  // used next iteration
       cp_async_wait<2>();
       __syncthreads();
       const int stage = it % kStages;
@@ -476,9 +543,9 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
           }
         }
       }
-      softmax_tile<D>(s, o, m_run, l_run, warp_ntiles, col0, lane, tile_needs_mask(n0), n0, kv_end,
-                      committed, tree_len, causal, mask, words, rows, total_rows, group,
-                      scale_log2);
+      softmax_tile<D>(s, o, m_run, l_run, warp_ntiles, col0, lane, job_needs_mask(n0, node), n0,
+                      kv_end, committed, tree_len, causal, mask, words, rows, total_rows, group,
+                      scale_log2, node, node >= 0 ? node_kv_end[node] : 0);
       // O += P V over this warp's columns (16 keys per step).
 #pragma unroll
       for (int ks16 = 0; ks16 < 4; ++ks16) {
@@ -506,9 +573,22 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
-  const bool partial = splits > 1;
+  // Where the row of node t goes: the output row (q0 + t) or this split's partial row; false
+  // when (tree group) the node's own request has no such split.
   const int64_t partial_base =
-      partial ? static_cast<int64_t>(p.request_partial_row[r]) + item.split * tree_len : 0;
+      splits > 1 ? static_cast<int64_t>(p.request_partial_row[r]) + item.split * tree_len : 0;
+  auto row_target = [&](int t, bool& is_partial, int64_t& row) {
+    if (tree_group) {
+      const int node_splits = p.request_splits[r + t];
+      if (item.split >= node_splits) return false;
+      is_partial = node_splits > 1;
+      row = is_partial ? static_cast<int64_t>(p.request_partial_row[r + t]) + item.split : q0 + t;
+      return true;
+    }
+    is_partial = splits > 1;
+    row = is_partial ? partial_base + t : q0 + t;
+    return true;
+  };
   if constexpr (kWgmma) {
     // One warpgroup owns whole rows (no column split): each thread normalises and writes its
     // two rows straight from the accumulators.
@@ -518,16 +598,19 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
       if (prow >= total_rows || rows[h] - row_begin >= tile_rows) continue;
       const int t = prow / group;
       const int head = kvh * group + prow % group;
+      bool partial = false;
+      int64_t target = 0;
+      if (!row_target(t, partial, target)) continue;
       const float total = l_run[h];
       const float inv = total > 0.f ? 1.f / total : 0.f;
       if (!partial) {
-        const int64_t base = (static_cast<int64_t>(q0 + t) * p.num_q_heads + head) * D;
+        const int64_t base = (target * p.num_q_heads + head) * D;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
           store_pair(p.out, p.io_type, base + dt * 8 + (lane % 4) * 2, o[dt][2 * h] * inv,
                      o[dt][2 * h + 1] * inv);
       } else {
-        const int64_t prow_global = partial_base + t;
+        const int64_t prow_global = target;
         float* dst = p.partial_out + (prow_global * p.num_q_heads + head) * D;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
@@ -594,16 +677,19 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
     if (prow >= total_rows) continue;
     const int t = prow / group;
     const int h = kvh * group + prow % group;
+    bool partial = false;
+    int64_t target = 0;
+    if (!row_target(t, partial, target)) continue;
     const float total = row_l[i];
     const float inv = total > 0.f ? 1.f / total : 0.f;
     const float4 acc = *reinterpret_cast<const float4*>(o_smem + i * D + d);
     const float v[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
     if (!partial) {
-      const int64_t base = (static_cast<int64_t>(q0 + t) * p.num_q_heads + h) * D + d;
+      const int64_t base = (target * p.num_q_heads + h) * D + d;
 #pragma unroll
       for (int e = 0; e < 4; ++e) store_elem(p.out, p.io_type, base + e, v[e]);
     } else {
-      const int64_t prow_global = partial_base + t;
+      const int64_t prow_global = target;
       float* dst = p.partial_out + (prow_global * p.num_q_heads + h) * D + d;
       *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
       if (d == 0)

@@ -77,6 +77,9 @@ void run_case(const AttnCase& c) {
   opts.kv_dtype = c.kv_dtype;
   opts.attention_max_splits = c.max_splits;
   opts.attention_kernel = c.kernel;
+  // Batch-invariant cases: trees scored in the largest node groups wherever they qualify, so
+  // the group path is checked against the CPU reference at every shape here.
+  opts.attention_tree_groups = 2;
   // Cases about the split-KV choice test the shape-tuned plan; the others the batch-invariant
   // one (the default).
   opts.batch_invariant = c.max_splits == 0 && c.expect_splits == 0;

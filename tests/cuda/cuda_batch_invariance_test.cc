@@ -96,6 +96,7 @@ INSTANTIATE_TEST_SUITE_P(Gemm, CudaLinearInvariance, ::testing::Values(0, 1), []
 struct AttnCase {
   int64_t head_dim;
   int attention_kernel;  // CudaBackendOptions::attention_kernel
+  int tree_groups = 2;   // CudaBackendOptions::attention_tree_groups (2: always group)
 };
 
 class CudaAttentionInvariance : public ::testing::TestWithParam<AttnCase> {
@@ -107,6 +108,7 @@ class CudaAttentionInvariance : public ::testing::TestWithParam<AttnCase> {
     CudaBackendOptions o;
     o.batch_invariant = true;
     o.attention_kernel = GetParam().attention_kernel;
+    o.attention_tree_groups = GetParam().tree_groups;
     try {
       b_ = std::make_unique<CudaBackend>(o);
     } catch (const Error& e) {
@@ -196,6 +198,14 @@ TEST_P(CudaAttentionInvariance, RequestAloneEqualsMixedBatchAndTreeRowEqualsChai
   // Request 0's tree alone.
   const auto alone = run(batch.step({{seq[0], tokens(parents0.size()), true, parents0}}),
                          tree_ids(data[0], parents0.size()));
+  // Tensor-core kernels score the tree's nodes in groups that share the prefix reads when
+  // the option is on (one CTA per node otherwise); the generic path has no work items.
+  const int groups = b_->last_attention_tree_groups();
+  if (GetParam().tree_groups > 0 && d_ >= 64) {
+    EXPECT_GT(groups, 0);
+  } else {
+    EXPECT_EQ(groups, 0);
+  }
   // The same tree in a mixed batch: a prefill chunk, the tree, a decode row, another tree.
   std::vector<std::pair<int, int64_t>> ids = causal_ids(data[1], prefix[1], 37);
   const size_t row0 = ids.size();
@@ -219,7 +229,7 @@ TEST_P(CudaAttentionInvariance, RequestAloneEqualsMixedBatchAndTreeRowEqualsChai
   // gets a fresh copy of the prefix (sequence 4 is re-created).
   const std::vector<int32_t> depth = tree_depths(parents0);
   int chains = 0, chain_equal = 0;
-  for (int node : {0, 1, 5, 17, 39}) {
+  for (int node : {0, 1, 2, 5, 9, 17, 23, 30, 39}) {
     std::vector<int32_t> path;
     for (int n = node; n >= 0; n = parents0[n]) path.insert(path.begin(), n);
     const int s = batch.add_sequence();
@@ -243,21 +253,23 @@ TEST_P(CudaAttentionInvariance, RequestAloneEqualsMixedBatchAndTreeRowEqualsChai
     }
   }
   std::printf(
-      "  attention d%lld kernel %d: tree rows alone == mixed batch: %zu/%zu; tree row "
-      "== chain decode: %d/%d\n",
-      static_cast<long long>(d_), GetParam().attention_kernel, parents0.size() - differ,
-      parents0.size(), chain_equal, chains);
+      "  attention d%lld kernel %d tree groups %d (%d work items): tree rows alone == mixed "
+      "batch: %zu/%zu; tree row == chain decode: %d/%d\n",
+      static_cast<long long>(d_), GetParam().attention_kernel, GetParam().tree_groups, groups,
+      parents0.size() - differ, parents0.size(), chain_equal, chains);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionInvariance,
                          ::testing::Values(AttnCase{64, 1}, AttnCase{128, 1}, AttnCase{128, 2},
-                                           AttnCase{16, 0}),
+                                           AttnCase{16, 0}, AttnCase{64, 1, 0},
+                                           AttnCase{128, 2, 0}),
                          [](const auto& info) {
                            const AttnCase& c = info.param;
                            return "d" + std::to_string(c.head_dim) +
                                   (c.attention_kernel == 2   ? "_wgmma"
                                    : c.attention_kernel == 1 ? "_mma"
-                                                             : "_generic");
+                                                             : "_generic") +
+                                  (c.tree_groups > 0 ? "" : "_pernode");
                          });
 
 }  // namespace

@@ -235,6 +235,7 @@ struct CudaBackend::State {
   bool last_tensor_core = false;
   bool use_wgmma = false;
   bool last_wgmma = false;
+  int last_tree_groups = 0;
 
   // RoPE inverse frequencies, cached by parameters.
   std::vector<float> inv_freq_host;
@@ -331,6 +332,10 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : s_(std::make_uniqu
     throw_error(ErrorCode::kInvalidArgument, "cuda backend: batch_invariant_gemm " +
                                                  std::to_string(options.batch_invariant_gemm) +
                                                  " (0 cuBLASLt fixed algorithm, 1 own kernel)");
+  if (options.attention_tree_groups < 0 || options.attention_tree_groups > 2)
+    throw_error(ErrorCode::kInvalidArgument, "cuda backend: attention_tree_groups " +
+                                                 std::to_string(options.attention_tree_groups) +
+                                                 " (0 never, 1 auto, 2 always)");
   if (options.invariant_split_keys < 64 || options.invariant_split_keys % 64 != 0 ||
       options.invariant_split_keys > 64 * 1024)
     throw_error(ErrorCode::kInvalidArgument, "cuda backend: invariant_split_keys " +
@@ -732,6 +737,9 @@ bool CudaBackend::last_attention_tensor_core() const {
 bool CudaBackend::last_attention_wgmma() const {
   return s_->last_wgmma;
 }
+int CudaBackend::last_attention_tree_groups() const {
+  return s_->last_tree_groups;
+}
 
 // --- step metadata ---------------------------------------------------------------------------
 
@@ -1101,6 +1109,7 @@ void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int
   in.wgmma = use_wgmma;
   in.batch_invariant = options.batch_invariant;
   in.invariant_chunk_tiles = options.invariant_split_keys / 64;
+  in.tree_groups = options.attention_tree_groups;
   in.tree_mask = step.tree_mask.data();
   in.mask_indptr = step.mask_indptr.data();
   in.num_tokens = step.num_tokens();
@@ -1115,7 +1124,8 @@ void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int
     // where empty CTAs cost nothing); the merge skips unsplit requests.
     plan_num_work = static_cast<int32_t>(graph_bucket((plan_num_work + 15) / 16 * 16));
     padded = plan.work;
-    padded.resize(static_cast<size_t>(plan_num_work), kernels::AttentionWorkItem{-1, 0, 0, 0, 1});
+    padded.resize(static_cast<size_t>(plan_num_work),
+                  kernels::AttentionWorkItem{-1, 0, 0, 0, 1, 0, 0});
     work = &padded;
     plan_needs_merge = true;
   }
@@ -1226,6 +1236,9 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
   s.last_splits = s.plan.max_splits_used;
   s.last_tensor_core = s.plan.tensor_core;
   s.last_wgmma = s.plan.wgmma;
+  s.last_tree_groups = static_cast<int>(
+      std::count_if(s.plan.work.begin(), s.plan.work.end(),
+                    [](const kernels::AttentionWorkItem& w) { return w.nodes > 0; }));
 }
 
 // --- step graphs ------------------------------------------------------------------------------

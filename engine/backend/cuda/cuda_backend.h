@@ -47,6 +47,10 @@ struct CudaBackendOptions {
   // (sm_90a), else mma.sync (head_dim 64 always); 1 = mma.sync; 2 = wgmma for head_dim 128
   // (kUnsupported where unavailable).
   int attention_kernel = 0;
+  // Batch-invariant attention: score a tree's nodes in groups that read the shared prefix once
+  // (docs/kernels.md "Tree groups") instead of one CTA per node re-reading it. Same values.
+  // 0: never; 1: groups only as large as keeps the GPU filled (default); 2: always the largest.
+  int attention_tree_groups = 1;
   // linear() with at most this many token rows (and fp32 input) runs the bandwidth-bound skinny
   // GEMM (kernels/gemm: bf16-rounded input, fp32 accumulation, as cuBLAS) instead of bf16
   // rounding + cuBLAS. 0 = always cuBLAS (the default: one summation order for every batch
@@ -123,6 +127,8 @@ class CudaBackend final : public Backend {
   int32_t last_attention_splits() const;
   bool last_attention_tensor_core() const;
   bool last_attention_wgmma() const;
+  // Work items of the last attention call that were tree groups (attention_tree_groups).
+  int last_attention_tree_groups() const;
   // The cuBLASLt algorithm batch-invariant linear() uses for an (out, in) shape, in words
   // (selected on first use; "" if none yet).
   std::string batch_invariant_gemm_algo(int64_t out_features, int64_t in_features) const;
