@@ -222,9 +222,11 @@ __device__ __forceinline__ void p_fragment(const float (&s)[8][4], int ks16, uin
 // kWgmma (head_dim 128): S and PV by warpgroup MMAs (the 4 warps as one m64 tile, K/V read
 // from shared memory once per CTA), with S of the next tile in flight while the softmax of
 // this one runs; else per-warp mma.sync with ldmatrix fragments (any rows-per-tile layout).
-template <typename KvT, int D, bool kWgmma>
-__global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
-    tree_attention_mma_kernel(const PagedTreeAttentionParams p) {
+// One CTA's work item; kGroup: a tree group (item.nodes > 0), compiled separately so that
+// ordinary items carry none of the job-list logic in their tile loop.
+template <typename KvT, int D, bool kWgmma, bool kGroup>
+__device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
+                                              const AttentionWorkItem item) {
   static_assert(!kWgmma || D == 128, "the wgmma path is built for head_dim 128");
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   // 1024-byte aligned base (the swizzle atoms of the wgmma descriptors need it).
@@ -235,8 +237,6 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
   __shared__ float red_m[kWarps][16], red_l[kWarps][16];
   __shared__ float row_m[kAttnMaxRowsPerTile], row_l[kAttnMaxRowsPerTile];
 
-  const AttentionWorkItem item = p.work[blockIdx.x];
-  if (item.request < 0) return;  // padding of a grid rounded up to a bucket (step graphs)
   const int r = item.request;
   const int kvh = item.kv_head;
   const int warps_m = kWgmma ? kWarps : item.warps_m;
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
   // other node's rows masked out, which leaves their softmax state exactly as it was. Each
   // row therefore sees the tiles, in the order and with the values of its own plain decode.
   const int group_nodes = item.nodes;
-  const bool tree_group = group_nodes > 0;
+  constexpr bool tree_group = kGroup;
   const int q0 = p.qo_indptr[r];
   const int tree_len = tree_group ? group_nodes : p.qo_indptr[r + 1] - q0;
   const int committed = p.committed_len[r];
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
   __shared__ int8_t job_node[kAttnMaxGroupJobs];
   __shared__ int node_kv_end[kAttnMaxGroupNodes];
   __shared__ int node_path_off[kAttnMaxGroupNodes];
-  if (tree_group) {
+  if constexpr (tree_group) {
     if (warp == 0) {
       const int chunk_tiles = p.request_kv_chunk[r] / kTileN;
       const int s_begin = item.split * chunk_tiles, s_end = s_begin + chunk_tiles;
@@ -445,15 +445,18 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
 
   if constexpr (kWgmma) {
     // S_t = Q K_t^T for the tile in `stage` into acc (issued, not waited).
+    // Descriptors of stage 0's K (K-major) and V (MN-major) tiles; a stage is 16 KiB further.
+    constexpr uint32_t kStageBytes = kTileN * D * sizeof(KvT);
+    const uint64_t k_desc0 = wgmma_desc_sw128(smem_addr(k_smem), 16, 1024);
+    const uint64_t v_desc0 = wgmma_desc_sw128(smem_addr(v_smem), 64 * 64 * 2, 1024);
     auto issue_s = [&](float(&acc)[8][4], int stage) {
-      const uint32_t k_base = smem_addr(k_smem + stage * kTileN * D);
+      const uint64_t k_desc = wgmma_desc_advance(k_desc0, stage * kStageBytes);
       fence_accumulators(acc);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         // K-major B: 16 columns of d = 32 bytes into the 128-byte rows of block kk / 4.
-        const uint64_t desc =
-            wgmma_desc_sw128(k_base + (kk / 4) * (64 * 64 * 2) + (kk % 4) * 32, 16, 1024);
+        const uint64_t desc = wgmma_desc_advance(k_desc, (kk / 4) * (64 * 64 * 2) + (kk % 4) * 32);
         wgmma_mma<KvT, 0>(acc, qf[kk], desc, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
@@ -490,14 +493,14 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
       uint32_t a[4][4];
 #pragma unroll
       for (int ks16 = 0; ks16 < 4; ++ks16) p_fragment<KvT>(s_cur, ks16, a[ks16]);
-      const uint32_t v_base = smem_addr(v_smem + (it % kStages) * kTileN * D);
+      const uint64_t v_desc = wgmma_desc_advance(v_desc0, (it % kStages) * kStageBytes);
       fence_accumulators(o);
       wgmma_fence();
 #pragma unroll
       for (int ks16 = 0; ks16 < 4; ++ks16) {
         // MN-major B: keys 16 * ks16.. are two 8-row groups (1024 bytes each); the two
         // 64-column blocks of d are 8 KiB apart.
-        const uint64_t desc = wgmma_desc_sw128(v_base + ks16 * 2048, 64 * 64 * 2, 1024);
+        const uint64_t desc = wgmma_desc_advance(v_desc, ks16 * 2048);
         wgmma_mma<KvT, 1>(o, a[ks16], desc, 1);
       }
       wgmma_commit();
@@ -578,7 +581,7 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
   const int64_t partial_base =
       splits > 1 ? static_cast<int64_t>(p.request_partial_row[r]) + item.split * tree_len : 0;
   auto row_target = [&](int t, bool& is_partial, int64_t& row) {
-    if (tree_group) {
+    if constexpr (tree_group) {
       const int node_splits = p.request_splits[r + t];
       if (item.split >= node_splits) return false;
       is_partial = node_splits > 1;
@@ -697,6 +700,17 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
             total > 0.f ? row_m[i] + log2f(total) : -INFINITY;
     }
   }
+}
+
+template <typename KvT, int D, bool kWgmma>
+__global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
+    tree_attention_mma_kernel(const PagedTreeAttentionParams p) {
+  const AttentionWorkItem item = p.work[blockIdx.x];
+  if (item.request < 0) return;  // padding of a grid rounded up to a bucket (step graphs)
+  if (item.nodes > 0)
+    attention_cta<KvT, D, kWgmma, true>(p, item);
+  else
+    attention_cta<KvT, D, kWgmma, false>(p, item);
 }
 
 template <typename KvT, int D, bool kWgmma>

@@ -28,6 +28,13 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_
   return d;
 }
 
+// The same descriptor advanced by `bytes` (a multiple of 16) within the tile: only the start
+// address field (bits 0-13, address / 16) changes, and it cannot carry while the shared
+// address stays below 256 KiB, so a 64-bit add of bytes / 16 replaces the field arithmetic.
+__device__ __forceinline__ uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
+
 __device__ __forceinline__ void wgmma_fence() {
 #if ARBOR_HAS_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
