@@ -179,7 +179,9 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
       if (c == INT32_MAX) return false;  // a causal request
       if (plan.request_kv_chunk[v] / kAttnKvTile > 16) return false;
       const int32_t end = in.committed_len[v] + 1;
-      return (end + kAttnKvTile - 1) / kAttnKvTile - c / kAttnKvTile <= kAttnMaxGroupTailTiles;
+      const int32_t tiles = (end + kAttnKvTile - 1) / kAttnKvTile;
+      if (tiles > INT16_MAX) return false;  // the CTA's job list holds tile indices as int16
+      return tiles - c / kAttnKvTile <= kAttnMaxGroupTailTiles;
     };
     for (int32_t v = 0; max_nodes >= 2 && v < r_count;) {
       if (!eligible(v)) {
