@@ -1109,7 +1109,9 @@ void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int
   in.wgmma = use_wgmma;
   in.batch_invariant = options.batch_invariant;
   in.invariant_chunk_tiles = options.invariant_split_keys / 64;
-  in.tree_groups = options.attention_tree_groups;
+  // Tree groups rely on O + 0 * V == O for the masked rows, i.e. finite V; an fp16 cache can
+  // hold Inf (values past 65504), so groups are bf16-only.
+  in.tree_groups = kv_type == kernels::ElemType::kF16 ? 0 : options.attention_tree_groups;
   in.tree_mask = step.tree_mask.data();
   in.mask_indptr = step.mask_indptr.data();
   in.num_tokens = step.num_tokens();
