@@ -159,7 +159,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   // Batch-invariant trees: consecutive nodes of one tree (same real request and prefix) in
   // groups of up to max_nodes (AttentionWorkItem::nodes). A node qualifies when its keys past
   // the last tile wholly below the prefix fit in kAttnMaxGroupTailTiles tiles and its split
-  // is at most 16 tiles (the CTA's job list stays within kAttnMaxGroupJobs).
+  // is at most kAttnMaxGroupSplitTiles (the CTA's job list stays within kAttnMaxGroupJobs).
   std::vector<int32_t> group_of(r_count, 0);  // > 0: first node of a group of that size; -1: in one
   if (in.batch_invariant && in.tree_groups > 0) {
     const int32_t tile_rows = plan.wgmma ? 64 : 16;
@@ -177,7 +177,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     auto eligible = [&](int32_t v) {
       const int32_t c = plan.virt.path_base[v];
       if (c == INT32_MAX) return false;  // a causal request
-      if (plan.request_kv_chunk[v] / kAttnKvTile > 16) return false;
+      if (plan.request_kv_chunk[v] / kAttnKvTile > kAttnMaxGroupSplitTiles) return false;
       const int32_t end = in.committed_len[v] + 1;
       const int32_t tiles = (end + kAttnKvTile - 1) / kAttnKvTile;
       if (tiles > INT16_MAX) return false;  // the CTA's job list holds tile indices as int16
@@ -217,6 +217,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
       int32_t splits = 0;
       for (int32_t k = 0; k < n; ++k) splits = std::max(splits, plan.request_splits[r + k]);
       const int32_t chunk_tiles = plan.request_kv_chunk[r] / kAttnKvTile;
+      plan.tree_group_items += splits * in.num_kv_heads;
       for (int32_t s = 0; s < splits; ++s)
         for (int32_t h = 0; h < in.num_kv_heads; ++h)
           items.push_back({chunk_tiles + 2 * n, AttentionWorkItem{r, h, 0, static_cast<int16_t>(s),

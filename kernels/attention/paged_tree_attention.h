@@ -49,7 +49,9 @@ struct AttentionWorkItem {
 // past the last tile wholly below the prefix end, so a CTA's job list is bounded.
 constexpr int kAttnMaxGroupNodes = 16;
 constexpr int kAttnMaxGroupTailTiles = 2;
-constexpr int kAttnMaxGroupJobs = 64;  // >= 8 shared tiles + 16 nodes x 2, plus the count
+constexpr int kAttnMaxGroupSplitTiles = 16;  // longest split (in 64-key tiles) a group covers
+constexpr int kAttnMaxGroupJobs =
+    kAttnMaxGroupSplitTiles + kAttnMaxGroupNodes * kAttnMaxGroupTailTiles;
 
 // Host inputs of the planner.
 struct AttentionPlanInputs {
@@ -113,6 +115,7 @@ struct AttentionPlan {
   int64_t num_partial_rows = 0;              // sum over split requests of splits * T_r
   bool needs_merge = false;                  // some request has > 1 split
   int32_t max_splits_used = 1;
+  int32_t tree_group_items = 0;   // work items that are tree groups (AttentionWorkItem::nodes)
   bool batch_invariant = false;   // planned over `virt` (the launch must use its arrays)
   AttentionVirtualRequests virt;  // batch-invariant plans only
 };

@@ -292,6 +292,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   __shared__ int8_t job_node[kAttnMaxGroupJobs];
   __shared__ int node_kv_end[kAttnMaxGroupNodes];
   __shared__ int node_path_off[kAttnMaxGroupNodes];
+  __shared__ int job_count;
   if constexpr (tree_group) {
     if (warp == 0) {
       const int chunk_tiles = p.request_kv_chunk[r] / kTileN;
@@ -321,11 +322,11 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
         job_tile[i] = static_cast<int16_t>(s_begin + i);
         job_node[i] = -1;
       }
-      if (lane == 31) job_node[kAttnMaxGroupJobs - 1] = static_cast<int8_t>(shared + before);
+      if (lane == 31) job_count = shared + before;
     }
     __syncthreads();
-    num_tiles = job_node[kAttnMaxGroupJobs - 1];  // the job count (stored past the jobs)
-    kv_end = INT_MAX;                             // per job below
+    num_tiles = job_count;
+    kv_end = INT_MAX;  // shared tiles have no end; node jobs use their node's
   }
   // Job `it` of this CTA: its first key, its node (-2: an ordinary item, -1: shared prefix)
   // and the key range / path remap its loads use.
@@ -359,9 +360,9 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   };
   auto resolve_slots = [&](int it, TileSlots& ts) {
     const int n0 = job_n0(it), node = job_of(it);
-    // Shared prefix tiles lie wholly below path_base (no remap, no end); a node's tiles end at
-    // its own key count and remap from path_base through its own path.
-    const int end = node >= 0 ? node_kv_end[node] : node == -1 ? INT_MAX : kv_end;
+    // Shared prefix tiles lie wholly below path_base (no remap; kv_end is INT_MAX in a group); a
+    // node's tiles end at its own key count and remap from path_base through its own path.
+    const int end = node >= 0 ? node_kv_end[node] : kv_end;
     const int32_t* job_path = node >= 0 ? p.path + node_path_off[node] : path;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

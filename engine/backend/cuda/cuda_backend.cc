@@ -1238,9 +1238,7 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
   s.last_splits = s.plan.max_splits_used;
   s.last_tensor_core = s.plan.tensor_core;
   s.last_wgmma = s.plan.wgmma;
-  s.last_tree_groups = static_cast<int>(
-      std::count_if(s.plan.work.begin(), s.plan.work.end(),
-                    [](const kernels::AttentionWorkItem& w) { return w.nodes > 0; }));
+  s.last_tree_groups = s.plan.tree_group_items;
 }
 
 // --- step graphs ------------------------------------------------------------------------------
