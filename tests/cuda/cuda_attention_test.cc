@@ -35,6 +35,7 @@ struct AttnCase {
   int expect_splits = 0;      // > 0: the plan must split at least this much; -1: no split
   bool share_prefix = false;  // request 1 reuses request 0's full prefix blocks
   int kernel = 0;             // backend attention_kernel: 1 mma.sync, 2 wgmma
+  bool shape_tuned = false;   // the shape-tuned plan (not batch-invariant)
 };
 
 std::vector<Req> mixed_requests() {
@@ -82,7 +83,7 @@ void run_case(const AttnCase& c) {
   opts.attention_tree_groups = 2;
   // Cases about the split-KV choice test the shape-tuned plan; the others the batch-invariant
   // one (the default).
-  opts.batch_invariant = c.max_splits == 0 && c.expect_splits == 0;
+  opts.batch_invariant = c.max_splits == 0 && c.expect_splits == 0 && !c.shape_tuned;
   CudaBackend gpu(opts);
   cpu.allocate_kv(kv);
   gpu.allocate_kv(kv);
@@ -275,6 +276,29 @@ std::vector<AttnCase> cases() {
         "llama8b_heads_trees", 32, 8, 128, {{100, 64, true}, {77, 16, true}, {300, 1, false}}};
     c.share_prefix = true;
     v.push_back(c);
+  }
+  {  // The shape-tuned plan (row tiles of 16 / 32 / 64 by request, splits from the shape) over
+     // the mixed batch: GQA 1 / 4 / 8, fp16, block size 8, and the Llama-3-8B grouping.
+    for (int32_t g : {1, 4, 8}) {
+      AttnCase c{"mixed_d128_g" + std::to_string(g) + "_tuned", 2 * g, 2, 128, mixed_requests()};
+      c.shape_tuned = true;
+      v.push_back(c);
+    }
+    AttnCase f{"mixed_d128_g4_f16_tuned", 8, 2, 128, mixed_requests(), DType::kF16};
+    f.shape_tuned = true;
+    v.push_back(f);
+    AttnCase b8{"mixed_d128_g4_block8_tuned", 8, 2, 128, mixed_requests()};
+    b8.block_size = 8;
+    b8.shape_tuned = true;
+    v.push_back(b8);
+    AttnCase l{"llama8b_heads_trees_tuned",
+               32,
+               8,
+               128,
+               {{100, 64, true}, {77, 16, true}, {300, 1, false}}};
+    l.share_prefix = true;
+    l.shape_tuned = true;
+    v.push_back(l);
   }
   // Every tensor-core case through mma.sync, and the head_dim 128 ones through wgmma too.
   std::vector<AttnCase> all;
