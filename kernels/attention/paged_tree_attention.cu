@@ -108,6 +108,9 @@ __global__ void __launch_bounds__(kGenericWarps * 32)
 // out[n, h] = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M) over the splits of n's request.
 // One warp per (row, head): the lanes reduce over the splits (max, then weights into shared
 // memory), then over head_dim with the split loop unrolled so the partial loads overlap.
+// Launched as a programmatic dependent of the attention kernel (sm_90): its CTAs may start
+// while the attention CTAs still run, read the step metadata (written before the attention
+// launch), and wait for the attention grid's completion only before reading the partials.
 __global__ void __launch_bounds__(128) attention_merge_kernel(const PagedTreeAttentionParams p) {
   __shared__ float weights[4][kAttnMaxSplits];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -122,6 +125,7 @@ __global__ void __launch_bounds__(128) attention_merge_kernel(const PagedTreeAtt
   const int tree_len = p.qo_indptr[r + 1] - q0;
   const int D = p.head_dim;
   const int64_t first = static_cast<int64_t>(p.request_partial_row[r]) + (n - q0);
+  grid_dependency_wait();  // the attention grid's partials and LSEs are complete from here
   const int64_t row_stride = static_cast<int64_t>(tree_len) * p.num_q_heads;  // between splits
   const float* lse = p.partial_lse + first * p.num_q_heads + h;
   float mx = -INFINITY;
@@ -164,8 +168,19 @@ cudaError_t launch_tree_attention_generic(const PagedTreeAttentionParams& p, cud
 cudaError_t launch_attention_merge(const PagedTreeAttentionParams& p, cudaStream_t stream) {
   const int64_t units = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
   if (units == 0) return cudaSuccess;
-  attention_merge_kernel<<<static_cast<unsigned>((units + 3) / 4), 128, 0, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((units + 3) / 4));
+  config.blockDim = dim3(128);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  // Programmatic dependent launch (sm_90+): the merge's launch and metadata loads overlap the
+  // attention kernel's tail; its grid_dependency_wait() orders the partial reads.
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = p.wgmma ? 1 : 0;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&config, attention_merge_kernel, p);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 __global__ void wgmma_probe_kernel(int* out) {

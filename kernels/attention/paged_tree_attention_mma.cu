@@ -706,6 +706,9 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
 template <typename KvT, int D, bool kWgmma>
 __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
     tree_attention_mma_kernel(const PagedTreeAttentionParams p) {
+  // The split merge (a programmatic dependent launch) may start now: it waits for this whole
+  // grid's completion before it reads any partial.
+  trigger_dependent_launch();
   const AttentionWorkItem item = p.work[blockIdx.x];
   if (item.request < 0) return;  // padding of a grid rounded up to a bucket (step graphs)
   if (item.nodes > 0)
