@@ -8,6 +8,7 @@
 
 #include "kernels/attention/attention_internal.cuh"
 #include "kernels/common/device_utils.cuh"
+#include "kernels/common/pdl_launch.cuh"
 #include "kernels/common/wgmma.cuh"
 
 namespace arbor::kernels {
@@ -23,6 +24,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 template <typename KvT>
 __global__ void __launch_bounds__(kGenericWarps * 32)
     tree_attention_generic_kernel(const PagedTreeAttentionParams p) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   __shared__ float q_smem[kGenericWarps][kAttnMaxGenericHeadDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * kGenericWarps + warp;
@@ -159,28 +161,19 @@ cudaError_t launch_tree_attention_generic(const PagedTreeAttentionParams& p, cud
   if (units == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((units + kGenericWarps - 1) / kGenericWarps);
   if (p.kv_type == ElemType::kBF16)
-    tree_attention_generic_kernel<__nv_bfloat16><<<blocks, kGenericWarps * 32, 0, stream>>>(p);
-  else
-    tree_attention_generic_kernel<__half><<<blocks, kGenericWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+    return launch_pdl(tree_attention_generic_kernel<__nv_bfloat16>, dim3(blocks),
+                      dim3(kGenericWarps * 32), 0, stream, p);
+  return launch_pdl(tree_attention_generic_kernel<__half>, dim3(blocks), dim3(kGenericWarps * 32),
+                    0, stream, p);
 }
 
 cudaError_t launch_attention_merge(const PagedTreeAttentionParams& p, cudaStream_t stream) {
   const int64_t units = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
   if (units == 0) return cudaSuccess;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((units + 3) / 4));
-  config.blockDim = dim3(128);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  // Programmatic dependent launch (sm_90+): the merge's launch and metadata loads overlap the
-  // attention kernel's tail; its grid_dependency_wait() orders the partial reads.
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = p.wgmma ? 1 : 0;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&config, attention_merge_kernel, p);
-  return e != cudaSuccess ? e : cudaGetLastError();
+  // A programmatic dependent of the attention kernel: its launch and metadata loads overlap
+  // the attention's tail; its grid_dependency_wait() orders the partial reads.
+  return launch_pdl(attention_merge_kernel, dim3(static_cast<unsigned>((units + 3) / 4)), dim3(128),
+                    0, stream, p);
 }
 
 __global__ void wgmma_probe_kernel(int* out) {

@@ -10,6 +10,7 @@
 
 #include "kernels/attention/attention_internal.cuh"
 #include "kernels/common/device_utils.cuh"
+#include "kernels/common/pdl_launch.cuh"
 #include "kernels/common/wgmma.cuh"
 
 namespace arbor::kernels::detail {
@@ -398,10 +399,11 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   // Prologue: tiles 0 and 1 in flight (one commit group each, empty groups included, so the
   // wait counts below hold for any tile count); the slots of tile 2 resolved.
   TileSlots slots;
-  if (num_tiles > 0) {
-    resolve_slots(0, slots);
-    load_tile(0, slots);
-  }
+  if (num_tiles > 0) resolve_slots(0, slots);  // block tables: written before the previous kernel
+  // Launched as a programmatic dependent (pdl_launch.cuh): Q and the K/V written by the kernels
+  // before this one are read only from here.
+  grid_dependency_wait();
+  if (num_tiles > 0) load_tile(0, slots);
   cp_async_commit();
   if (num_tiles > 1) {
     resolve_slots(1, slots);
@@ -728,8 +730,8 @@ cudaError_t launch_typed(const PagedTreeAttentionParams& p, cudaStream_t stream)
     if (e != cudaSuccess) return e;
     configured = true;
   }
-  tree_attention_mma_kernel<KvT, D, kWgmma><<<p.num_work, kAttnThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(tree_attention_mma_kernel<KvT, D, kWgmma>, dim3(p.num_work), dim3(kAttnThreads),
+                    smem, stream, p);
 }
 
 template <int D, bool kWgmma>

@@ -1,5 +1,6 @@
 // Grid-stride elementwise kernels; memory-bound, so one simple form serves every dtype mix.
 #include "kernels/common/device_utils.cuh"
+#include "kernels/common/pdl_launch.cuh"
 #include "kernels/elementwise/elementwise.h"
 
 namespace arbor::kernels {
@@ -14,12 +15,14 @@ unsigned blocks_for(int64_t n) {
 }
 
 __global__ void add_kernel(const AddParams p) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     store_elem(p.out, p.out_type, i, load_elem(p.a, p.a_type, i) + load_elem(p.b, p.b_type, i));
 }
 
 __global__ void silu_mul_kernel(const SiluMulParams p) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = load_elem(p.gate, p.gate_type, i);
@@ -28,12 +31,14 @@ __global__ void silu_mul_kernel(const SiluMulParams p) {
 }
 
 __global__ void convert_kernel(const ConvertParams p) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     store_elem(p.dst, p.dst_type, i, load_elem(p.src, p.src_type, i));
 }
 
 __global__ void add_bias_kernel(const AddBiasParams p) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   const int64_t n = p.rows * p.cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -41,6 +46,7 @@ __global__ void add_bias_kernel(const AddBiasParams p) {
 }
 
 __global__ void gather_rows_kernel(const GatherRowsParams p) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   const int64_t n = p.num_rows * p.cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -75,32 +81,29 @@ cudaError_t launch_fill_random(const FillRandomParams& p, cudaStream_t stream) {
 
 cudaError_t launch_add(const AddParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  add_kernel<<<blocks_for(p.n), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(add_kernel, dim3(blocks_for(p.n)), dim3(kThreads), 0, stream, p);
 }
 
 cudaError_t launch_silu_mul(const SiluMulParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  silu_mul_kernel<<<blocks_for(p.n), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(silu_mul_kernel, dim3(blocks_for(p.n)), dim3(kThreads), 0, stream, p);
 }
 
 cudaError_t launch_convert(const ConvertParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  convert_kernel<<<blocks_for(p.n), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(convert_kernel, dim3(blocks_for(p.n)), dim3(kThreads), 0, stream, p);
 }
 
 cudaError_t launch_add_bias(const AddBiasParams& p, cudaStream_t stream) {
   if (p.rows * p.cols == 0) return cudaSuccess;
-  add_bias_kernel<<<blocks_for(p.rows * p.cols), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(add_bias_kernel, dim3(blocks_for(p.rows * p.cols)), dim3(kThreads), 0, stream,
+                    p);
 }
 
 cudaError_t launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream) {
   if (p.num_rows == 0 || p.cols == 0) return cudaSuccess;
-  gather_rows_kernel<<<blocks_for(p.num_rows * p.cols), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(gather_rows_kernel, dim3(blocks_for(p.num_rows * p.cols)), dim3(kThreads), 0,
+                    stream, p);
 }
 
 }  // namespace arbor::kernels

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/common/pdl_launch.cuh"
 #include "kernels/elementwise/split_cols.h"
 
 namespace arbor::kernels {
 namespace {
 
 __global__ void split_cols_kernel(const SplitColsParams p, int64_t cols, int vec) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   const int64_t row = blockIdx.y;
   const float* x = p.x + row * cols;
   for (int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * vec; c < cols;
@@ -36,9 +38,9 @@ cudaError_t launch_split_cols(const SplitColsParams& p, cudaStream_t stream) {
   const int vec = aligned ? 4 : 1;
   const int threads = 256;
   const int64_t blocks_x = std::min<int64_t>((cols / vec + threads - 1) / threads, 64);
-  split_cols_kernel<<<dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(p.rows)), threads,
-                      0, stream>>>(p, cols, vec);
-  return cudaGetLastError();
+  return launch_pdl(split_cols_kernel,
+                    dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(p.rows)),
+                    dim3(threads), 0, stream, p, cols, vec);
 }
 
 }  // namespace arbor::kernels

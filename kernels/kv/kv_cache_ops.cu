@@ -1,6 +1,7 @@
 // KV write (fp32 activations -> 16-bit cache rows at slots) and compaction (gather to staging,
 // then scatter), with 16-byte moves when rows allow it.
 #include "kernels/common/device_utils.cuh"
+#include "kernels/common/pdl_launch.cuh"
 #include "kernels/kv/kv_cache_ops.h"
 
 namespace arbor::kernels {
@@ -15,6 +16,7 @@ unsigned blocks_for(int64_t n) {
 }
 
 __global__ void write_kv_kernel(const WriteKvParams p) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   const int64_t n = p.num_tokens * p.width;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -60,8 +62,8 @@ cudaError_t copy_kv_typed(const CopyKvParams& p, cudaStream_t stream) {
 
 cudaError_t launch_write_kv(const WriteKvParams& p, cudaStream_t stream) {
   if (p.num_tokens * p.width == 0) return cudaSuccess;
-  write_kv_kernel<<<blocks_for(p.num_tokens * p.width), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(write_kv_kernel, dim3(blocks_for(p.num_tokens * p.width)), dim3(kThreads), 0,
+                    stream, p);
 }
 
 cudaError_t launch_copy_kv(const CopyKvParams& p, cudaStream_t stream) {

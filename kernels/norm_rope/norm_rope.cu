@@ -1,5 +1,6 @@
 // RMSNorm (one block per row, fp32 sum of squares) and RoPE (one thread per rotated pair).
 #include "kernels/common/device_utils.cuh"
+#include "kernels/common/pdl_launch.cuh"
 #include "kernels/norm_rope/norm_rope.h"
 
 namespace arbor::kernels {
@@ -9,6 +10,7 @@ namespace {
 constexpr int kNormThreads = 256;
 
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const RmsNormParams p) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   __shared__ float partial[kNormThreads / 32];
   const int64_t row = blockIdx.x;
   const int64_t base = row * p.cols;
@@ -34,6 +36,7 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const RmsNormPar
 }
 
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(const AddRmsNormParams p) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   __shared__ float partial[kNormThreads / 32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * p.cols;
   float ss = 0.f;
@@ -58,6 +61,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(const AddRms
 }
 
 __global__ void rope_kernel(const RopeParams p) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   const int half = p.head_dim / 2;
   const int heads = p.num_q_heads + p.num_k_heads;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -83,24 +87,24 @@ cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   const int threads =
       p.cols >= kNormThreads ? kNormThreads : 32 * static_cast<int>((p.cols + 31) / 32);
-  rms_norm_kernel<<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(rms_norm_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(threads), 0, stream,
+                    p);
 }
 
 cudaError_t launch_add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   const int threads =
       p.cols >= kNormThreads ? kNormThreads : 32 * static_cast<int>((p.cols + 31) / 32);
-  add_rms_norm_kernel<<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(add_rms_norm_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(threads), 0,
+                    stream, p);
 }
 
 cudaError_t launch_rope(const RopeParams& p, cudaStream_t stream) {
   const int64_t total =
       static_cast<int64_t>(p.num_tokens) * (p.num_q_heads + p.num_k_heads) * (p.head_dim / 2);
   if (total == 0) return cudaSuccess;
-  rope_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(rope_kernel, dim3(static_cast<unsigned>((total + 255) / 256)), dim3(256), 0,
+                    stream, p);
 }
 
 }  // namespace arbor::kernels

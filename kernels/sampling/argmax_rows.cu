@@ -5,6 +5,7 @@
 // reduction order: bit-identical to the host's std::max_element.
 #include <cmath>
 
+#include "kernels/common/pdl_launch.cuh"
 #include "kernels/sampling/argmax_rows.h"
 
 namespace arbor::kernels {
@@ -47,6 +48,7 @@ __device__ __forceinline__ Best warp_reduce(Best b) {
 }
 
 __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const ArgmaxRowsParams p) {
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   const int64_t row = blockIdx.x;
   const float* x = p.logits + row * p.cols;
   Best b{-INFINITY, kNoIndex, false, false};
@@ -75,8 +77,8 @@ __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const ArgmaxRowsP
 cudaError_t launch_argmax_rows(const ArgmaxRowsParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
   if (p.cols <= 0 || p.cols >= kNoIndex || p.num_rows > 0x7fffffff) return cudaErrorInvalidValue;
-  argmax_rows_kernel<<<static_cast<unsigned>(p.num_rows), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pdl(argmax_rows_kernel, dim3(static_cast<unsigned>(p.num_rows)), dim3(kThreads), 0,
+                    stream, p);
 }
 
 }  // namespace arbor::kernels

@@ -1,0 +1,44 @@
+// Kernel launches as programmatic dependents (PDL, sm_90+): a kernel launched this way may be
+// scheduled while the kernel before it in the stream still runs; it calls pdl_wait() before
+// its first access to memory that kernel may write, so results and ordering are unchanged and
+// only the launch gap between the two is hidden. Kernels that call pdl_wait() are correct
+// with or without the attribute (the wait is then a no-op). ARBOR_PDL=0 turns it off.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "kernels/common/device_utils.cuh"
+
+namespace arbor::kernels {
+
+// Whether launches carry the PDL attribute: a GPU of compute capability 9 or later and
+// ARBOR_PDL unset or not 0. Read once per process.
+bool pdl_enabled();
+
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+// In a kernel: wait for the previous kernel's completion (and its memory), then let the next
+// kernel be scheduled.
+__device__ __forceinline__ void pdl_wait_then_trigger() {
+  grid_dependency_wait();
+  trigger_dependent_launch();
+}
+
+}  // namespace arbor::kernels
