@@ -147,9 +147,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[D / 8]
                                              const uint32_t* mask, int words, const int (&rows)[2],
                                              int total_rows, int group, float scale_log2,
                                              int job_node, int job_end) {
+  // The thread's two rows go through each phase together (their reductions, shuffles and
+  // exponentials are independent), so one row's latency hides behind the other's work; each
+  // row's own arithmetic and its order are those of a row processed alone.
+  if (need_mask) {  // warp-uniform: prefix tiles skip this entirely
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (need_mask) {  // warp-uniform: prefix tiles skip this entirely
+    for (int h = 0; h < 2; ++h) {
       // A tree-group node job: only that node's rows see its keys (all below its end); the
       // others see nothing, an exact no-op of their state.
       const uint64_t vis = rows[h] >= total_rows ? 0ull
@@ -168,45 +171,67 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[D / 8]
         }
       }
     }
-    // Row max and sum as balanced trees (dependency depth 4 instead of chains of 16 / 32).
-    float part[8];
+  }
+  // Row max and sum as balanced trees (dependency depth 4 instead of chains of 16 / 32).
+  float part[2][8];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
-      part[nt] = nt < warp_ntiles ? fmaxf(s[nt][2 * h], s[nt][2 * h + 1]) : -INFINITY;
+      part[h][nt] = nt < warp_ntiles ? fmaxf(s[nt][2 * h], s[nt][2 * h + 1]) : -INFINITY;
 #pragma unroll
-    for (int w = 4; w >= 1; w /= 2)
+  for (int w = 4; w >= 1; w /= 2)
 #pragma unroll
-      for (int nt = 0; nt < w; ++nt) part[nt] = fmaxf(part[nt], part[nt + w]);
-    float mx = part[0];
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int nt = 0; nt < w; ++nt) part[h][nt] = fmaxf(part[h][nt], part[h][nt + w]);
+  float mx[2] = {part[0][0], part[1][0]};
+#pragma unroll
+  for (int d = 1; d <= 2; d *= 2) {
+    const float o0 = __shfl_xor_sync(0xffffffffu, mx[0], d);
+    const float o1 = __shfl_xor_sync(0xffffffffu, mx[1], d);
+    mx[0] = fmaxf(mx[0], o0);
+    mx[1] = fmaxf(mx[1], o1);
+  }
+  float alpha[2], m_use[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
     // Running max in the scaled (log2) domain; scale > 0 keeps the order of raw scores.
-    const float m_new = fmaxf(m_run[h], mx * scale_log2);
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    const float alpha = fast_exp2(m_run[h] - m_use);
+    const float m_new = fmaxf(m_run[h], mx[h] * scale_log2);
+    m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+    alpha[h] = fast_exp2(m_run[h] - m_use[h]);
     m_run[h] = m_new;
+  }
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
       if (nt < warp_ntiles) {
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          s[nt][2 * h + e] = fast_exp2(fmaf(s[nt][2 * h + e], scale_log2, -m_use));
-        part[nt] = s[nt][2 * h] + s[nt][2 * h + 1];
+          s[nt][2 * h + e] = fast_exp2(fmaf(s[nt][2 * h + e], scale_log2, -m_use[h]));
+        part[h][nt] = s[nt][2 * h] + s[nt][2 * h + 1];
       } else {
-        part[nt] = 0.f;
+        part[h][nt] = 0.f;
       }
     }
+  }
 #pragma unroll
-    for (int w = 4; w >= 1; w /= 2)
+  for (int w = 4; w >= 1; w /= 2)
 #pragma unroll
-      for (int nt = 0; nt < w; ++nt) part[nt] += part[nt + w];
-    l_run[h] = l_run[h] * alpha + part[0];
-    if (__any_sync(0xffffffffu, alpha != 1.f)) {  // the running max moved for some row
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        o[dt][2 * h] *= alpha;
-        o[dt][2 * h + 1] *= alpha;
-      }
+      for (int nt = 0; nt < w; ++nt) part[h][nt] += part[h][nt + w];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + part[h][0];
+  // One vote for both rows: multiplying a row whose max did not move by alpha = 1 is exact.
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      o[dt][0] *= alpha[0];
+      o[dt][1] *= alpha[0];
+      o[dt][2] *= alpha[1];
+      o[dt][3] *= alpha[1];
     }
   }
 }
