@@ -103,7 +103,10 @@ __global__ void __launch_bounds__(kGenericWarps * 32)
 #pragma unroll
   for (int k = 0; k < kMaxDimsPerLane; ++k) {
     const int d = lane + 32 * k;
-    if (d < D) store_elem(p.out, p.io_type, q_base + d, o[k] * inv);
+    if (d < D) {
+      store_elem(p.out, p.io_type, q_base + d, o[k] * inv);
+      if (p.out_bf16 != nullptr) store_elem(p.out_bf16, ElemType::kBF16, q_base + d, o[k] * inv);
+    }
   }
 }
 
@@ -151,6 +154,7 @@ __global__ void __launch_bounds__(128) attention_merge_kernel(const PagedTreeAtt
 #pragma unroll 8
     for (int s = 0; s < splits; ++s) acc += weights[warp][s] * part[s * part_stride + d];
     store_elem(p.out, p.io_type, out_base + d, acc * inv);
+    if (p.out_bf16 != nullptr) store_elem(p.out_bf16, ElemType::kBF16, out_base + d, acc * inv);
   }
 }
 

@@ -637,9 +637,12 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
       if (!partial) {
         const int64_t base = (target * p.num_q_heads + head) * D;
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-          store_pair(p.out, p.io_type, base + dt * 8 + (lane % 4) * 2, o[dt][2 * h] * inv,
-                     o[dt][2 * h + 1] * inv);
+        for (int dt = 0; dt < D / 8; ++dt) {
+          const float a = o[dt][2 * h] * inv, b = o[dt][2 * h + 1] * inv;
+          store_pair(p.out, p.io_type, base + dt * 8 + (lane % 4) * 2, a, b);
+          if (p.out_bf16 != nullptr)
+            store_pair(p.out_bf16, ElemType::kBF16, base + dt * 8 + (lane % 4) * 2, a, b);
+        }
       } else {
         const int64_t prow_global = target;
         float* dst = p.partial_out + (prow_global * p.num_q_heads + head) * D;
@@ -718,7 +721,10 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     if (!partial) {
       const int64_t base = (target * p.num_q_heads + h) * D + d;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) store_elem(p.out, p.io_type, base + e, v[e]);
+      for (int e = 0; e < 4; ++e) {
+        store_elem(p.out, p.io_type, base + e, v[e]);
+        if (p.out_bf16 != nullptr) store_elem(p.out_bf16, ElemType::kBF16, base + e, v[e]);
+      }
     } else {
       const int64_t prow_global = target;
       float* dst = p.partial_out + (prow_global * p.num_q_heads + h) * D + d;

@@ -26,7 +26,9 @@ __global__ void silu_mul_kernel(const SiluMulParams p) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = load_elem(p.gate, p.gate_type, i);
-    store_elem(p.out, p.out_type, i, (g / (1.0f + expf(-g))) * load_elem(p.up, p.up_type, i));
+    const float v = (g / (1.0f + expf(-g))) * load_elem(p.up, p.up_type, i);
+    store_elem(p.out, p.out_type, i, v);
+    if (p.out_bf16 != nullptr) store_elem(p.out_bf16, ElemType::kBF16, i, v);
   }
 }
 

@@ -28,6 +28,7 @@ struct SiluMulParams {
   void* out = nullptr;
   ElemType gate_type = ElemType::kF32, up_type = ElemType::kF32, out_type = ElemType::kF32;
   int64_t n = 0;
+  void* out_bf16 = nullptr;  // optional bf16 copy of out (the next linear's GEMM input)
 };
 cudaError_t launch_silu_mul(const SiluMulParams& p, cudaStream_t stream);
 

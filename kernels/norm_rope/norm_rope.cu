@@ -30,9 +30,11 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const RmsNormPar
   __syncthreads();
   // Same order of operations as the CPU reference (transformers' LlamaRMSNorm in fp32).
   const float inv = 1.0f / sqrtf(partial[0] / static_cast<float>(p.cols) + p.eps);
-  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x)
-    store_elem(p.out, p.out_type, base + c,
-               p.weight[c] * (load_elem(p.x, p.x_type, base + c) * inv));
+  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) {
+    const float v = p.weight[c] * (load_elem(p.x, p.x_type, base + c) * inv);
+    store_elem(p.out, p.out_type, base + c, v);
+    if (p.out_bf16 != nullptr) store_elem(p.out_bf16, ElemType::kBF16, base + c, v);
+  }
 }
 
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(const AddRmsNormParams p) {
@@ -56,8 +58,11 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(const AddRms
   __syncthreads();
   const float inv = 1.0f / sqrtf(partial[0] / static_cast<float>(p.cols) + p.eps);
   // Each thread re-reads only the sums it wrote itself.
-  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x)
-    p.out[base + c] = p.weight[c] * (p.sum[base + c] * inv);
+  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) {
+    const float v = p.weight[c] * (p.sum[base + c] * inv);
+    p.out[base + c] = v;
+    if (p.out_bf16 != nullptr) store_elem(p.out_bf16, ElemType::kBF16, base + c, v);
+  }
 }
 
 __global__ void rope_kernel(const RopeParams p) {

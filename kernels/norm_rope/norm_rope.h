@@ -15,6 +15,9 @@ struct RmsNormParams {
   const void* x = nullptr;        // [rows, cols] x_type
   const float* weight = nullptr;  // [cols] fp32
   void* out = nullptr;            // [rows, cols] out_type (may alias x)
+  // Optional [rows, cols] bf16 copy of an fp32 `out` (round to nearest): the next linear's
+  // GEMM input, so it needs no conversion launch of its own.
+  void* out_bf16 = nullptr;
   ElemType x_type = ElemType::kF32;
   ElemType out_type = ElemType::kF32;
   int64_t rows = 0;
@@ -31,6 +34,7 @@ struct AddRmsNormParams {
   float* sum = nullptr;           // [rows, cols] the residual stream after the add
   const float* weight = nullptr;  // [cols]
   float* out = nullptr;           // [rows, cols] (may alias sum)
+  void* out_bf16 = nullptr;       // optional [rows, cols] bf16 copy of out (RmsNormParams)
   int64_t rows = 0;
   int64_t cols = 0;
   float eps = 1e-5f;

@@ -249,7 +249,23 @@ struct CudaBackend::State {
   bool add_pending = false;
   kernels::AddParams pending_add;
 
+  // The bf16 GEMM input written by the op before (RMSNorm, SiLU * up, attention write a bf16
+  // copy of their fp32 output into gemm_input): valid for the very next op only (every op's
+  // flush() ends it), which uses it when it is a linear() reading that output.
+  const void* bf16_copy_of = nullptr;  // the fp32 tensor gemm_input holds a copy of
+  int64_t bf16_copy_numel = 0;
+
+  // Room for a bf16 copy of an fp32 [numel] op output in gemm_input, remembered for the next
+  // linear(); returns where to write it.
+  void* bf16_copy_for(const void* out, int64_t numel) {
+    gemm_input.ensure(static_cast<size_t>(numel) * 2 + 16, "linear");
+    bf16_copy_of = out;
+    bf16_copy_numel = numel;
+    return gemm_input.ptr;
+  }
+
   void flush() {
+    bf16_copy_of = nullptr;
     if (add_pending) {
       add_pending = false;
       cuda_check(kernels::launch_add(pending_add, stream), "add");
@@ -840,6 +856,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, co
     f.cols = x.cols;
     f.eps = static_cast<float>(eps);
     s.flush();
+    f.out_bf16 = s.bf16_copy_for(out.data, out.numel());
     cuda_check(kernels::launch_add_rms_norm(f, s.stream), "add + rms_norm");
     return;
   }
@@ -853,6 +870,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, co
   p.rows = x.rows;
   p.cols = x.cols;
   p.eps = static_cast<float>(eps);
+  if (out.dtype == DType::kF32) p.out_bf16 = s.bf16_copy_for(out.data, out.numel());
   cuda_check(kernels::launch_rms_norm(p, s_->stream), "rms_norm");
 }
 
@@ -868,6 +886,9 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
     throw_error(ErrorCode::kInvalidArgument,
                 "linear: bias " + shape(bias) + " for " + std::to_string(w.rows) + " outputs");
   if (x.rows == 0) return;
+  // The op just before wrote x's bf16 copy into gemm_input (bf16_copy_for): no conversion.
+  const bool have_bf16_copy =
+      x.dtype == DType::kF32 && s.bf16_copy_of == x.data && s.bf16_copy_numel == x.numel();
   if (x.dtype == DType::kF32 && x.rows <= s.options.skinny_gemm_max_rows &&
       !s.options.batch_invariant) {
     const kernels::SkinnyGemmSegment seg{w.data, static_cast<const float*>(bias.data),
@@ -905,11 +926,13 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
   s.flush();
   const void* xin = x.data;
   if (x.dtype != DType::kBF16) {  // round the activations to bf16 for the tensor cores
-    s.gemm_input.ensure(static_cast<size_t>(x.numel()) * 2 + 16, "linear");
-    cuda_check(kernels::launch_convert(
-                   {x.data, s.gemm_input.ptr, elem(x.dtype), kernels::ElemType::kBF16, x.numel()},
-                   s.stream),
-               "linear convert");
+    if (!have_bf16_copy) {
+      s.gemm_input.ensure(static_cast<size_t>(x.numel()) * 2 + 16, "linear");
+      cuda_check(kernels::launch_convert(
+                     {x.data, s.gemm_input.ptr, elem(x.dtype), kernels::ElemType::kBF16, x.numel()},
+                     s.stream),
+                 "linear convert");
+    }
     xin = s.gemm_input.ptr;
   }
   const float alpha = 1.f, beta = 0.f;
@@ -1026,10 +1049,10 @@ void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& o
   s_->flush();
   check_same_shape(gate, up, "silu_mul");
   check_same_shape(gate, out, "silu_mul");
-  cuda_check(kernels::launch_silu_mul({gate.data, up.data, out.data, elem(gate.dtype),
-                                       elem(up.dtype), elem(out.dtype), gate.numel()},
-                                      s_->stream),
-             "silu_mul");
+  kernels::SiluMulParams p{gate.data,      up.data,         out.data,    elem(gate.dtype),
+                           elem(up.dtype), elem(out.dtype), gate.numel()};
+  if (out.dtype == DType::kF32) p.out_bf16 = s_->bf16_copy_for(out.data, out.numel());
+  cuda_check(kernels::launch_silu_mul(p, s_->stream), "silu_mul");
 }
 
 void CudaBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& rp) {
@@ -1234,6 +1257,7 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
   }
   p.partial_out = static_cast<float*>(s.partial_out.ptr);
   p.partial_lse = static_cast<float*>(s.partial_lse.ptr);
+  if (out.dtype == DType::kF32) p.out_bf16 = s.bf16_copy_for(out.data, out.numel());
   cuda_check(kernels::launch_paged_tree_attention(p, s.stream), "paged_tree_attention");
   s.last_splits = s.plan.max_splits_used;
   s.last_tensor_core = s.plan.tensor_core;
