@@ -115,22 +115,24 @@ __global__ void __launch_bounds__(kGenericWarps * 32)
 // memory), then over head_dim with the split loop unrolled so the partial loads overlap.
 // Launched as a programmatic dependent of the attention kernel (sm_90): its CTAs may start
 // while the attention CTAs still run, read the step metadata (written before the attention
-// launch), and wait for the attention grid's completion only before reading the partials.
+// launch), and wait for the attention grid's completion before reading the partials. Every
+// thread waits, also those with nothing to merge: a grid that completed without waiting would
+// let the kernel after it (which waits only for this grid) run before the attention finished.
 __global__ void __launch_bounds__(128) attention_merge_kernel(const PagedTreeAttentionParams p) {
   __shared__ float weights[4][kAttnMaxSplits];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * 4 + warp;
-  if (unit >= static_cast<int64_t>(p.num_tokens) * p.num_q_heads) return;
-  const int n = static_cast<int>(unit / p.num_q_heads);
-  const int h = static_cast<int>(unit % p.num_q_heads);
-  const int r = p.token_request[n];
-  const int splits = p.request_splits[r];
-  if (splits <= 1) return;  // written directly by the attention kernel
+  const bool in_range = unit < static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  const int n = in_range ? static_cast<int>(unit / p.num_q_heads) : 0;
+  const int h = in_range ? static_cast<int>(unit % p.num_q_heads) : 0;
+  const int r = in_range ? p.token_request[n] : 0;
+  const int splits = in_range ? p.request_splits[r] : 0;
+  grid_dependency_wait();  // the attention grid's partials and LSEs are complete from here
+  if (!in_range || splits <= 1) return;  // split-free rows: written by the attention kernel
   const int q0 = p.qo_indptr[r];
   const int tree_len = p.qo_indptr[r + 1] - q0;
   const int D = p.head_dim;
   const int64_t first = static_cast<int64_t>(p.request_partial_row[r]) + (n - q0);
-  grid_dependency_wait();  // the attention grid's partials and LSEs are complete from here
   const int64_t row_stride = static_cast<int64_t>(tree_len) * p.num_q_heads;  // between splits
   const float* lse = p.partial_lse + first * p.num_q_heads + h;
   float mx = -INFINITY;

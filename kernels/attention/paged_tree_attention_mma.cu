@@ -743,7 +743,10 @@ __global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
   // grid's completion before it reads any partial.
   trigger_dependent_launch();
   const AttentionWorkItem item = p.work[blockIdx.x];
-  if (item.request < 0) return;  // padding of a grid rounded up to a bucket (step graphs)
+  if (item.request < 0) {    // padding of a grid rounded up to a bucket (step graphs)
+    grid_dependency_wait();  // complete only after the kernels before (pdl_launch.cuh)
+    return;
+  }
   if (item.nodes > 0)
     attention_cta<KvT, D, kWgmma, true>(p, item);
   else

@@ -10,12 +10,9 @@
 #include <utility>
 
 #include "kernels/common/device_utils.cuh"
+#include "kernels/common/pdl.h"
 
 namespace arbor::kernels {
-
-// Whether launches carry the PDL attribute: a GPU of compute capability 9 or later and
-// ARBOR_PDL unset or not 0. Read once per process.
-bool pdl_enabled();
 
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,

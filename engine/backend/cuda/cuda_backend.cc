@@ -18,6 +18,7 @@
 #include "engine/backend/step_graphs.h"
 #include "engine/core/error.h"
 #include "kernels/attention/paged_tree_attention.h"
+#include "kernels/common/pdl.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/elementwise/gather_values.h"
 #include "kernels/elementwise/split_cols.h"
@@ -324,6 +325,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : s_(std::make_uniqu
   cuda_check(cudaDeviceGetAttribute(&s_->num_sms, cudaDevAttrMultiProcessorCount, options.device),
              "cudaDeviceGetAttribute");
   cuda_check(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  kernels::pdl_enabled();  // its one-time probe now, never inside a step-graph capture
   cublas_check(cublasCreate(&s_->cublas), "cublasCreate");
   cublas_check(cublasSetStream(s_->cublas, s_->stream), "cublasSetStream");
   constexpr size_t kCublasWorkspaceBytes = 32u << 20;
