@@ -131,8 +131,8 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in);
 
 struct PagedTreeAttentionParams {
   // Tensors (device).
-  const void* q = nullptr;        // [num_tokens, num_q_heads * head_dim] io_type
-  void* out = nullptr;            // [num_tokens, num_q_heads * head_dim] io_type
+  const void* q = nullptr;  // [num_tokens, num_q_heads * head_dim] io_type
+  void* out = nullptr;      // [num_tokens, num_q_heads * head_dim] io_type
   // Optional bf16 copy of out (same layout, round to nearest): the o-projection's GEMM input.
   void* out_bf16 = nullptr;
   const void* k_cache = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim] kv_type
