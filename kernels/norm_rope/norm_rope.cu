@@ -82,8 +82,19 @@ __global__ void rope_kernel(const RopeParams p) {
                                : p.k + (n * p.num_k_heads + (h - p.num_q_heads)) * p.head_dim;
   const float x0 = x[i];
   const float x1 = x[i + half];
-  x[i] = x0 * c - x1 * s;
-  x[i + half] = x1 * c + x0 * s;
+  const float r0 = x0 * c - x1 * s;
+  const float r1 = x1 * c + x0 * s;
+  x[i] = r0;
+  x[i + half] = r1;
+  if (p.k_plane != nullptr && h >= p.num_q_heads) {  // fused write_kv of this K / V pair
+    const int64_t width = static_cast<int64_t>(p.num_k_heads) * p.head_dim;
+    const int64_t col = static_cast<int64_t>(h - p.num_q_heads) * p.head_dim + i;
+    const int64_t dst = p.slots[n] * width + col, src = n * width + col;
+    store_elem(p.k_plane, p.cache_type, dst, r0);
+    store_elem(p.k_plane, p.cache_type, dst + half, r1);
+    store_elem(p.v_plane, p.cache_type, dst, load_elem(p.v, p.v_type, src));
+    store_elem(p.v_plane, p.cache_type, dst + half, load_elem(p.v, p.v_type, src + half));
+  }
 }
 
 }  // namespace

@@ -53,6 +53,14 @@ struct RopeParams {
   int32_t num_q_heads = 0;
   int32_t num_k_heads = 0;
   int32_t head_dim = 0;
+  // Optional, fused KV write (launch_write_kv's semantics, one launch instead of two): the
+  // rotated K and V go to their cache slots in the same pass. k_plane == nullptr: no write.
+  const void* v = nullptr;         // [num_tokens, num_k_heads * head_dim] v_type
+  void* k_plane = nullptr;         // [num_slots, num_k_heads * head_dim] cache_type
+  void* v_plane = nullptr;         // [num_slots, num_k_heads * head_dim] cache_type
+  const int64_t* slots = nullptr;  // [num_tokens] device, validated by the caller
+  ElemType v_type = ElemType::kF32;
+  ElemType cache_type = ElemType::kBF16;
 };
 cudaError_t launch_rope(const RopeParams& p, cudaStream_t stream);
 

@@ -253,6 +253,10 @@ struct CudaBackend::State {
   // The bf16 GEMM input written by the op before (RMSNorm, SiLU * up, attention write a bf16
   // copy of their fp32 output into gemm_input): valid for the very next op only (every op's
   // flush() ends it), which uses it when it is a linear() reading that output.
+  // RoPE waits for the next op: when that is the write_kv of the rotated K, one fused launch.
+  bool rope_pending = false;
+  kernels::RopeParams pending_rope;
+
   const void* bf16_copy_of = nullptr;  // the fp32 tensor gemm_input holds a copy of
   int64_t bf16_copy_numel = 0;
 
@@ -267,6 +271,10 @@ struct CudaBackend::State {
 
   void flush() {
     bf16_copy_of = nullptr;
+    if (rope_pending) {
+      rope_pending = false;
+      cuda_check(kernels::launch_rope(pending_rope, stream), "rope");
+    }
     if (add_pending) {
       add_pending = false;
       cuda_check(kernels::launch_add(pending_add, stream), "add");
@@ -1090,12 +1098,16 @@ void CudaBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& rp) {
   p.num_q_heads = static_cast<int32_t>(q.cols / d);
   p.num_k_heads = static_cast<int32_t>(k.cols / d);
   p.head_dim = static_cast<int32_t>(d);
-  cuda_check(kernels::launch_rope(p, s.stream), "rope");
+  s.pending_rope = p;  // launched by the next op, fused when that is write_kv of this K
+  s.rope_pending = true;
 }
 
 void CudaBackend::write_kv(int64_t layer, const Tensor& k, const Tensor& v) {
-  s_->flush();
   State& s = *s_;
+  const bool fuse_rope = s.rope_pending && s.pending_rope.k == k.data && k.dtype == DType::kF32 &&
+                         v.dtype == DType::kF32 && k.rows == s.pending_rope.num_tokens &&
+                         k.cols == int64_t{s.pending_rope.num_k_heads} * s.pending_rope.head_dim;
+  if (!fuse_rope) s.flush();
   require_step(s.has_step, "write_kv");
   if (layer < 0 || layer >= kv_shape_.num_layers)
     throw_error(ErrorCode::kInvalidArgument, "write_kv: layer " + std::to_string(layer) + " of " +
@@ -1116,6 +1128,19 @@ void CudaBackend::write_kv(int64_t layer, const Tensor& k, const Tensor& v) {
   p.cache_type = s.kv_type;
   p.num_tokens = k.rows;
   p.width = s.kv_width;
+  if (fuse_rope) {  // RoPE of q and k, then K and V into their slots: one launch
+    kernels::RopeParams& r = s.pending_rope;
+    s.rope_pending = false;
+    r.v = v.data;
+    r.v_type = elem(v.dtype);
+    r.k_plane = p.k_plane;
+    r.v_plane = p.v_plane;
+    r.slots = p.slots;
+    r.cache_type = p.cache_type;
+    s.flush();  // nothing else is pending (rope flushed before it deferred itself)
+    cuda_check(kernels::launch_rope(r, s.stream), "rope + write_kv");
+    return;
+  }
   cuda_check(kernels::launch_write_kv(p, s.stream), "write_kv");
 }
 
