@@ -1,4 +1,5 @@
-// pdl_enabled(): the device's compute capability and the ARBOR_PDL switch, read once.
+// pdl_enabled(): the ARBOR_PDL switch, the device's compute capability and a probe of this
+// build's device code, determined once.
 #include <cstdlib>
 
 #include "kernels/common/pdl_launch.cuh"

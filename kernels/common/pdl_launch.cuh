@@ -1,8 +1,9 @@
 // Kernel launches as programmatic dependents (PDL, sm_90+): a kernel launched this way may be
-// scheduled while the kernel before it in the stream still runs; it calls pdl_wait() before
-// its first access to memory that kernel may write, so results and ordering are unchanged and
-// only the launch gap between the two is hidden. Kernels that call pdl_wait() are correct
-// with or without the attribute (the wait is then a no-op). ARBOR_PDL=0 turns it off.
+// scheduled while the kernel before it in the stream still runs; every one of its threads
+// calls grid_dependency_wait() (device_utils.cuh; pdl_wait_then_trigger() below) before its
+// first access to memory the kernels before may touch, and before exiting, so results and
+// ordering are unchanged and only the launch gap between the two is hidden. Such kernels are
+// correct with or without the attribute (the wait is then a no-op). ARBOR_PDL=0 turns it off.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -250,23 +250,27 @@ struct CudaBackend::State {
   bool add_pending = false;
   kernels::AddParams pending_add;
 
-  // The bf16 GEMM input written by the op before (RMSNorm, SiLU * up, attention write a bf16
-  // copy of their fp32 output into gemm_input): valid for the very next op only (every op's
-  // flush() ends it), which uses it when it is a linear() reading that output.
   // RoPE waits for the next op: when that is the write_kv of the rotated K, one fused launch.
   bool rope_pending = false;
   kernels::RopeParams pending_rope;
 
+  // The bf16 GEMM input written by the op before (RMSNorm, SiLU * up, attention write a bf16
+  // copy of their fp32 output into gemm_input): valid for the very next op only (every op's
+  // flush() ends it), which uses it when it is a linear() reading that output.
   const void* bf16_copy_of = nullptr;  // the fp32 tensor gemm_input holds a copy of
   int64_t bf16_copy_numel = 0;
 
+  // gemm_input sized for [numel] bf16 values.
+  void* gemm_input_for(int64_t numel) {
+    gemm_input.ensure(static_cast<size_t>(numel) * 2 + 16, "linear");
+    return gemm_input.ptr;
+  }
   // Room for a bf16 copy of an fp32 [numel] op output in gemm_input, remembered for the next
   // linear(); returns where to write it.
   void* bf16_copy_for(const void* out, int64_t numel) {
-    gemm_input.ensure(static_cast<size_t>(numel) * 2 + 16, "linear");
     bf16_copy_of = out;
     bf16_copy_numel = numel;
-    return gemm_input.ptr;
+    return gemm_input_for(numel);
   }
 
   void flush() {
@@ -936,14 +940,12 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
   s.flush();
   const void* xin = x.data;
   if (x.dtype != DType::kBF16) {  // round the activations to bf16 for the tensor cores
-    if (!have_bf16_copy) {
-      s.gemm_input.ensure(static_cast<size_t>(x.numel()) * 2 + 16, "linear");
+    xin = s.gemm_input_for(x.numel());
+    if (!have_bf16_copy)
       cuda_check(kernels::launch_convert(
                      {x.data, s.gemm_input.ptr, elem(x.dtype), kernels::ElemType::kBF16, x.numel()},
                      s.stream),
                  "linear convert");
-    }
-    xin = s.gemm_input.ptr;
   }
   const float alpha = 1.f, beta = 0.f;
   if (s.options.batch_invariant && s.options.batch_invariant_gemm == 1) {
@@ -1104,10 +1106,6 @@ void CudaBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& rp) {
 
 void CudaBackend::write_kv(int64_t layer, const Tensor& k, const Tensor& v) {
   State& s = *s_;
-  const bool fuse_rope = s.rope_pending && s.pending_rope.k == k.data && k.dtype == DType::kF32 &&
-                         v.dtype == DType::kF32 && k.rows == s.pending_rope.num_tokens &&
-                         k.cols == int64_t{s.pending_rope.num_k_heads} * s.pending_rope.head_dim;
-  if (!fuse_rope) s.flush();
   require_step(s.has_step, "write_kv");
   if (layer < 0 || layer >= kv_shape_.num_layers)
     throw_error(ErrorCode::kInvalidArgument, "write_kv: layer " + std::to_string(layer) + " of " +
@@ -1128,16 +1126,20 @@ void CudaBackend::write_kv(int64_t layer, const Tensor& k, const Tensor& v) {
   p.cache_type = s.kv_type;
   p.num_tokens = k.rows;
   p.width = s.kv_width;
+  // A pending RoPE of this K (the op just before): taken over here instead of flushed.
+  const bool fuse_rope = s.rope_pending && s.pending_rope.k == k.data && k.dtype == DType::kF32 &&
+                         v.dtype == DType::kF32 &&
+                         k.cols == int64_t{s.pending_rope.num_k_heads} * s.pending_rope.head_dim;
+  if (fuse_rope) s.rope_pending = false;
+  s.flush();
   if (fuse_rope) {  // RoPE of q and k, then K and V into their slots: one launch
     kernels::RopeParams& r = s.pending_rope;
-    s.rope_pending = false;
     r.v = v.data;
     r.v_type = elem(v.dtype);
     r.k_plane = p.k_plane;
     r.v_plane = p.v_plane;
     r.slots = p.slots;
     r.cache_type = p.cache_type;
-    s.flush();  // nothing else is pending (rope flushed before it deferred itself)
     cuda_check(kernels::launch_rope(r, s.stream), "rope + write_kv");
     return;
   }
