@@ -1,4 +1,6 @@
 // RMSNorm (one block per row, fp32 sum of squares) and RoPE (one thread per rotated pair).
+#include <cuda_bf16.h>
+
 #include "kernels/common/device_utils.cuh"
 #include "kernels/common/pdl_launch.cuh"
 #include "kernels/norm_rope/norm_rope.h"
@@ -8,6 +10,152 @@ namespace arbor::kernels {
 namespace {
 
 constexpr int kNormThreads = 256;
+
+// Fast path for fp32 rows whose width is a multiple of 4 (every model's hidden size): each
+// thread holds up to kMaxVec float4 of its row in registers, all of them loaded before any
+// arithmetic, so a row costs one memory round trip instead of one per loop iteration (the loop
+// kernels below store or re-read between loads and serialise on them: ~16 us for one 4096-wide
+// row on the H100 against ~3 us). The sum of squares is a fixed tree (per-thread chunks in
+// order, warp butterfly, warps in order), so a row's result depends only on that row.
+constexpr int kMaxVec = 4;
+constexpr int kMaxVecThreads = 1024;
+
+__device__ __forceinline__ float block_sum_fixed(float v, float* partial) {
+  v = warp_sum(v);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float w = static_cast<int>(threadIdx.x) < warps ? partial[threadIdx.x] : 0.f;
+    w = warp_sum(w);
+    if (threadIdx.x == 0) partial[32] = w;
+  }
+  __syncthreads();
+  return partial[32];
+}
+
+__device__ __forceinline__ void store_bf16x4(void* out_bf16, int64_t i4, const float4& v) {
+  __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+  __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+  uint2 packed;
+  packed.x = *reinterpret_cast<uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<uint32_t*>(&hi);
+  reinterpret_cast<uint2*>(out_bf16)[i4] = packed;
+}
+
+// RMSNorm of fp32 rows (x_type == out_type == kF32), cols % 4 == 0, VEC float4 per thread.
+template <int VEC>
+__global__ void __launch_bounds__(kMaxVecThreads) rms_norm_vec_kernel(const RmsNormParams p) {
+  __shared__ float partial[33];
+  const int64_t n4 = p.cols / 4;
+  const int64_t base4 = static_cast<int64_t>(blockIdx.x) * n4;
+  const auto* w4 = reinterpret_cast<const float4*>(p.weight);
+  float4 w[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {  // weights are not produced by the previous kernel
+    const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    w[j] = c < n4 ? w4[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
+  const auto* x4 = static_cast<const float4*>(p.x) + base4;
+  float4 v[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    v[j] = c < n4 ? x4[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    ss += v[j].x * v[j].x;
+    ss += v[j].y * v[j].y;
+    ss += v[j].z * v[j].z;
+    ss += v[j].w * v[j].w;
+  }
+  ss = block_sum_fixed(ss, partial);
+  // Same order of operations as the CPU reference (transformers' LlamaRMSNorm in fp32).
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.cols) + p.eps);
+  auto* out4 = static_cast<float4*>(p.out) + base4;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (c >= n4) continue;
+    const float4 r = make_float4(w[j].x * (v[j].x * inv), w[j].y * (v[j].y * inv),
+                                 w[j].z * (v[j].z * inv), w[j].w * (v[j].w * inv));
+    out4[c] = r;
+    if (p.out_bf16 != nullptr) store_bf16x4(p.out_bf16, base4 + c, r);
+  }
+}
+
+template <int VEC>
+__global__ void __launch_bounds__(kMaxVecThreads) add_rms_norm_vec_kernel(const AddRmsNormParams p) {
+  __shared__ float partial[33];
+  const int64_t n4 = p.cols / 4;
+  const int64_t base4 = static_cast<int64_t>(blockIdx.x) * n4;
+  const auto* w4 = reinterpret_cast<const float4*>(p.weight);
+  float4 w[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    w[j] = c < n4 ? w4[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
+  const auto* a4 = reinterpret_cast<const float4*>(p.a) + base4;
+  const auto* b4 = reinterpret_cast<const float4*>(p.b) + base4;
+  float4 v[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (c < n4) {
+      const float4 x = a4[c], y = b4[c];
+      v[j] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    } else {
+      v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    ss += v[j].x * v[j].x;
+    ss += v[j].y * v[j].y;
+    ss += v[j].z * v[j].z;
+    ss += v[j].w * v[j].w;
+  }
+  // Every thread has read its a / b before anyone writes sum / out (they may alias them).
+  ss = block_sum_fixed(ss, partial);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.cols) + p.eps);
+  auto* sum4 = reinterpret_cast<float4*>(p.sum) + base4;
+  auto* out4 = reinterpret_cast<float4*>(p.out) + base4;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (c >= n4) continue;
+    sum4[c] = v[j];
+    const float4 r = make_float4(w[j].x * (v[j].x * inv), w[j].y * (v[j].y * inv),
+                                 w[j].z * (v[j].z * inv), w[j].w * (v[j].w * inv));
+    out4[c] = r;
+    if (p.out_bf16 != nullptr) store_bf16x4(p.out_bf16, base4 + c, r);
+  }
+}
+
+// Threads and float4 per thread for a vectorised row of `cols` fp32 (cols % 4 == 0), or
+// vec = 0 when the row is too wide for the register arrays.
+struct VecShape {
+  int threads = 0;
+  int vec = 0;
+};
+VecShape vec_shape(int64_t cols) {
+  const int64_t n4 = cols / 4;
+  int64_t threads = (n4 + 1) / 2;  // two float4 per thread when the row allows it
+  threads = (threads + 31) / 32 * 32;
+  if (threads > kMaxVecThreads) threads = kMaxVecThreads;
+  if (threads < 32) threads = 32;
+  const int64_t vec = (n4 + threads - 1) / threads;
+  if (vec > kMaxVec) return {};
+  return {static_cast<int>(threads), vec <= 1 ? 1 : vec <= 2 ? 2 : 4};
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const RmsNormParams p) {
   pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
@@ -101,6 +249,15 @@ __global__ void rope_kernel(const RopeParams p) {
 
 cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
+  if (p.x_type == ElemType::kF32 && p.out_type == ElemType::kF32 && p.cols % 4 == 0 &&
+      aligned16(p.x) && aligned16(p.out) && aligned16(p.weight) &&
+      (p.out_bf16 == nullptr || (reinterpret_cast<uintptr_t>(p.out_bf16) & 7u) == 0)) {
+    const VecShape v = vec_shape(p.cols);
+    const dim3 grid(static_cast<unsigned>(p.rows)), block(static_cast<unsigned>(v.threads));
+    if (v.vec == 1) return launch_pdl(rms_norm_vec_kernel<1>, grid, block, 0, stream, p);
+    if (v.vec == 2) return launch_pdl(rms_norm_vec_kernel<2>, grid, block, 0, stream, p);
+    if (v.vec == 4) return launch_pdl(rms_norm_vec_kernel<4>, grid, block, 0, stream, p);
+  }
   const int threads =
       p.cols >= kNormThreads ? kNormThreads : 32 * static_cast<int>((p.cols + 31) / 32);
   return launch_pdl(rms_norm_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(threads), 0, stream,
@@ -109,6 +266,15 @@ cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
 
 cudaError_t launch_add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
+  if (p.cols % 4 == 0 && aligned16(p.a) && aligned16(p.b) && aligned16(p.sum) &&
+      aligned16(p.out) && aligned16(p.weight) &&
+      (p.out_bf16 == nullptr || (reinterpret_cast<uintptr_t>(p.out_bf16) & 7u) == 0)) {
+    const VecShape v = vec_shape(p.cols);
+    const dim3 grid(static_cast<unsigned>(p.rows)), block(static_cast<unsigned>(v.threads));
+    if (v.vec == 1) return launch_pdl(add_rms_norm_vec_kernel<1>, grid, block, 0, stream, p);
+    if (v.vec == 2) return launch_pdl(add_rms_norm_vec_kernel<2>, grid, block, 0, stream, p);
+    if (v.vec == 4) return launch_pdl(add_rms_norm_vec_kernel<4>, grid, block, 0, stream, p);
+  }
   const int threads =
       p.cols >= kNormThreads ? kNormThreads : 32 * static_cast<int>((p.cols + 31) / 32);
   return launch_pdl(add_rms_norm_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(threads), 0,
