@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(kMaxVecThreads) rms_norm_vec_kernel(const RmsN
 }
 
 template <int VEC>
-__global__ void __launch_bounds__(kMaxVecThreads) add_rms_norm_vec_kernel(const AddRmsNormParams p) {
+__global__ void __launch_bounds__(kMaxVecThreads)
+    add_rms_norm_vec_kernel(const AddRmsNormParams p) {
   __shared__ float partial[33];
   const int64_t n4 = p.cols / 4;
   const int64_t base4 = static_cast<int64_t>(blockIdx.x) * n4;
@@ -155,7 +156,9 @@ VecShape vec_shape(int64_t cols) {
   return {static_cast<int>(threads), vec <= 1 ? 1 : vec <= 2 ? 2 : 4};
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
 
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const RmsNormParams p) {
   pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
@@ -266,8 +269,8 @@ cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
 
 cudaError_t launch_add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
-  if (p.cols % 4 == 0 && aligned16(p.a) && aligned16(p.b) && aligned16(p.sum) &&
-      aligned16(p.out) && aligned16(p.weight) &&
+  if (p.cols % 4 == 0 && aligned16(p.a) && aligned16(p.b) && aligned16(p.sum) && aligned16(p.out) &&
+      aligned16(p.weight) &&
       (p.out_bf16 == nullptr || (reinterpret_cast<uintptr_t>(p.out_bf16) & 7u) == 0)) {
     const VecShape v = vec_shape(p.cols);
     const dim3 grid(static_cast<unsigned>(p.rows)), block(static_cast<unsigned>(v.threads));

@@ -51,6 +51,20 @@ TEST_P(CudaLinearInvariance, RowsIndependentOfBatch) {
     b.linear(xs, wt, Tensor{}, ys);
     std::vector<float> full(static_cast<size_t>(kMaxRows * o_feat));
     b.download(ys, full.data());
+    // The values themselves: rows against a double-precision product of the bf16-rounded
+    // inputs (each GEMM sums in its own order; fp32 accumulation over K terms).
+    auto bf16 = [](float v) { return testing::round_bf16(v); };
+    double max_err = 0, max_ref = 0;
+    for (int64_t r : {int64_t{0}, int64_t{37}, kMaxRows - 1})
+      for (int64_t oo = 0; oo < o_feat; oo += std::max<int64_t>(1, o_feat / 97)) {
+        double ref = 0;
+        for (int64_t kk = 0; kk < k; ++kk)
+          ref += static_cast<double>(bf16(x[r * k + kk])) * bf16(w.data[oo * k + kk]);
+        max_err = std::max(max_err, std::abs(ref - full[r * o_feat + oo]));
+        max_ref = std::max(max_ref, std::abs(ref));
+      }
+    EXPECT_LT(max_err, 1e-4 * std::max(1.0, max_ref) * std::sqrt(static_cast<double>(k)))
+        << "gemm " << GetParam() << " out " << o_feat << " in " << k;
     // Subsets: single rows, then random subsets of many sizes in random order.
     std::vector<std::vector<int64_t>> subsets;
     for (int64_t r : {0, 1, 63, 64, 255, 511}) subsets.push_back({r});
@@ -87,9 +101,10 @@ TEST_P(CudaLinearInvariance, RowsIndependentOfBatch) {
               checked_subsets / static_cast<int>(shapes.size()), shapes.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Gemm, CudaLinearInvariance, ::testing::Values(0, 1), [](const auto& info) {
-  return std::string(info.param == 0 ? "cublaslt" : "own_kernel");
-});
+INSTANTIATE_TEST_SUITE_P(
+    Gemm, CudaLinearInvariance, ::testing::Values(0, 1, 2), [](const auto& info) {
+      return std::string(info.param == 0 ? "cublaslt" : info.param == 1 ? "own_kernel" : "chunked");
+    });
 
 // Attention at the op level: one layer, K/V and Q uploaded directly (a token's K/V and Q are
 // a function of (sequence data id, logical position) so two sequences can hold identical data).

@@ -502,6 +502,7 @@ struct Args {
   std::vector<int> batch_invariant = {1};  // CudaBackendOptions::batch_invariant per pass
   std::vector<int> split_keys = {512};     // CudaBackendOptions::invariant_split_keys per pass
   int gemm_tune = 1;                       // CudaBackendOptions::tune_invariant_gemm
+  int gemm = 0;                            // CudaBackendOptions::batch_invariant_gemm
   int fuse = 1;                            // CudaBackendOptions::fuse_projections
   int tree_groups = 1;                     // CudaBackendOptions::attention_tree_groups
   std::string json, verify_json;
@@ -635,6 +636,7 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
   opt.batch_invariant = batch_invariant != 0;
   opt.invariant_split_keys = a.split_keys.at(0);
   opt.tune_invariant_gemm = a.gemm_tune != 0;
+  opt.batch_invariant_gemm = a.gemm;
   opt.fuse_projections = a.fuse != 0;
   opt.attention_tree_groups = a.tree_groups;
   CudaBackend backend(opt);
@@ -645,9 +647,9 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
   std::printf(
       "# model_bench: Llama-3-8B shapes (%lld layers), random bf16 weights, %s, "
       "batch_invariant %d, invariant_split_keys %d, tune_invariant_gemm %d, fuse_projections "
-      "%d, attention_tree_groups %d\n",
+      "%d, attention_tree_groups %d, batch_invariant_gemm %d\n",
       static_cast<long long>(cfg.num_layers), gpu.c_str(), batch_invariant, a.split_keys.at(0),
-      a.gemm_tune, a.fuse, a.tree_groups);
+      a.gemm_tune, a.fuse, a.tree_groups, a.gemm);
   std::printf(
       "device-to-device copy: %.2f TB/s (read + write); weights streamed per step: %.2f "
       "GB -> %.2f ms at that rate, %.2f ms at 3.0 TB/s\n",
@@ -930,6 +932,8 @@ int main(int argc, char** argv) {
       a.fuse = std::atoi(next().c_str());
     else if (k == "--tree-groups")
       a.tree_groups = std::atoi(next().c_str());
+    else if (k == "--gemm")
+      a.gemm = std::atoi(next().c_str());
     else if (k == "--gemm-tune")
       a.gemm_tune = std::atoi(next().c_str());
     else if (k == "--layers")

@@ -23,6 +23,7 @@
 #include "kernels/elementwise/gather_values.h"
 #include "kernels/elementwise/split_cols.h"
 #include "kernels/gemm/batch_invariant_gemm.h"
+#include "kernels/gemm/chunked_gemm.h"
 #include "kernels/gemm/skinny_gemm.h"
 #include "kernels/kv/kv_cache_ops.h"
 #include "kernels/norm_rope/norm_rope.h"
@@ -358,10 +359,11 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : s_(std::make_uniqu
                                                  std::to_string(options.attention_kernel) +
                                                  " (0 auto, 1 mma.sync, 2 wgmma)");
   s_->use_wgmma = wgmma && options.attention_kernel != 1;
-  if (options.batch_invariant_gemm < 0 || options.batch_invariant_gemm > 1)
-    throw_error(ErrorCode::kInvalidArgument, "cuda backend: batch_invariant_gemm " +
-                                                 std::to_string(options.batch_invariant_gemm) +
-                                                 " (0 cuBLASLt fixed algorithm, 1 own kernel)");
+  if (options.batch_invariant_gemm < 0 || options.batch_invariant_gemm > 2)
+    throw_error(ErrorCode::kInvalidArgument,
+                "cuda backend: batch_invariant_gemm " +
+                    std::to_string(options.batch_invariant_gemm) +
+                    " (0 cuBLASLt fixed algorithm, 1 own kernel, 2 chunked kernel)");
   if (options.attention_tree_groups < 0 || options.attention_tree_groups > 2)
     throw_error(ErrorCode::kInvalidArgument, "cuda backend: attention_tree_groups " +
                                                  std::to_string(options.attention_tree_groups) +
@@ -454,91 +456,136 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
       lt_layout(CUDA_R_32F, o, kLtRepresentativeRows), pref, kCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   cublas_check(st, "cublasLtMatmulAlgoGetHeuristic");
+  // Each candidate without split-K, and (when tuning) with a fixed split of K into 2..8 parts
+  // reduced in place: cuBLASLt adds the parts into the output in split order (its workspace
+  // only holds the counters that sequence them), so a row still sees one fixed summation
+  // order whatever M is. The tuning below also checks that bitwise and drops any candidate
+  // whose row results depend on the row count.
+  const bool tune = weight != nullptr && options.tune_invariant_gemm;
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    cublasLtMatmulAlgo_t algo = results[i].algo;
-    const uint32_t one = 1, none = CUBLASLT_REDUCTION_SCHEME_NONE;
-    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
-                                             sizeof(one)) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
-                                             sizeof(none)) != CUBLAS_STATUS_SUCCESS)
-      continue;
-    bool ok = true;
-    for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{17}, kLtRepresentativeRows, int64_t{512}}) {
-      cublasLtMatmulHeuristicResult_t check{};
-      ok = ok &&
-           cublasLtMatmulAlgoCheck(lt, lt_desc, a, lt_layout(CUDA_R_16BF, k, n),
-                                   lt_layout(CUDA_R_32F, o, n), lt_layout(CUDA_R_32F, o, n), &algo,
-                                   &check) == CUBLAS_STATUS_SUCCESS &&
-           check.workspaceSize <= kLtWorkspaceBytes;
+    for (uint32_t splits : {1u, 2u, 3u, 4u, 6u, 8u}) {
+      if (splits > 1 && !tune) break;
+      cublasLtMatmulAlgo_t algo = results[i].algo;
+      const uint32_t scheme =
+          splits == 1 ? CUBLASLT_REDUCTION_SCHEME_NONE : CUBLASLT_REDUCTION_SCHEME_INPLACE;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                               sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                               &scheme, sizeof(scheme)) != CUBLAS_STATUS_SUCCESS)
+        continue;
+      bool ok = true;
+      for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{17}, kLtRepresentativeRows, int64_t{512},
+                        int64_t{4096}}) {
+        cublasLtMatmulHeuristicResult_t check{};
+        ok = ok &&
+             cublasLtMatmulAlgoCheck(lt, lt_desc, a, lt_layout(CUDA_R_16BF, k, n),
+                                     lt_layout(CUDA_R_32F, o, n), lt_layout(CUDA_R_32F, o, n),
+                                     &algo, &check) == CUBLAS_STATUS_SUCCESS &&
+             check.workspaceSize <= kLtWorkspaceBytes;
+      }
+      if (!ok) continue;
+      uint32_t id = 0, tile = 0, stages = 0, splitk = 0, cluster = 0;
+      size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id),
+                                           &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                           &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                           sizeof(stages), &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                           sizeof(splitk), &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                           sizeof(cluster), &written);
+      valid.push_back({algo, "candidate " + std::to_string(i) + " algo " + std::to_string(id) +
+                                 " tile " + std::to_string(tile) + " stages " +
+                                 std::to_string(stages) + " splitK " + std::to_string(splitk) +
+                                 " cluster " + std::to_string(cluster)});
     }
-    if (!ok) continue;
-    uint32_t id = 0, tile = 0, stages = 0, splitk = 0, cluster = 0;
-    size_t written = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
-                                         &written);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
-                                         sizeof(stages), &written);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                         sizeof(splitk), &written);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
-                                         sizeof(cluster), &written);
-    valid.push_back({algo, "candidate " + std::to_string(i) + " algo " + std::to_string(id) +
-                               " tile " + std::to_string(tile) + " stages " +
-                               std::to_string(stages) + " splitK " + std::to_string(splitk) +
-                               " cluster " + std::to_string(cluster)});
   }
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(stream, &capturing);
   if (valid.size() > 1 && weight != nullptr && options.tune_invariant_gemm &&
       capturing == cudaStreamCaptureStatusNone) {
-    // Time every candidate at 1, 16 and 128 rows (zero inputs; the speed does not depend on
-    // the values) and keep the one with the smallest sum of time / best time at each size: the
-    // same algorithm serves every row count, so it must not be slow at any of them.
+    // Time every candidate at 1, 16 and 128 rows (the speed does not depend on the values)
+    // with the weights cold, as in a decode step (L2 overwritten before each timed run), and
+    // keep the one with the smallest sum of time / best time at each size: the same algorithm
+    // serves every row count, so it must not be slow at any of them. A candidate whose row 0
+    // differs bitwise between the 1-row and the 128-row launch is dropped.
     const int64_t sizes[] = {1, 16, 128};
     void* x = nullptr;
     void* y = nullptr;
+    void* y1 = nullptr;
+    void* flush = nullptr;
+    constexpr size_t kFlushBytes = 128u << 20;  // > the H100's 50 MB L2
     cuda_check(cudaMalloc(&x, static_cast<size_t>(128 * k) * 2), "linear tuning");
     cuda_check(cudaMalloc(&y, static_cast<size_t>(128 * o) * 4), "linear tuning");
-    cuda_check(cudaMemsetAsync(x, 0, static_cast<size_t>(128 * k) * 2, stream), "linear tuning");
+    cuda_check(cudaMalloc(&y1, static_cast<size_t>(o) * 4), "linear tuning");
+    cuda_check(cudaMalloc(&flush, kFlushBytes), "linear tuning");
+    {
+      std::vector<uint16_t> hx(static_cast<size_t>(128 * k));
+      uint32_t state = 12345u;
+      for (auto& v : hx) {  // bf16 values in [-1, 1): sign, exponent 126..127, random mantissa
+        state = state * 1664525u + 1013904223u;
+        v = static_cast<uint16_t>(((state >> 16) & 0x807fu) | 0x3f00u);
+      }
+      cuda_check(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "linear tuning");
+    }
     cudaEvent_t e0, e1;
     cuda_check(cudaEventCreate(&e0), "linear tuning");
     cuda_check(cudaEventCreate(&e1), "linear tuning");
     std::vector<std::array<float, 3>> ms(valid.size());
+    std::vector<char> invariant(valid.size(), 1);
     const float alpha = 1.f, beta = 0.f;
-    for (size_t c = 0; c < valid.size(); ++c)
+    std::vector<float> row_all(static_cast<size_t>(o)), row_one(static_cast<size_t>(o));
+    for (size_t c = 0; c < valid.size(); ++c) {
+      auto run = [&](int64_t n, void* out) {
+        const cublasLtMatrixLayout_t lc = lt_layout(CUDA_R_32F, o, n);
+        return cublasLtMatmul(lt, lt_desc, &alpha, weight, a, x, lt_layout(CUDA_R_16BF, k, n),
+                              &beta, out, lc, out, lc, &valid[c].algo, lt_workspace.ptr,
+                              kLtWorkspaceBytes, stream);
+      };
+      cublas_check(run(128, y), "linear tuning");
+      cublas_check(run(1, y1), "linear tuning");
+      cuda_check(
+          cudaMemcpyAsync(row_all.data(), y, row_all.size() * 4, cudaMemcpyDeviceToHost, stream),
+          "linear tuning");
+      cuda_check(
+          cudaMemcpyAsync(row_one.data(), y1, row_one.size() * 4, cudaMemcpyDeviceToHost, stream),
+          "linear tuning");
+      cuda_check(cudaStreamSynchronize(stream), "linear tuning");
+      invariant[c] = std::memcmp(row_all.data(), row_one.data(), row_all.size() * 4) == 0;
       for (int si = 0; si < 3; ++si) {
         const int64_t n = sizes[si];
-        const cublasLtMatrixLayout_t lc = lt_layout(CUDA_R_32F, o, n);
-        auto run = [&] {
-          return cublasLtMatmul(lt, lt_desc, &alpha, weight, a, x, lt_layout(CUDA_R_16BF, k, n),
-                                &beta, y, lc, y, lc, &valid[c].algo, lt_workspace.ptr,
-                                kLtWorkspaceBytes, stream);
-        };
-        cublas_check(run(), "linear tuning");
         float best = 1e30f;
-        for (int rep = 0; rep < 3; ++rep) {
+        for (int rep = 0; rep < 4; ++rep) {
+          cuda_check(cudaMemsetAsync(flush, rep, kFlushBytes, stream), "linear tuning");
           cuda_check(cudaEventRecord(e0, stream), "linear tuning");
-          for (int it = 0; it < 4; ++it) cublas_check(run(), "linear tuning");
+          cublas_check(run(n, y), "linear tuning");
           cuda_check(cudaEventRecord(e1, stream), "linear tuning");
           cuda_check(cudaEventSynchronize(e1), "linear tuning");
           float t = 0;
           cuda_check(cudaEventElapsedTime(&t, e0, e1), "linear tuning");
-          best = std::min(best, t / 4);
+          best = std::min(best, t);
         }
         ms[c][static_cast<size_t>(si)] = best;
       }
+    }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     cudaFree(x);
     cudaFree(y);
+    cudaFree(y1);
+    cudaFree(flush);
+    for (size_t c = 0; c < valid.size(); ++c)
+      if (!invariant[c]) ms[c] = {1e30f, 1e30f, 1e30f};
     std::array<float, 3> fastest = {1e30f, 1e30f, 1e30f};
     for (const auto& t : ms)
       for (size_t si = 0; si < 3; ++si) fastest[si] = std::min(fastest[si], t[si]);
     size_t pick = 0;
     double pick_score = 1e300;
     for (size_t c = 0; c < valid.size(); ++c) {
+      if (!invariant[c]) continue;
       double score = 0;
       for (size_t si = 0; si < 3; ++si) score += ms[c][si] / fastest[si];
       if (score < pick_score) {
@@ -948,7 +995,19 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
                  "linear convert");
   }
   const float alpha = 1.f, beta = 0.f;
-  if (s.options.batch_invariant && s.options.batch_invariant_gemm == 1) {
+  kernels::ChunkedGemmParams cp;
+  cp.x = xin;
+  cp.w = w.data;
+  cp.out = static_cast<float*>(out.data);
+  cp.rows = x.rows;
+  cp.in_features = x.cols;
+  cp.out_features = w.rows;
+  // The chunked kernel's support depends only on the shape (K % 32) and on alignments that
+  // every backend buffer has, so one (out, in) shape always takes the same path.
+  if (s.options.batch_invariant && s.options.batch_invariant_gemm == 2 &&
+      kernels::chunked_gemm_supported(cp)) {
+    cuda_check(kernels::launch_chunked_gemm(cp, s.stream), "linear (chunked)");
+  } else if (s.options.batch_invariant && s.options.batch_invariant_gemm == 1) {
     kernels::BatchInvariantGemmParams p;
     p.x = xin;
     p.w = w.data;

@@ -1,0 +1,203 @@
+// Chunked batch-invariant GEMM (chunked_gemm.h). Fragment layout: for a 32-k block at kb, lane
+// (g = lane / 4, t = lane % 4) loads 16 bytes of weight rows g and g + 8 and of token row g at
+// k = kb + 8t .. kb + 8t + 7; the first MMA takes k + 0..3, the second k + 4..7 (the k slots
+// of an m16n8k16 MMA are a permutation of the 16 physical k, the same in both kernels).
+#include <cuda_bf16.h>
+
+#include "kernels/common/device_utils.cuh"
+#include "kernels/common/pdl_launch.cuh"
+#include "kernels/gemm/chunked_gemm.h"
+
+namespace arbor::kernels {
+
+namespace {
+
+constexpr int kSmallWarps = 8;
+constexpr int kBatchBlocks = 4;  // 32-k blocks of weights in flight per lane (small kernel)
+constexpr int kLargeWarps = 4;
+constexpr int kLargeTiles = 8;  // n8 token tiles per warp (large kernel): 64 tokens per CTA
+
+__device__ __forceinline__ uint4 ldg_stream(const uint16_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// One 32-k block: two MMAs into acc (weights rows g / g + 8 in wl / wh, token g in xv).
+__device__ __forceinline__ void block_mma(float (&acc)[4], const uint4& wl, const uint4& wh,
+                                          const uint4& xv) {
+  const uint32_t a0[4] = {wl.x, wh.x, wl.y, wh.y};
+  mma_16816<__nv_bfloat16>(acc, a0, xv.x, xv.y);
+  const uint32_t a1[4] = {wl.z, wh.z, wl.w, wh.w};
+  mma_16816<__nv_bfloat16>(acc, a1, xv.z, xv.w);
+}
+
+__host__ __device__ __forceinline__ int num_chunks(int64_t K) {
+  return static_cast<int>((K + kChunkedGemmChunk - 1) / kChunkedGemmChunk);
+}
+
+// Small N: one CTA per 16 weight rows; warp w computes chunks w, w + 8, ... of every token
+// (NT n8 tiles) and parks each chunk sum in shared memory; the sums are then added in chunk
+// order. Dynamic shared memory: [chunks][16 rows][NT * 8 tokens] fp32.
+template <int NT>
+__global__ void __launch_bounds__(kSmallWarps * 32, 2)
+    chunked_gemm_small_kernel(const ChunkedGemmParams p) {
+  extern __shared__ float part[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t K = p.in_features, O = p.out_features;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int chunks = num_chunks(K);
+  const auto* w = static_cast<const uint16_t*>(p.w);
+  const auto* x = static_cast<const uint16_t*>(p.x);
+  // Rows past O read a valid row (their results are never stored).
+  const uint16_t* w_lo = w + min(r0 + g, O - 1) * K;
+  const uint16_t* w_hi = w + min(r0 + g + 8, O - 1) * K;
+  constexpr int kTok = NT * 8;
+  bool waited = false;
+  for (int c = warp; c < chunks; c += kSmallWarps) {
+    const int64_t kc0 = static_cast<int64_t>(c) * kChunkedGemmChunk;
+    const int blocks = static_cast<int>(min(static_cast<int64_t>(kChunkedGemmChunk), K - kc0) / 32);
+    float acc[NT][4] = {};
+    for (int b0 = 0; b0 < blocks; b0 += kBatchBlocks) {
+      uint4 wl[kBatchBlocks], wh[kBatchBlocks];
+#pragma unroll
+      for (int i = 0; i < kBatchBlocks; ++i) {
+        if (b0 + i < blocks) {
+          const int64_t k = kc0 + (b0 + i) * 32 + 8 * t;
+          wl[i] = ldg_stream(w_lo + k);
+          wh[i] = ldg_stream(w_hi + k);
+        }
+      }
+      if (!waited) {  // weights are constant: only x waits for the producing kernel
+        grid_dependency_wait();
+        waited = true;
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int tok = nt * 8 + g;
+        uint4 xv[kBatchBlocks];
+#pragma unroll
+        for (int i = 0; i < kBatchBlocks; ++i) {
+          const int64_t k = kc0 + (b0 + i) * 32 + 8 * t;
+          xv[i] = (tok < p.rows && b0 + i < blocks)
+                      ? *reinterpret_cast<const uint4*>(x + tok * K + k)
+                      : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int i = 0; i < kBatchBlocks; ++i)
+          if (b0 + i < blocks) block_mma(acc[nt], wl[i], wh[i], xv[i]);
+      }
+    }
+    float* pc = part + static_cast<int64_t>(c) * 16 * kTok;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int tok = nt * 8 + 2 * t;
+      pc[g * kTok + tok] = acc[nt][0];
+      pc[g * kTok + tok + 1] = acc[nt][1];
+      pc[(g + 8) * kTok + tok] = acc[nt][2];
+      pc[(g + 8) * kTok + tok + 1] = acc[nt][3];
+    }
+  }
+  if (!waited) grid_dependency_wait();  // a warp without chunks still stores below
+  trigger_dependent_launch();
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < 16 * kTok; idx += blockDim.x) {
+    const int row = idx % 16, tok = idx / 16;
+    if (tok >= p.rows || r0 + row >= O) continue;
+    float total = 0.f;
+    for (int c = 0; c < chunks; ++c) total = __fadd_rn(total, part[(c * 16 + row) * kTok + tok]);
+    p.out[tok * O + r0 + row] = total;
+  }
+}
+
+// Any N: CTA = 64 weight rows (16 per warp) x 64 tokens, K walked in order chunk by chunk.
+__global__ void __launch_bounds__(kLargeWarps * 32)
+    chunked_gemm_large_kernel(const ChunkedGemmParams p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t K = p.in_features, O = p.out_features;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kLargeWarps + warp) * 16;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kLargeTiles * 8;
+  const auto* w = static_cast<const uint16_t*>(p.w);
+  const auto* x = static_cast<const uint16_t*>(p.x);
+  const uint16_t* w_lo = w + min(r0 + g, O - 1) * K;
+  const uint16_t* w_hi = w + min(r0 + g + 8, O - 1) * K;
+  grid_dependency_wait();
+  trigger_dependent_launch();
+  if (r0 >= O) return;
+  float total[kLargeTiles][4] = {};
+  const int chunks = num_chunks(K);
+  for (int c = 0; c < chunks; ++c) {
+    const int64_t kc0 = static_cast<int64_t>(c) * kChunkedGemmChunk;
+    const int blocks = static_cast<int>(min(static_cast<int64_t>(kChunkedGemmChunk), K - kc0) / 32);
+    float acc[kLargeTiles][4] = {};
+    for (int b = 0; b < blocks; ++b) {
+      const int64_t k = kc0 + b * 32 + 8 * t;
+      const uint4 wl = ldg_stream(w_lo + k), wh = ldg_stream(w_hi + k);
+#pragma unroll
+      for (int nt = 0; nt < kLargeTiles; ++nt) {
+        const int64_t tok = n0 + nt * 8 + g;
+        const uint4 xv = tok < p.rows ? *reinterpret_cast<const uint4*>(x + tok * K + k)
+                                      : make_uint4(0u, 0u, 0u, 0u);
+        block_mma(acc[nt], wl, wh, xv);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kLargeTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) total[nt][e] = __fadd_rn(total[nt][e], acc[nt][e]);
+  }
+#pragma unroll
+  for (int nt = 0; nt < kLargeTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t tok = n0 + nt * 8 + 2 * t + (e % 2);
+      const int64_t row = r0 + g + (e >= 2 ? 8 : 0);
+      if (tok < p.rows && row < O) p.out[tok * O + row] = total[nt][e];
+    }
+}
+
+template <int NT>
+cudaError_t launch_small(const ChunkedGemmParams& p, cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(num_chunks(p.in_features)) * 16 * NT * 8 * 4;
+  static size_t configured = 0;  // per instantiation; raised as larger K appear
+  if (smem > configured) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(chunked_gemm_small_kernel<NT>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    configured = smem;
+  }
+  const dim3 grid(static_cast<unsigned>((p.out_features + 15) / 16));
+  return launch_pdl(chunked_gemm_small_kernel<NT>, grid, dim3(kSmallWarps * 32), smem, stream, p);
+}
+
+}  // namespace
+
+bool chunked_gemm_supported(const ChunkedGemmParams& p) {
+  return p.in_features > 0 && p.in_features % 32 == 0 &&
+         (reinterpret_cast<uintptr_t>(p.x) & 15u) == 0 &&
+         (reinterpret_cast<uintptr_t>(p.w) & 15u) == 0;
+}
+
+cudaError_t launch_chunked_gemm(const ChunkedGemmParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.out_features == 0) return cudaSuccess;
+  if (!chunked_gemm_supported(p)) return cudaErrorInvalidValue;
+  // The small kernel keeps every chunk sum of its tile in shared memory: at most 112 KiB.
+  const int64_t small_smem = static_cast<int64_t>(num_chunks(p.in_features)) * 16 * 64 * 4;
+  if (p.rows <= kChunkedGemmSmallRows && small_smem <= (112 << 10)) {
+    if (p.rows <= 8) return launch_small<1>(p, stream);
+    if (p.rows <= 16) return launch_small<2>(p, stream);
+    if (p.rows <= 32) return launch_small<4>(p, stream);
+    return launch_small<8>(p, stream);
+  }
+  const dim3 grid(
+      static_cast<unsigned>((p.out_features + kLargeWarps * 16 - 1) / (kLargeWarps * 16)),
+      static_cast<unsigned>((p.rows + kLargeTiles * 8 - 1) / (kLargeTiles * 8)));
+  return launch_pdl(chunked_gemm_large_kernel, grid, dim3(kLargeWarps * 32), 0, stream, p);
+}
+
+}  // namespace arbor::kernels
