@@ -114,6 +114,15 @@ __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 16 bytes of read-only data streamed past L1 (weights read once per launch).
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // Programmatic dependent launch (sm_90+; no-ops before): the primary kernel lets its dependent
 // grid be scheduled early; the dependent waits for the primary grid's completion and memory.
 __device__ __forceinline__ void trigger_dependent_launch() {

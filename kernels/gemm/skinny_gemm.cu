@@ -4,6 +4,7 @@
 // warps; weights bypass L1 so they do not evict it).
 #include <cuda_bf16.h>
 
+#include "kernels/common/device_utils.cuh"
 #include "kernels/gemm/skinny_gemm.h"
 
 namespace arbor::kernels {
@@ -11,14 +12,6 @@ namespace arbor::kernels {
 namespace {
 
 constexpr int kWarps = 4;  // warps per CTA
-
-__device__ __forceinline__ uint4 load_streaming(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // bf16 pair in one 32-bit word (element 2i in the low half) -> two floats.
 __device__ __forceinline__ float bf16_lo(uint32_t w) {

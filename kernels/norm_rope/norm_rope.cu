@@ -43,27 +43,18 @@ __device__ __forceinline__ void store_bf16x4(void* out_bf16, int64_t i4, const f
   reinterpret_cast<uint2*>(out_bf16)[i4] = packed;
 }
 
-// RMSNorm of fp32 rows (x_type == out_type == kF32), cols % 4 == 0, VEC float4 per thread.
+// The row's weights as VEC float4 per thread (zeros past the row).
 template <int VEC>
-__global__ void __launch_bounds__(kMaxVecThreads) rms_norm_vec_kernel(const RmsNormParams p) {
-  __shared__ float partial[33];
-  const int64_t n4 = p.cols / 4;
-  const int64_t base4 = static_cast<int64_t>(blockIdx.x) * n4;
-  const auto* w4 = reinterpret_cast<const float4*>(p.weight);
-  float4 w[VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {  // weights are not produced by the previous kernel
-    const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    w[j] = c < n4 ? w4[c] : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
-  const auto* x4 = static_cast<const float4*>(p.x) + base4;
-  float4 v[VEC];
+__device__ __forceinline__ void load_row_vec(const float4* src, int64_t n4, float4 (&v)[VEC]) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    v[j] = c < n4 ? x4[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+    v[j] = c < n4 ? src[c] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
+}
+
+template <int VEC>
+__device__ __forceinline__ float sum_squares(const float4 (&v)[VEC]) {
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
@@ -72,18 +63,38 @@ __global__ void __launch_bounds__(kMaxVecThreads) rms_norm_vec_kernel(const RmsN
     ss += v[j].z * v[j].z;
     ss += v[j].w * v[j].w;
   }
-  ss = block_sum_fixed(ss, partial);
+  return ss;
+}
+
+// out = w * (v * inv) (the CPU reference's order), plus the optional bf16 copy.
+__device__ __forceinline__ void store_normed(const float4& w, const float4& v, float inv,
+                                             float4* out4, void* out_bf16, int64_t c,
+                                             int64_t base4) {
+  const float4 r =
+      make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv));
+  out4[c] = r;
+  if (out_bf16 != nullptr) store_bf16x4(out_bf16, base4 + c, r);
+}
+
+// RMSNorm of fp32 rows (x_type == out_type == kF32), cols % 4 == 0, VEC float4 per thread.
+template <int VEC>
+__global__ void __launch_bounds__(kMaxVecThreads) rms_norm_vec_kernel(const RmsNormParams p) {
+  __shared__ float partial[33];
+  const int64_t n4 = p.cols / 4;
+  const int64_t base4 = static_cast<int64_t>(blockIdx.x) * n4;
+  float4 w[VEC];
+  load_row_vec(reinterpret_cast<const float4*>(p.weight), n4, w);  // not a previous output
+  pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
+  float4 v[VEC];
+  load_row_vec(static_cast<const float4*>(p.x) + base4, n4, v);
+  const float ss = block_sum_fixed(sum_squares(v), partial);
   // Same order of operations as the CPU reference (transformers' LlamaRMSNorm in fp32).
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.cols) + p.eps);
   auto* out4 = static_cast<float4*>(p.out) + base4;
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    if (c >= n4) continue;
-    const float4 r = make_float4(w[j].x * (v[j].x * inv), w[j].y * (v[j].y * inv),
-                                 w[j].z * (v[j].z * inv), w[j].w * (v[j].w * inv));
-    out4[c] = r;
-    if (p.out_bf16 != nullptr) store_bf16x4(p.out_bf16, base4 + c, r);
+    if (c < n4) store_normed(w[j], v[j], inv, out4, p.out_bf16, c, base4);
   }
 }
 
@@ -93,13 +104,8 @@ __global__ void __launch_bounds__(kMaxVecThreads)
   __shared__ float partial[33];
   const int64_t n4 = p.cols / 4;
   const int64_t base4 = static_cast<int64_t>(blockIdx.x) * n4;
-  const auto* w4 = reinterpret_cast<const float4*>(p.weight);
   float4 w[VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    w[j] = c < n4 ? w4[c] : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
+  load_row_vec(reinterpret_cast<const float4*>(p.weight), n4, w);
   pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   const auto* a4 = reinterpret_cast<const float4*>(p.a) + base4;
   const auto* b4 = reinterpret_cast<const float4*>(p.b) + base4;
@@ -114,16 +120,8 @@ __global__ void __launch_bounds__(kMaxVecThreads)
       v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
-  float ss = 0.f;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    ss += v[j].x * v[j].x;
-    ss += v[j].y * v[j].y;
-    ss += v[j].z * v[j].z;
-    ss += v[j].w * v[j].w;
-  }
   // Every thread has read its a / b before anyone writes sum / out (they may alias them).
-  ss = block_sum_fixed(ss, partial);
+  const float ss = block_sum_fixed(sum_squares(v), partial);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.cols) + p.eps);
   auto* sum4 = reinterpret_cast<float4*>(p.sum) + base4;
   auto* out4 = reinterpret_cast<float4*>(p.out) + base4;
@@ -132,10 +130,7 @@ __global__ void __launch_bounds__(kMaxVecThreads)
     const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
     if (c >= n4) continue;
     sum4[c] = v[j];
-    const float4 r = make_float4(w[j].x * (v[j].x * inv), w[j].y * (v[j].y * inv),
-                                 w[j].z * (v[j].z * inv), w[j].w * (v[j].w * inv));
-    out4[c] = r;
-    if (p.out_bf16 != nullptr) store_bf16x4(p.out_bf16, base4 + c, r);
+    store_normed(w[j], v[j], inv, out4, p.out_bf16, c, base4);
   }
 }
 
