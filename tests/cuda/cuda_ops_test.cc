@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -180,7 +181,7 @@ TEST(CudaOps, RmsNorm) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(4);
   for (auto [rows, cols] :
-       std::vector<std::pair<int, int>>{{1, 8}, {5, 64}, {33, 4096}, {7, 1000}}) {
+       std::vector<std::pair<int, int>>{{1, 8}, {5, 64}, {33, 4096}, {7, 1000}, {3, 1002}}) {
     CpuGpu b(small_kv());
     HostTensor wt({cols});
     wt.data = random_vector(rng, cols, 2.f);
@@ -235,6 +236,87 @@ TEST(CudaOps, Linear) {
     b.cpu().linear(x2.c, w.c, bias.c, out2.c);
     b.gpu().linear(x2.g, w.g, bias.g, out2.g);
     expect_close(b.get(out2), 1e-2, "linear (fp32 input rounded to bf16)");
+  }
+}
+
+// The chunked batch-invariant GEMM (CudaBackendOptions::batch_invariant_gemm = 2) against the
+// CPU reference: its small-row path (1..64 rows, every NT variant) and its large-row path (65+),
+// K with a short last chunk (576 = 512 + 64, SmolLM2's hidden size) and several chunks, outputs
+// not a multiple of 16, bias, NaN-poisoned outputs; K % 32 != 0 takes the cuBLASLt fallback.
+TEST(CudaOps, LinearChunkedGemmMatchesCpu) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(15);
+  CudaBackendOptions opts;
+  opts.batch_invariant_gemm = 2;
+  struct Shape {
+    int in, out;
+    bool bias;
+  };
+  for (const Shape sh :
+       std::vector<Shape>{{576, 200, true}, {1536, 72, false}, {96, 40, true}, {72, 24, false}}) {
+    for (int n : {1, 3, 8, 9, 16, 17, 32, 33, 64, 65, 130}) {
+      CpuGpu b(small_kv(), opts);
+      HostTensor wt({sh.out, sh.in});
+      wt.data = random_vector(rng, wt.data.size(), 0.5f);
+      Both w = b.weight(wt);
+      Both bias;
+      if (sh.bias) {
+        HostTensor bt({sh.out});
+        bt.data = random_vector(rng, sh.out);
+        bias = b.weight(bt);
+      }
+      auto xv = random_vector(rng, static_cast<size_t>(n) * sh.in);
+      for (auto& v : xv) v = testing::round_bf16(v);
+      Both x = b.input(xv, n, sh.in);
+      Both out = b.output(n, sh.out);
+      b.cpu().linear(x.c, w.c, bias.c, out.c);
+      b.gpu().linear(x.g, w.g, bias.g, out.g);
+      expect_close(b.get(out), 1e-5,
+                   "chunked linear " + std::to_string(n) + "x" + std::to_string(sh.in) + "->" +
+                       std::to_string(sh.out));
+    }
+  }
+}
+
+// ARBOR_GEMM picks the batch-invariant GEMM of any binary; a bad value names itself.
+TEST(CudaOps, GemmEnvironmentOverride) {
+  ARBOR_REQUIRE_GPU();
+  ::setenv("ARBOR_GEMM", "fastest", 1);
+  try {
+    CudaBackend b{CudaBackendOptions{}};
+    ADD_FAILURE() << "ARBOR_GEMM=fastest was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'fastest'"), std::string::npos) << e.what();
+  }
+  ::setenv("ARBOR_GEMM", "chunked", 1);
+  {
+    CpuGpu b(small_kv());
+    HostTensor wt({48, 64});
+    std::mt19937 rng(16);
+    wt.data = random_vector(rng, wt.data.size(), 0.5f);
+    Both w = b.weight(wt);
+    auto xv = random_vector(rng, 2 * 64);
+    for (auto& v : xv) v = testing::round_bf16(v);
+    Both x = b.input(xv, 2, 64);
+    Both out = b.output(2, 48);
+    b.cpu().linear(x.c, w.c, Both{}.c, out.c);
+    b.gpu().linear(x.g, w.g, Both{}.g, out.g);
+    expect_close(b.get(out), 1e-5, "linear with ARBOR_GEMM=chunked");
+    EXPECT_EQ(b.gpu().batch_invariant_gemm_algo(48, 64), "")
+        << "cuBLASLt ran, not the chunked GEMM";
+  }
+  ::unsetenv("ARBOR_GEMM");
+  {  // without it: the cuBLASLt fixed algorithm (the default)
+    CpuGpu b(small_kv());
+    HostTensor wt({48, 64});
+    std::mt19937 rng(17);
+    wt.data = random_vector(rng, wt.data.size(), 0.5f);
+    Both w = b.weight(wt);
+    Both x = b.input(random_vector(rng, 2 * 64), 2, 64);
+    Both out = b.output(2, 48);
+    b.gpu().linear(x.g, w.g, Both{}.g, out.g);
+    EXPECT_NE(b.gpu().batch_invariant_gemm_algo(48, 64), "");
   }
 }
 

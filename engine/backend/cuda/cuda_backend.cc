@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -322,7 +323,28 @@ struct CudaBackend::State {
   }
 };
 
-CudaBackend::CudaBackend(const CudaBackendOptions& options) : s_(std::make_unique<State>()) {
+namespace {
+// ARBOR_GEMM (cublas | own | chunked) overrides CudaBackendOptions::batch_invariant_gemm, so
+// the CLI and server can pick the GEMM without a flag of their own.
+CudaBackendOptions with_env_overrides(CudaBackendOptions o) {
+  const char* e = std::getenv("ARBOR_GEMM");
+  if (e == nullptr || *e == '\0') return o;
+  const std::string v = e;
+  if (v == "cublas")
+    o.batch_invariant_gemm = 0;
+  else if (v == "own")
+    o.batch_invariant_gemm = 1;
+  else if (v == "chunked")
+    o.batch_invariant_gemm = 2;
+  else
+    throw_error(ErrorCode::kInvalidArgument,
+                "ARBOR_GEMM='" + v + "' (expected cublas, own or chunked)");
+  return o;
+}
+}  // namespace
+
+CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_unique<State>()) {
+  const CudaBackendOptions options = with_env_overrides(requested);
   s_->options = options;
   if (options.kv_dtype != DType::kBF16 && options.kv_dtype != DType::kF16)
     throw_error(ErrorCode::kUnsupported, std::string("cuda backend: KV cache dtype ") +

@@ -32,7 +32,8 @@ struct CudaBackendOptions {
   // split-K) and reused for every row count; 1 = the repo's own MMA kernel
   // (kernels/gemm/batch_invariant_gemm.h, slower); 2 = the chunked kernel
   // (kernels/gemm/chunked_gemm.h: K in fixed 512-wide chunks, all SMs busy at 1-64 rows; shapes
-  // whose K is not a multiple of 32 take the cuBLASLt path).
+  // whose K is not a multiple of 32 take the cuBLASLt path). The environment variable
+  // ARBOR_GEMM = cublas | own | chunked overrides it (any binary: arbor serve, generate, ...).
   int batch_invariant_gemm = 0;
   int attention_max_splits = 0;  // split-KV cap: 0 = chosen from the shape, 1 = never split
   // Batch-invariant attention: keys per KV split (fixed boundaries from key 0), a multiple of
