@@ -77,8 +77,8 @@ timeout 360 "$BIN/arbor_cuda_tests" --gtest_filter="${ARBOR_GPU_TEST_FILTER:-*}"
 grep -E '^\[  FAILED|Failure|rror' "$LOG/tests.log" | head -40
 grep -E '^  .*(worst|greedy|speculation)' "$LOG/tests.log" | grep -E 'model|greedy|speculation|d128_g4_(mma|wgmma)|long_split_d128' | head -40
 echo "== model tests again with the chunked GEMM (ARBOR_GEMM=chunked): greedy speculation == plain"
-ARBOR_GEMM=chunked timeout 200 "$BIN/arbor_cuda_tests" \
-  --gtest_filter='Models/CudaModel.SpeculativeGreedyEqualsPlainOnGpu/*:Models/CudaModelInvariance.*:Models/CudaModel.GreedyTokensMatchCpu/*:Models/CudaGraphs*' \
+ARBOR_GEMM=chunked timeout 120 "$BIN/arbor_cuda_tests" \
+  --gtest_filter='Models/CudaModel.SpeculativeGreedyEqualsPlainOnGpu/*:Models/CudaModelInvariance.*:Models/CudaGraphs*:-Models/CudaModelInvariance.*/SmolLM2' \
   >"$LOG/tests_chunked.log" 2>&1 || STATUS=1
 grep -E '^\[  (PASSED|FAILED)|Failure' "$LOG/tests_chunked.log" | head -20
 echo "== batch invariance (bitwise)"
