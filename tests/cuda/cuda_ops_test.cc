@@ -198,6 +198,34 @@ TEST(CudaOps, RmsNorm) {
   }
 }
 
+// A random [out, in] bf16 weight (and bias), x rounded to bf16 as the GPU does for its GEMM,
+// out = x w^T (+ bias) on both backends within 1e-5 (NaN-poisoned GPU output). The weight and
+// bias are handed back for further checks.
+void linear_matches_cpu(CpuGpu& b, std::mt19937& rng, int n, int in, int out_features,
+                        bool with_bias, const std::string& what, Both* w_out = nullptr,
+                        Both* bias_out = nullptr) {
+  HostTensor wt({out_features, in});
+  wt.data = random_vector(rng, wt.data.size(), 0.5f);
+  Both w = b.weight(wt);
+  Both bias;
+  if (with_bias) {
+    HostTensor bt({out_features});
+    bt.data = random_vector(rng, out_features);
+    bias = b.weight(bt);
+  }
+  auto xv = random_vector(rng, static_cast<size_t>(n) * in);
+  for (auto& v : xv) v = testing::round_bf16(v);
+  Both x = b.input(xv, n, in);
+  Both out = b.output(n, out_features);
+  b.cpu().linear(x.c, w.c, bias.c, out.c);
+  b.gpu().linear(x.g, w.g, bias.g, out.g);
+  expect_close(b.get(out), 1e-5,
+               what + " " + std::to_string(n) + "x" + std::to_string(in) + "->" +
+                   std::to_string(out_features) + (with_bias ? "+bias" : ""));
+  if (w_out != nullptr) *w_out = w;
+  if (bias_out != nullptr) *bias_out = bias;
+}
+
 TEST(CudaOps, Linear) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(5);
@@ -211,25 +239,8 @@ TEST(CudaOps, Linear) {
                                            {130, 128, 1000, true},
                                            {3, 2048, 512, false}}) {
     CpuGpu b(small_kv());
-    HostTensor wt({sh.out, sh.in});
-    wt.data = random_vector(rng, wt.data.size(), 0.5f);
-    Both w = b.weight(wt);
-    Both bias;
-    if (sh.bias) {
-      HostTensor bt({sh.out});
-      bt.data = random_vector(rng, sh.out);
-      bias = b.weight(bt);
-    }
-    // The GPU rounds x to bf16 for the GEMM: give the CPU the same rounded x.
-    auto xv = random_vector(rng, static_cast<size_t>(sh.n) * sh.in);
-    for (auto& v : xv) v = testing::round_bf16(v);
-    Both x = b.input(xv, sh.n, sh.in);
-    Both out = b.output(sh.n, sh.out);
-    b.cpu().linear(x.c, w.c, bias.c, out.c);
-    b.gpu().linear(x.g, w.g, bias.g, out.g);
-    expect_close(b.get(out), 1e-5,
-                 "linear " + std::to_string(sh.n) + "x" + std::to_string(sh.in) + "->" +
-                     std::to_string(sh.out) + (sh.bias ? "+bias" : ""));
+    Both w, bias;
+    linear_matches_cpu(b, rng, sh.n, sh.in, sh.out, sh.bias, "linear", &w, &bias);
     // Unrounded fp32 input: the documented bf16 rounding of activations, within 1e-2.
     Both x2 = b.input(random_vector(rng, static_cast<size_t>(sh.n) * sh.in), sh.n, sh.in);
     Both out2 = b.output(sh.n, sh.out);
@@ -256,24 +267,7 @@ TEST(CudaOps, LinearChunkedGemmMatchesCpu) {
        std::vector<Shape>{{576, 200, true}, {1536, 72, false}, {96, 40, true}, {72, 24, false}}) {
     for (int n : {1, 3, 8, 9, 16, 17, 32, 33, 64, 65, 130}) {
       CpuGpu b(small_kv(), opts);
-      HostTensor wt({sh.out, sh.in});
-      wt.data = random_vector(rng, wt.data.size(), 0.5f);
-      Both w = b.weight(wt);
-      Both bias;
-      if (sh.bias) {
-        HostTensor bt({sh.out});
-        bt.data = random_vector(rng, sh.out);
-        bias = b.weight(bt);
-      }
-      auto xv = random_vector(rng, static_cast<size_t>(n) * sh.in);
-      for (auto& v : xv) v = testing::round_bf16(v);
-      Both x = b.input(xv, n, sh.in);
-      Both out = b.output(n, sh.out);
-      b.cpu().linear(x.c, w.c, bias.c, out.c);
-      b.gpu().linear(x.g, w.g, bias.g, out.g);
-      expect_close(b.get(out), 1e-5,
-                   "chunked linear " + std::to_string(n) + "x" + std::to_string(sh.in) + "->" +
-                       std::to_string(sh.out));
+      linear_matches_cpu(b, rng, n, sh.in, sh.out, sh.bias, "chunked linear");
     }
   }
 }
