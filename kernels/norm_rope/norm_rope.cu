@@ -243,40 +243,43 @@ __global__ void rope_kernel(const RopeParams p) {
   }
 }
 
+// One CTA per row: the register-row kernel for its float4 width when `vec_ok` and the row
+// fits, else the loop kernel.
+template <typename Params>
+cudaError_t launch_norm(const Params& p, bool vec_ok, void (*vec1)(Params), void (*vec2)(Params),
+                        void (*vec4)(Params), void (*loop)(Params), cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(p.rows));
+  const VecShape v = vec_ok ? vec_shape(p.cols) : VecShape{};
+  if (v.vec != 0)
+    return launch_pdl(v.vec == 1   ? vec1
+                      : v.vec == 2 ? vec2
+                                   : vec4,
+                      grid, dim3(static_cast<unsigned>(v.threads)), 0, stream, p);
+  const int threads =
+      p.cols >= kNormThreads ? kNormThreads : 32 * static_cast<int>((p.cols + 31) / 32);
+  return launch_pdl(loop, grid, dim3(threads), 0, stream, p);
+}
+
+bool bf16_copy_aligned(const void* out_bf16) {
+  return out_bf16 == nullptr || (reinterpret_cast<uintptr_t>(out_bf16) & 7u) == 0;
+}
+
 }  // namespace
 
 cudaError_t launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
-  if (p.rows == 0) return cudaSuccess;
-  if (p.x_type == ElemType::kF32 && p.out_type == ElemType::kF32 && p.cols % 4 == 0 &&
-      aligned16(p.x) && aligned16(p.out) && aligned16(p.weight) &&
-      (p.out_bf16 == nullptr || (reinterpret_cast<uintptr_t>(p.out_bf16) & 7u) == 0)) {
-    const VecShape v = vec_shape(p.cols);
-    const dim3 grid(static_cast<unsigned>(p.rows)), block(static_cast<unsigned>(v.threads));
-    if (v.vec == 1) return launch_pdl(rms_norm_vec_kernel<1>, grid, block, 0, stream, p);
-    if (v.vec == 2) return launch_pdl(rms_norm_vec_kernel<2>, grid, block, 0, stream, p);
-    if (v.vec == 4) return launch_pdl(rms_norm_vec_kernel<4>, grid, block, 0, stream, p);
-  }
-  const int threads =
-      p.cols >= kNormThreads ? kNormThreads : 32 * static_cast<int>((p.cols + 31) / 32);
-  return launch_pdl(rms_norm_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(threads), 0, stream,
-                    p);
+  const bool vec_ok = p.x_type == ElemType::kF32 && p.out_type == ElemType::kF32 &&
+                      p.cols % 4 == 0 && aligned16(p.x) && aligned16(p.out) &&
+                      aligned16(p.weight) && bf16_copy_aligned(p.out_bf16);
+  return launch_norm(p, vec_ok, rms_norm_vec_kernel<1>, rms_norm_vec_kernel<2>,
+                     rms_norm_vec_kernel<4>, rms_norm_kernel, stream);
 }
 
 cudaError_t launch_add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
-  if (p.rows == 0) return cudaSuccess;
-  if (p.cols % 4 == 0 && aligned16(p.a) && aligned16(p.b) && aligned16(p.sum) && aligned16(p.out) &&
-      aligned16(p.weight) &&
-      (p.out_bf16 == nullptr || (reinterpret_cast<uintptr_t>(p.out_bf16) & 7u) == 0)) {
-    const VecShape v = vec_shape(p.cols);
-    const dim3 grid(static_cast<unsigned>(p.rows)), block(static_cast<unsigned>(v.threads));
-    if (v.vec == 1) return launch_pdl(add_rms_norm_vec_kernel<1>, grid, block, 0, stream, p);
-    if (v.vec == 2) return launch_pdl(add_rms_norm_vec_kernel<2>, grid, block, 0, stream, p);
-    if (v.vec == 4) return launch_pdl(add_rms_norm_vec_kernel<4>, grid, block, 0, stream, p);
-  }
-  const int threads =
-      p.cols >= kNormThreads ? kNormThreads : 32 * static_cast<int>((p.cols + 31) / 32);
-  return launch_pdl(add_rms_norm_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(threads), 0,
-                    stream, p);
+  const bool vec_ok = p.cols % 4 == 0 && aligned16(p.a) && aligned16(p.b) && aligned16(p.sum) &&
+                      aligned16(p.out) && aligned16(p.weight) && bf16_copy_aligned(p.out_bf16);
+  return launch_norm(p, vec_ok, add_rms_norm_vec_kernel<1>, add_rms_norm_vec_kernel<2>,
+                     add_rms_norm_vec_kernel<4>, add_rms_norm_kernel, stream);
 }
 
 cudaError_t launch_rope(const RopeParams& p, cudaStream_t stream) {

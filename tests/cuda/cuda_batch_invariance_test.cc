@@ -53,13 +53,13 @@ TEST_P(CudaLinearInvariance, RowsIndependentOfBatch) {
     b.download(ys, full.data());
     // The values themselves: rows against a double-precision product of the bf16-rounded
     // inputs (each GEMM sums in its own order; fp32 accumulation over K terms).
-    auto bf16 = [](float v) { return testing::round_bf16(v); };
     double max_err = 0, max_ref = 0;
     for (int64_t r : {int64_t{0}, int64_t{37}, kMaxRows - 1})
       for (int64_t oo = 0; oo < o_feat; oo += std::max<int64_t>(1, o_feat / 97)) {
         double ref = 0;
         for (int64_t kk = 0; kk < k; ++kk)
-          ref += static_cast<double>(bf16(x[r * k + kk])) * bf16(w.data[oo * k + kk]);
+          ref += static_cast<double>(testing::round_bf16(x[r * k + kk])) *
+                 testing::round_bf16(w.data[oo * k + kk]);
         max_err = std::max(max_err, std::abs(ref - full[r * o_feat + oo]));
         max_ref = std::max(max_ref, std::abs(ref));
       }

@@ -478,52 +478,43 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
       lt_layout(CUDA_R_32F, o, kLtRepresentativeRows), pref, kCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   cublas_check(st, "cublasLtMatmulAlgoGetHeuristic");
-  // Each candidate without split-K, and (when tuning) with a fixed split of K into 2..8 parts
-  // reduced in place: cuBLASLt adds the parts into the output in split order (its workspace
-  // only holds the counters that sequence them), so a row still sees one fixed summation
-  // order whatever M is. The tuning below also checks that bitwise and drops any candidate
-  // whose row results depend on the row count.
-  const bool tune = weight != nullptr && options.tune_invariant_gemm;
+  // Each candidate forced to one K split without a reduction scheme (split-K candidates with
+  // cuBLASLt's in-place, sequenced reduction were tried on the H100: cuBLAS 13 accepted none).
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    for (uint32_t splits : {1u, 2u, 3u, 4u, 6u, 8u}) {
-      if (splits > 1 && !tune) break;
-      cublasLtMatmulAlgo_t algo = results[i].algo;
-      const uint32_t scheme =
-          splits == 1 ? CUBLASLT_REDUCTION_SCHEME_NONE : CUBLASLT_REDUCTION_SCHEME_INPLACE;
-      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                               sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
-          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                               &scheme, sizeof(scheme)) != CUBLAS_STATUS_SUCCESS)
-        continue;
-      bool ok = true;
-      for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{17}, kLtRepresentativeRows, int64_t{512},
-                        int64_t{4096}}) {
-        cublasLtMatmulHeuristicResult_t check{};
-        ok = ok &&
-             cublasLtMatmulAlgoCheck(lt, lt_desc, a, lt_layout(CUDA_R_16BF, k, n),
-                                     lt_layout(CUDA_R_32F, o, n), lt_layout(CUDA_R_32F, o, n),
-                                     &algo, &check) == CUBLAS_STATUS_SUCCESS &&
-             check.workspaceSize <= kLtWorkspaceBytes;
-      }
-      if (!ok) continue;
-      uint32_t id = 0, tile = 0, stages = 0, splitk = 0, cluster = 0;
-      size_t written = 0;
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id),
-                                           &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
-                                           &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
-                                           sizeof(stages), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                           sizeof(splitk), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
-                                           sizeof(cluster), &written);
-      valid.push_back({algo, "candidate " + std::to_string(i) + " algo " + std::to_string(id) +
-                                 " tile " + std::to_string(tile) + " stages " +
-                                 std::to_string(stages) + " splitK " + std::to_string(splitk) +
-                                 " cluster " + std::to_string(cluster)});
+    cublasLtMatmulAlgo_t algo = results[i].algo;
+    const uint32_t one = 1, none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
+                                             sizeof(one)) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
+                                             sizeof(none)) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    bool ok = true;
+    for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{17}, kLtRepresentativeRows, int64_t{512},
+                      int64_t{4096}}) {
+      cublasLtMatmulHeuristicResult_t check{};
+      ok = ok &&
+           cublasLtMatmulAlgoCheck(lt, lt_desc, a, lt_layout(CUDA_R_16BF, k, n),
+                                   lt_layout(CUDA_R_32F, o, n), lt_layout(CUDA_R_32F, o, n), &algo,
+                                   &check) == CUBLAS_STATUS_SUCCESS &&
+           check.workspaceSize <= kLtWorkspaceBytes;
     }
+    if (!ok) continue;
+    uint32_t id = 0, tile = 0, stages = 0, splitk = 0, cluster = 0;
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                         &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                         sizeof(stages), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                         sizeof(splitk), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                         sizeof(cluster), &written);
+    valid.push_back({algo, "candidate " + std::to_string(i) + " algo " + std::to_string(id) +
+                               " tile " + std::to_string(tile) + " stages " +
+                               std::to_string(stages) + " splitK " + std::to_string(splitk) +
+                               " cluster " + std::to_string(cluster)});
   }
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(stream, &capturing);
@@ -556,7 +547,7 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
     cudaEvent_t e0, e1;
     cuda_check(cudaEventCreate(&e0), "linear tuning");
     cuda_check(cudaEventCreate(&e1), "linear tuning");
-    std::vector<std::array<float, 3>> ms(valid.size());
+    std::vector<std::array<float, 3>> ms(valid.size(), {1e30f, 1e30f, 1e30f});
     std::vector<char> invariant(valid.size(), 1);
     const float alpha = 1.f, beta = 0.f;
     std::vector<float> row_all(static_cast<size_t>(o)), row_one(static_cast<size_t>(o));
@@ -577,6 +568,7 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
           "linear tuning");
       cuda_check(cudaStreamSynchronize(stream), "linear tuning");
       invariant[c] = std::memcmp(row_all.data(), row_one.data(), row_all.size() * 4) == 0;
+      if (!invariant[c]) continue;  // never picked: not worth timing
       for (int si = 0; si < 3; ++si) {
         const int64_t n = sizes[si];
         float best = 1e30f;
@@ -599,8 +591,6 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
     cudaFree(y);
     cudaFree(y1);
     cudaFree(flush);
-    for (size_t c = 0; c < valid.size(); ++c)
-      if (!invariant[c]) ms[c] = {1e30f, 1e30f, 1e30f};
     std::array<float, 3> fastest = {1e30f, 1e30f, 1e30f};
     for (const auto& t : ms)
       for (size_t si = 0; si < 3; ++si) fastest[si] = std::min(fastest[si], t[si]);
@@ -1017,26 +1007,15 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
                  "linear convert");
   }
   const float alpha = 1.f, beta = 0.f;
-  kernels::ChunkedGemmParams cp;
-  cp.x = xin;
-  cp.w = w.data;
-  cp.out = static_cast<float*>(out.data);
-  cp.rows = x.rows;
-  cp.in_features = x.cols;
-  cp.out_features = w.rows;
+  float* const y = static_cast<float*>(out.data);
+  const kernels::ChunkedGemmParams cp{xin, w.data, y, x.rows, x.cols, w.rows};
   // The chunked kernel's support depends only on the shape (K % 32) and on alignments that
   // every backend buffer has, so one (out, in) shape always takes the same path.
   if (s.options.batch_invariant && s.options.batch_invariant_gemm == 2 &&
       kernels::chunked_gemm_supported(cp)) {
     cuda_check(kernels::launch_chunked_gemm(cp, s.stream), "linear (chunked)");
   } else if (s.options.batch_invariant && s.options.batch_invariant_gemm == 1) {
-    kernels::BatchInvariantGemmParams p;
-    p.x = xin;
-    p.w = w.data;
-    p.out = static_cast<float*>(out.data);
-    p.rows = x.rows;
-    p.in_features = x.cols;
-    p.out_features = w.rows;
+    const kernels::BatchInvariantGemmParams p{xin, w.data, y, x.rows, x.cols, w.rows};
     if (x.cols % 2 != 0)
       throw_error(ErrorCode::kUnsupported,
                   "linear: the batch-invariant kernel needs an even in_features, got " + shape(w));
