@@ -13,8 +13,6 @@ namespace arbor::kernels {
 namespace {
 
 constexpr int kSmallWarps = 8;
-constexpr int kLargeWarps = 4;
-constexpr int kLargeTiles = 8;  // n8 token tiles per warp (large kernel): 64 tokens per CTA
 
 // One 32-k block: two MMAs into acc (weights rows g / g + 8 in wl / wh, token g in xv).
 __device__ __forceinline__ void block_mma(float (&acc)[4], const uint4& wl, const uint4& wh,
@@ -105,51 +103,129 @@ __global__ void __launch_bounds__(kSmallWarps * 32, 2)
   }
 }
 
-// Any N: CTA = 64 weight rows (16 per warp) x 64 tokens, K walked in order chunk by chunk.
-__global__ void __launch_bounds__(kLargeWarps * 32)
-    chunked_gemm_large_kernel(const ChunkedGemmParams p) {
+// N > 16: a CTA owns 16 * RT weight rows x 8 * NT tokens, so every activation load serves RT
+// row tiles (the small kernel re-reads the activations per 16 weight rows, which bounds it by
+// L2 traffic from ~32 rows on). Warp w computes chunk c0 + w of each round of kSmallWarps
+// chunks into registers, parks it in shared memory, and after the round each thread adds the
+// round's sums of its kPer output elements to its running total in chunk order. Dynamic
+// shared memory: [kSmallWarps][NT * 8 tokens][16 * RT + 4 rows] fp32 (the 4 pad keeps the
+// fragment stores off each other's banks).
+template <int RT, int NT, int BB>
+__global__ void __launch_bounds__(kSmallWarps * 32, 1)
+    chunked_gemm_tile_kernel(const ChunkedGemmParams p) {
+  extern __shared__ float part[];
+  constexpr int kRows = 16 * RT, kTok = 8 * NT, kStride = kRows + 4;
+  constexpr int kPer = kRows * kTok / (kSmallWarps * 32);
+  static_assert(kRows * kTok % (kSmallWarps * 32) == 0, "tile elements per thread");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t K = p.in_features, O = p.out_features;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kLargeWarps + warp) * 16;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kLargeTiles * 8;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTok;
+  const int chunks = num_chunks(K);
   const auto* w = static_cast<const uint16_t*>(p.w);
   const auto* x = static_cast<const uint16_t*>(p.x);
-  const uint16_t* w_lo = w + min(r0 + g, O - 1) * K;
-  const uint16_t* w_hi = w + min(r0 + g + 8, O - 1) * K;
-  grid_dependency_wait();
-  trigger_dependent_launch();
-  if (r0 >= O) return;
-  float total[kLargeTiles][4] = {};
-  const int chunks = num_chunks(K);
-  for (int c = 0; c < chunks; ++c) {
-    const int64_t kc0 = static_cast<int64_t>(c) * kChunkedGemmChunk;
-    const int blocks = static_cast<int>(min(static_cast<int64_t>(kChunkedGemmChunk), K - kc0) / 32);
-    float acc[kLargeTiles][4] = {};
-    for (int b = 0; b < blocks; ++b) {
-      const int64_t k = kc0 + b * 32 + 8 * t;
-      const uint4 wl = load_streaming(w_lo + k), wh = load_streaming(w_hi + k);
+  const uint16_t* wrow[RT][2];
 #pragma unroll
-      for (int nt = 0; nt < kLargeTiles; ++nt) {
-        const int64_t tok = n0 + nt * 8 + g;
-        const uint4 xv = tok < p.rows ? *reinterpret_cast<const uint4*>(x + tok * K + k)
-                                      : make_uint4(0u, 0u, 0u, 0u);
-        block_mma(acc[nt], wl, wh, xv);
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < kLargeTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) total[nt][e] = __fadd_rn(total[nt][e], acc[nt][e]);
+  for (int rt = 0; rt < RT; ++rt) {  // rows past O read a valid row (never stored)
+    wrow[rt][0] = w + min(r0 + rt * 16 + g, O - 1) * K;
+    wrow[rt][1] = w + min(r0 + rt * 16 + g + 8, O - 1) * K;
   }
+  const uint16_t* xrow[NT];
+  bool xvalid[NT];
 #pragma unroll
-  for (int nt = 0; nt < kLargeTiles; ++nt)
+  for (int nt = 0; nt < NT; ++nt) {
+    const int64_t tok = n0 + nt * 8 + g;
+    xvalid[nt] = tok < p.rows;
+    xrow[nt] = x + (xvalid[nt] ? tok : 0) * K;
+  }
+  float* mine = part + warp * kTok * kStride;
+  float total[kPer];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t tok = n0 + nt * 8 + 2 * t + (e % 2);
-      const int64_t row = r0 + g + (e >= 2 ? 8 : 0);
-      if (tok < p.rows && row < O) p.out[tok * O + row] = total[nt][e];
+  for (int e = 0; e < kPer; ++e) total[e] = 0.f;
+  bool waited = false;
+  for (int c0 = 0; c0 < chunks; c0 += kSmallWarps) {
+    const int c = c0 + warp;
+    if (c < chunks) {
+      const int64_t kc0 = static_cast<int64_t>(c) * kChunkedGemmChunk;
+      const int blocks =
+          static_cast<int>(min(static_cast<int64_t>(kChunkedGemmChunk), K - kc0) / 32);
+      float acc[RT][NT][4];
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[rt][nt][e] = 0.f;
+      for (int b0 = 0; b0 < blocks; b0 += BB) {
+        uint4 wv[BB][RT][2];
+#pragma unroll
+        for (int i = 0; i < BB; ++i)
+          if (b0 + i < blocks) {
+            const int64_t k = kc0 + (b0 + i) * 32 + 8 * t;
+#pragma unroll
+            for (int rt = 0; rt < RT; ++rt) {
+              wv[i][rt][0] = load_streaming(wrow[rt][0] + k);
+              wv[i][rt][1] = load_streaming(wrow[rt][1] + k);
+            }
+          }
+        if (!waited) {  // weights are constant: only x waits for the producing kernel
+          grid_dependency_wait();
+          waited = true;
+        }
+        // Every activation load of the block(s) is issued before the first MMA, so the block
+        // costs one memory round trip, not one per token tile.
+        uint4 xv[BB][NT];
+#pragma unroll
+        for (int i = 0; i < BB; ++i)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const int64_t k = kc0 + (b0 + i) * 32 + 8 * t;
+            xv[i][nt] = (xvalid[nt] && b0 + i < blocks)
+                            ? *reinterpret_cast<const uint4*>(xrow[nt] + k)
+                            : make_uint4(0u, 0u, 0u, 0u);
+          }
+#pragma unroll
+        for (int i = 0; i < BB; ++i)
+          if (b0 + i < blocks)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int rt = 0; rt < RT; ++rt)
+                block_mma(acc[rt][nt], wv[i][rt][0], wv[i][rt][1], xv[i][nt]);
+      }
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int row = rt * 16 + g, tok = nt * 8 + 2 * t;
+          mine[tok * kStride + row] = acc[rt][nt][0];
+          mine[(tok + 1) * kStride + row] = acc[rt][nt][1];
+          mine[tok * kStride + row + 8] = acc[rt][nt][2];
+          mine[(tok + 1) * kStride + row + 8] = acc[rt][nt][3];
+        }
     }
+    if (!waited) {  // a warp without a chunk this round
+      grid_dependency_wait();
+      waited = true;
+    }
+    __syncthreads();
+    const int here = min(kSmallWarps, chunks - c0);
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int idx = threadIdx.x + e * kSmallWarps * 32;
+      const int off = (idx / kRows) * kStride + idx % kRows;
+      for (int s = 0; s < here; ++s) total[e] = __fadd_rn(total[e], part[s * kTok * kStride + off]);
+    }
+    __syncthreads();
+  }
+  trigger_dependent_launch();
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int idx = threadIdx.x + e * kSmallWarps * 32;
+    const int64_t tok = n0 + idx / kRows, row = r0 + idx % kRows;
+    if (tok < p.rows && row < O) p.out[tok * O + row] = total[e];
+  }
 }
 
 template <int NT, int BB>
@@ -168,6 +244,23 @@ cudaError_t launch_small(const ChunkedGemmParams& p, cudaStream_t stream) {
                     p);
 }
 
+template <int RT, int NT, int BB>
+cudaError_t launch_tile(const ChunkedGemmParams& p, cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(kSmallWarps) * NT * 8 * (16 * RT + 4) * 4;
+  static bool configured = false;  // per instantiation (the size does not depend on K)
+  if (!configured) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(chunked_gemm_tile_kernel<RT, NT, BB>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    configured = true;
+  }
+  const dim3 grid(static_cast<unsigned>((p.out_features + 16 * RT - 1) / (16 * RT)),
+                  static_cast<unsigned>((p.rows + NT * 8 - 1) / (NT * 8)));
+  return launch_pdl(chunked_gemm_tile_kernel<RT, NT, BB>, grid, dim3(kSmallWarps * 32), smem,
+                    stream, p);
+}
+
 }  // namespace
 
 bool chunked_gemm_supported(const ChunkedGemmParams& p) {
@@ -180,18 +273,16 @@ cudaError_t launch_chunked_gemm(const ChunkedGemmParams& p, cudaStream_t stream)
   if (p.rows == 0 || p.out_features == 0) return cudaSuccess;
   if (!chunked_gemm_supported(p)) return cudaErrorInvalidValue;
   // The small kernel keeps every chunk sum of its tile in shared memory: at most 112 KiB.
-  const int64_t small_smem = static_cast<int64_t>(num_chunks(p.in_features)) * 16 * 64 * 4;
+  const int64_t small_smem = static_cast<int64_t>(num_chunks(p.in_features)) * 16 * 16 * 4;
   if (p.rows <= kChunkedGemmSmallRows && small_smem <= (112 << 10)) {
     // 4 blocks in flight per lane: 2 and 8 measured no faster (8: slower, fewer CTAs per SM).
     if (p.rows <= 8) return launch_small<1, 4>(p, stream);
-    if (p.rows <= 16) return launch_small<2, 4>(p, stream);
-    if (p.rows <= 32) return launch_small<4, 4>(p, stream);
-    return launch_small<8, 4>(p, stream);
+    return launch_small<2, 4>(p, stream);
   }
-  const dim3 grid(
-      static_cast<unsigned>((p.out_features + kLargeWarps * 16 - 1) / (kLargeWarps * 16)),
-      static_cast<unsigned>((p.rows + kLargeTiles * 8 - 1) / (kLargeTiles * 8)));
-  return launch_pdl(chunked_gemm_large_kernel, grid, dim3(kLargeWarps * 32), 0, stream, p);
+  // Tile kernel: 32 weight rows per CTA (RT = 2; measured against 16 and 64 on the H100 at
+  // 32..2048 rows, docs/benchmarks.md), 32 or 64 tokens.
+  if (p.rows <= 32) return launch_tile<2, 4, 2>(p, stream);
+  return launch_tile<2, 8, 2>(p, stream);
 }
 
 }  // namespace arbor::kernels

@@ -5,10 +5,13 @@
 // chunks of kChunkedGemmChunk (the last one may be shorter); inside a chunk an fp32 accumulator
 // starts at 0 and takes one m16n8k16 MMA per 16 k, in ascending k, with the weights as the A
 // operand; the chunk sums are added to a zero total in chunk order. Two kernels compute that
-// sequence: for N <= kChunkedGemmSmallRows the chunks of a 16-row weight tile run in parallel
-// on the warps of one CTA (weights streamed with 16-byte loads, the chunk sums added in order
-// through shared memory), which is what a decode step needs (all SMs busy even for one token);
-// larger N walk K in order per 64 x 64 tile. Both give bitwise the same rows
+// sequence, both running the chunks of a weight tile in parallel on the 8 warps of a CTA
+// (weights streamed from global memory with 16-byte loads straight into MMA fragments, the
+// chunk sums added in order through shared memory), so even one token keeps every SM
+// streaming: for N <= kChunkedGemmSmallRows a CTA owns 16 weight rows and keeps every chunk
+// sum; for larger N it owns 32 weight rows x 32 or 64 tokens (each activation load serves two
+// row tiles) and adds the chunk sums round by round (8 chunks a round) into per-thread totals.
+// Both give bitwise the same rows
 // (tests/cuda/cuda_batch_invariance_test.cc). K must be a multiple of 32 and x / w 16-byte
 // aligned (chunked_gemm_supported).
 #pragma once
@@ -20,7 +23,7 @@
 namespace arbor::kernels {
 
 constexpr int kChunkedGemmChunk = 512;
-constexpr int kChunkedGemmSmallRows = 64;
+constexpr int kChunkedGemmSmallRows = 16;
 
 struct ChunkedGemmParams {
   const void* x = nullptr;   // [rows, in_features] device bf16

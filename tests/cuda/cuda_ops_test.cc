@@ -251,9 +251,11 @@ TEST(CudaOps, Linear) {
 }
 
 // The chunked batch-invariant GEMM (CudaBackendOptions::batch_invariant_gemm = 2) against the
-// CPU reference: its small-row path (1..64 rows, every NT variant) and its large-row path (65+),
-// K with a short last chunk (576 = 512 + 64, SmolLM2's hidden size) and several chunks, outputs
-// not a multiple of 16, bias, NaN-poisoned outputs; K % 32 != 0 takes the cuBLASLt fallback.
+// CPU reference: its small-row path (1..16 rows, both NT variants) and its tile path (17+ rows:
+// 32- and 64-token tiles, several of them), K with a short last chunk (576 = 512 + 64,
+// SmolLM2's hidden size), several chunks and more chunks than warps (4640: two rounds, the second
+// short), outputs not a multiple of 16, bias, NaN-poisoned outputs; K % 32 != 0 takes the
+// cuBLASLt fallback.
 TEST(CudaOps, LinearChunkedGemmMatchesCpu) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(15);
@@ -263,8 +265,11 @@ TEST(CudaOps, LinearChunkedGemmMatchesCpu) {
     int in, out;
     bool bias;
   };
-  for (const Shape sh :
-       std::vector<Shape>{{576, 200, true}, {1536, 72, false}, {96, 40, true}, {72, 24, false}}) {
+  for (const Shape sh : std::vector<Shape>{{576, 200, true},
+                                           {1536, 72, false},
+                                           {96, 40, true},
+                                           {72, 24, false},
+                                           {4640, 136, false}}) {
     for (int n : {1, 3, 8, 9, 16, 17, 32, 33, 64, 65, 130}) {
       CpuGpu b(small_kv(), opts);
       linear_matches_cpu(b, rng, n, sh.in, sh.out, sh.bias, "chunked linear");

@@ -1,7 +1,8 @@
 // Model benchmark of the CUDA backend at Llama-3-8B shapes (hidden 4096, 32 layers, 32 query /
 // 8 KV heads, head_dim 128, intermediate 14336, vocab 128256, llama3 RoPE) with random bf16
 // weights made on the GPU (CudaBackendOptions::random_weights: no weight file). Measures
-//   * the linear layers alone: skinny GEMM vs cuBLAS per shape and token count (--linear);
+//   * the linear layers alone: invariant cuBLASLt vs the chunked GEMM per shape and row count
+//   (--linear);
 //   * plain decode: step time and tokens/s at each batch after a prefill of --context tokens,
 //     through LlamaModel::forward (logits copied to the host, the engine's path today), through
 //     the same op sequence with the logits left on the device, and as a CUDA-graph replay of
@@ -17,9 +18,10 @@
 //
 //   model_bench [--batch 1,8,32,64] [--context 512] [--decode-steps 32]
 //               [--verify-batch 1,8,32] [--tree 1,2,4,...,256] [--verify-iters 10]
-//               [--skinny-max-rows 0] [--max-splits 0] [--linear] [--no-graphs] [--json out.json]
+//               [--skinny-max-rows 0] [--max-splits 0] [--linear | --linear-only] [--no-graphs]
+//               [--json out.json]
 //               [--verify-json curve.json] [--batch-invariant 0|1|both] [--graph-compare]
-//               [--engine] [--no-verify] [--no-plain]
+//               [--engine] [--no-verify] [--no-plain] [--gemm 0|1|2] [--gemm-tune 0|1]
 //   --batch-invariant both: two passes in one process (CudaBackendOptions::batch_invariant off,
 //   then on), a JSON file per pass (.bi0 / .bi1 appended) and a decode cost table at the end.
 #include <cuda_runtime.h>
@@ -32,6 +34,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -399,46 +402,53 @@ double measure_copy_bandwidth(cudaStream_t s) {
   return median(t);
 }
 
-// Skinny GEMM vs cuBLAS on every linear shape of the model, cold L2 (a 256 MiB memset first).
-nlohmann::json linear_bench(cudaStream_t stream_unused, double bw) {
-  (void)stream_unused;
+// The batch-invariant GEMMs on every linear shape of the model (q|k|v and gate|up fused as the
+// model runs them), 1..2048 token rows, cold L2 (a 256 MiB memset first): the invariant
+// cuBLASLt algorithm (CudaBackendOptions::batch_invariant_gemm = 0, the default) and the
+// chunked kernel (= 2), the bf16 rounding of the input included. Median of 10 launches.
+nlohmann::json linear_bench(double bw) {
   struct Shape {
     const char* name;
     int64_t out, in;
   };
-  const std::vector<Shape> shapes = {{"q / o", 4096, 4096},
-                                     {"k, v", 1024, 4096},
-                                     {"gate, up", 14336, 4096},
+  const std::vector<Shape> shapes = {{"q|k|v", 6144, 4096},
+                                     {"o", 4096, 4096},
+                                     {"gate|up", 28672, 4096},
                                      {"down", 4096, 14336},
                                      {"lm_head", 128256, 4096}};
-  const std::vector<int> token_counts = {1, 2, 4, 8, 16};
+  const std::vector<int> token_counts = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048};
   nlohmann::json out = nlohmann::json::array();
-  std::printf("\n## linear layers: skinny GEMM vs cuBLAS (bf16 weights, fp32 in/out)\n\n");
+  std::printf("\n## linear layers: batch-invariant GEMMs (bf16 weights, fp32 in/out)\n\n");
   std::printf(
-      "| shape | out x in | tokens | skinny us | cuBLAS us (incl. bf16 rounding) | "
-      "floor us | skinny %% of floor |\n|---|---|---|---|---|---|---|\n");
+      "| shape | out x in | tokens | cuBLASLt us | chunked us | floor us | cuBLASLt %% of floor | "
+      "chunked %% of floor |\n|---|---|---|---|---|---|---|---|\n");
   void* flush = nullptr;
   const size_t flush_bytes = size_t{256} << 20;
   check(cudaMalloc(&flush, flush_bytes), "flush");
-  CudaBackendOptions o_sk, o_cb;
-  o_sk.random_weights = o_cb.random_weights = true;
-  o_sk.skinny_gemm_max_rows = 8;
-  o_sk.batch_invariant = o_cb.batch_invariant = false;  // the shape-tuned kernels
-  o_cb.skinny_gemm_max_rows = 0;
-  CudaBackend sk(o_sk), cb(o_cb);
+  CudaBackendOptions opt[2];
+  for (auto& o : opt) {
+    o.random_weights = true;
+    o.batch_invariant = true;
+  }
+  opt[1].batch_invariant_gemm = 2;
+  std::vector<std::unique_ptr<CudaBackend>> bk;
   KvCacheShape kvs{1, 1, 16, 8, 128};
-  sk.allocate_kv(kvs);
-  cb.allocate_kv(kvs);
+  for (auto& o : opt) {
+    bk.push_back(std::make_unique<CudaBackend>(o));
+    bk.back()->allocate_kv(kvs);
+  }
+  std::vector<std::string> algos;
   for (const Shape& sh : shapes) {
-    sk.set_random_weight_seed(7);
-    cb.set_random_weight_seed(7);
-    const Tensor wsk = sk.upload_weight(shape_only({sh.out, sh.in}));
-    const Tensor wcb = cb.upload_weight(shape_only({sh.out, sh.in}));
+    std::vector<Tensor> w;
+    for (auto& b : bk) {
+      b->set_random_weight_seed(7);
+      w.push_back(b->upload_weight(shape_only({sh.out, sh.in})));
+    }
     for (int n : token_counts) {
+      if (sh.out > 100000 && n > 64) continue;  // the LM head only sees sampled rows
       double us[2];
       for (int which = 0; which < 2; ++which) {
-        CudaBackend& b = which == 0 ? sk : cb;
-        const Tensor& w = which == 0 ? wsk : wcb;
+        CudaBackend& b = *bk[static_cast<size_t>(which)];
         auto stream = static_cast<cudaStream_t>(b.stream_handle());
         b.reset_scratch();
         Tensor x = b.scratch(n, sh.in), y = b.scratch(n, sh.out);
@@ -454,7 +464,7 @@ nlohmann::json linear_bench(cudaStream_t stream_unused, double bw) {
         for (int it = 0; it < 12; ++it) {
           check(cudaMemsetAsync(flush, it, flush_bytes, stream), "flush");
           check(cudaEventRecord(e0, stream), "event");
-          b.linear(x, w, Tensor{}, y);
+          b.linear(x, w[static_cast<size_t>(which)], Tensor{}, y);
           check(cudaEventRecord(e1, stream), "event");
           check(cudaEventSynchronize(e1), "event");
           float ms = 0;
@@ -465,19 +475,24 @@ nlohmann::json linear_bench(cudaStream_t stream_unused, double bw) {
         cudaEventDestroy(e1);
         us[which] = median(t);
       }
-      const double floor_us = (2.0 * sh.out * sh.in + 4.0 * n * (sh.in + sh.out)) / bw * 1e6;
-      std::printf("| %s | %lld x %lld | %d | %.1f | %.1f | %.1f | %.0f%% |\n", sh.name,
+      const double flops = 2.0 * n * sh.out * sh.in;
+      const double floor_us =
+          std::max((2.0 * sh.out * sh.in + 4.0 * n * (sh.in + sh.out)) / bw, flops / 790e12) * 1e6;
+      std::printf("| %s | %lld x %lld | %d | %.1f | %.1f | %.1f | %.0f%% | %.0f%% |\n", sh.name,
                   static_cast<long long>(sh.out), static_cast<long long>(sh.in), n, us[0], us[1],
-                  floor_us, 100.0 * floor_us / us[0]);
+                  floor_us, 100.0 * floor_us / us[0], 100.0 * floor_us / us[1]);
       out.push_back({{"shape", sh.name},
                      {"out", sh.out},
                      {"in", sh.in},
                      {"tokens", n},
-                     {"skinny_us", us[0]},
-                     {"cublas_us", us[1]},
+                     {"cublaslt_us", us[0]},
+                     {"chunked_us", us[1]},
                      {"floor_us", floor_us}});
     }
+    algos.push_back(std::string(sh.name) + ": " + bk[0]->batch_invariant_gemm_algo(sh.out, sh.in));
   }
+  std::printf("\n");
+  for (const auto& a : algos) std::printf("%s\n", a.c_str());
   cudaFree(flush);
   std::fflush(stdout);
   return out;
@@ -494,6 +509,7 @@ struct Args {
   int layers = 32;
   int max_splits = 0;
   bool linear = false;
+  bool linear_only = false;
   bool graphs = true;
   bool graph_compare = false;              // LlamaModel::forward decode with step graphs off vs on
   bool engine = false;                     // the same through Engine::step
@@ -661,7 +677,11 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
   report["context"] = a.context;
   report["skinny_gemm_max_rows"] = a.skinny_max_rows;
   report["batch_invariant"] = batch_invariant;
-  if (a.linear) report["linear"] = linear_bench(stream, bw);
+  if (a.linear) report["linear"] = linear_bench(bw);
+  if (a.linear_only) {
+    if (!a.json.empty()) std::ofstream(a.json) << report.dump(1) << "\n";
+    return 0;
+  }
 
   // KV cache: every request gets room for its context, the decode steps and the largest tree.
   const int max_requests =
@@ -943,6 +963,8 @@ int main(int argc, char** argv) {
       a.batch_invariant = v == "both" ? std::vector<int>{0, 1} : arbor::parse_list(v);
     } else if (k == "--linear")
       a.linear = true;
+    else if (k == "--linear-only")
+      a.linear = a.linear_only = true;
     else if (k == "--no-graphs")
       a.graphs = false;
     else if (k == "--graph-compare")
