@@ -1,8 +1,12 @@
 // Chunked batch-invariant GEMM (chunked_gemm.h). Fragment layout: for a 32-k block at kb, lane
 // (g = lane / 4, t = lane % 4) loads 16 bytes of weight rows g and g + 8 and of token row g at
-// k = kb + 8t .. kb + 8t + 7; the first MMA takes k + 0..3, the second k + 4..7 (the k slots
-// of an m16n8k16 MMA are a permutation of the 16 physical k, the same in both kernels).
+// k = kb + 8t .. kb + 8t + 7, and step_form() trades half of them with lane t ^ 2 so that the
+// first MMA takes k kb .. kb + 15 and the second kb + 16 .. kb + 31 (inside one 16-k step the
+// slot order does not change the result, which 16 k share a step does: the wgmma kernel uses
+// the standard slot order with the same steps).
 #include <cuda_bf16.h>
+
+#include <cstdlib>
 
 #include "kernels/common/device_utils.cuh"
 #include "kernels/common/pdl_launch.cuh"
@@ -13,6 +17,15 @@ namespace arbor::kernels {
 namespace {
 
 constexpr int kSmallWarps = 8;
+
+// A lane's 16 bytes of one row (k 8t .. 8t + 7 of a 32-k block) -> its share of the two 16-k
+// steps: .x, .y for the first (k 0-3, 8-11, 4-7, 12-15 for t = 0..3), .z, .w for the second
+// (k 20-23, 28-31, 16-19, 24-27). Every lane of the warp must call it (shuffles).
+__device__ __forceinline__ uint4 step_form(const uint4& v, int t) {
+  const uint32_t pz = __shfl_xor_sync(0xffffffffu, v.z, 2);
+  const uint32_t pw = __shfl_xor_sync(0xffffffffu, v.w, 2);
+  return t < 2 ? make_uint4(v.x, v.y, pz, pw) : make_uint4(pz, pw, v.x, v.y);
+}
 
 // One 32-k block: two MMAs into acc (weights rows g / g + 8 in wl / wh, token g in xv).
 __device__ __forceinline__ void block_mma(float (&acc)[4], const uint4& wl, const uint4& wh,
@@ -65,6 +78,7 @@ __global__ void __launch_bounds__(kSmallWarps * 32, 2)
         grid_dependency_wait();
         waited = true;
       }
+      bool converted = false;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int tok = nt * 8 + g;
@@ -78,7 +92,14 @@ __global__ void __launch_bounds__(kSmallWarps * 32, 2)
         }
 #pragma unroll
         for (int i = 0; i < BB; ++i)
-          if (b0 + i < blocks) block_mma(acc[nt], wl[i], wh[i], xv[i]);
+          if (b0 + i < blocks) {  // warp-uniform: the shuffles run on every lane
+            if (!converted) {
+              wl[i] = step_form(wl[i], t);
+              wh[i] = step_form(wh[i], t);
+            }
+            block_mma(acc[nt], wl[i], wh[i], step_form(xv[i], t));
+          }
+        converted = true;
       }
     }
     float* pc = part + static_cast<int64_t>(c) * 16 * kTok;
@@ -187,12 +208,20 @@ __global__ void __launch_bounds__(kSmallWarps * 32, 1)
           }
 #pragma unroll
         for (int i = 0; i < BB; ++i)
-          if (b0 + i < blocks)
+          if (b0 + i < blocks) {  // warp-uniform: the shuffles run on every lane
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+            for (int rt = 0; rt < RT; ++rt) {
+              wv[i][rt][0] = step_form(wv[i][rt][0], t);
+              wv[i][rt][1] = step_form(wv[i][rt][1], t);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const uint4 xs = step_form(xv[i][nt], t);
 #pragma unroll
               for (int rt = 0; rt < RT; ++rt)
-                block_mma(acc[rt][nt], wv[i][rt][0], wv[i][rt][1], xv[i][nt]);
+                block_mma(acc[rt][nt], wv[i][rt][0], wv[i][rt][1], xs);
+            }
+          }
       }
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt)
@@ -278,6 +307,23 @@ cudaError_t launch_chunked_gemm(const ChunkedGemmParams& p, cudaStream_t stream)
     // 4 blocks in flight per lane: 2 and 8 measured no faster (8: slower, fewer CTAs per SM).
     if (p.rows <= 8) return launch_small<1, 4>(p, stream);
     return launch_small<2, 4>(p, stream);
+  }
+  // wgmma kernel (Hopper) where its 64 x 128 tiles still give a CTA per SM; ARBOR_CHUNKED_WGMMA
+  // = 0 / 1 turns it off / on for every shape (benchmarks; same results).
+  static const int wgmma_mode = [] {
+    const char* e = std::getenv("ARBOR_CHUNKED_WGMMA");
+    return e ? std::atoi(e) : 2;
+  }();
+  static const int sms = [] {
+    int dev = 0, major = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return major == 9 ? n : 0;  // 0: no wgmma
+  }();
+  if (sms > 0 && wgmma_mode != 0 && detail::chunked_gemm_wgmma_supported(p)) {
+    const int64_t ctas = (p.out_features + 63) / 64 * ((p.rows + 127) / 128);
+    if (wgmma_mode == 1 || ctas >= sms) return detail::launch_chunked_gemm_wgmma(p, stream);
   }
   // Tile kernel: 32 weight rows per CTA (RT = 2; measured against 16 and 64 on the H100 at
   // 32..2048 rows, docs/benchmarks.md), 32 or 64 tokens.

@@ -37,4 +37,10 @@ struct ChunkedGemmParams {
 bool chunked_gemm_supported(const ChunkedGemmParams& p);
 cudaError_t launch_chunked_gemm(const ChunkedGemmParams& p, cudaStream_t stream);
 
+namespace detail {
+// The wgmma path (sm_90a, K % 64 == 0): 64 weight rows x 128 tokens per CTA, same bits.
+bool chunked_gemm_wgmma_supported(const ChunkedGemmParams& p);
+cudaError_t launch_chunked_gemm_wgmma(const ChunkedGemmParams& p, cudaStream_t stream);
+}  // namespace detail
+
 }  // namespace arbor::kernels
