@@ -40,7 +40,7 @@ __host__ __device__ __forceinline__ int num_chunks(int64_t K) {
   return static_cast<int>((K + kChunkedGemmChunk - 1) / kChunkedGemmChunk);
 }
 
-// Small N: one CTA per 16 weight rows; warp w computes chunks w, w + 8, ... of every token
+// Small N: one CTA per 16 weight rows; warp w of W computes chunks w, w + W, ... of every token
 // (NT n8 tiles) and parks each chunk sum in shared memory; the sums are then added in chunk
 // order. Dynamic shared memory: [chunks][16 rows][NT * 8 tokens] fp32.
 // BB: 32-k blocks of weights in flight per lane.
@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(kSmallWarps * 32, 2)
   const uint16_t* w_hi = w + min(r0 + g + 8, O - 1) * K;
   constexpr int kTok = NT * 8;
   bool waited = false;
-  for (int c = warp; c < chunks; c += kSmallWarps) {
+  const int warps = blockDim.x / 32;
+  for (int c = warp; c < chunks; c += warps) {
     const int64_t kc0 = static_cast<int64_t>(c) * kChunkedGemmChunk;
     const int blocks = static_cast<int>(min(static_cast<int64_t>(kChunkedGemmChunk), K - kc0) / 32);
     float acc[NT][4] = {};
@@ -269,8 +270,21 @@ cudaError_t launch_small(const ChunkedGemmParams& p, cudaStream_t stream) {
     configured = smem;
   }
   const dim3 grid(static_cast<unsigned>((p.out_features + 15) / 16));
-  return launch_pdl(chunked_gemm_small_kernel<NT, BB>, grid, dim3(kSmallWarps * 32), smem, stream,
-                    p);
+  // 5..8 warps, the count that leaves the fewest idle warp slots in the last round of chunks
+  // (28 chunks of a 14336-wide input: 7 warps x 4, not 8 x 3.5).
+  const int chunks = num_chunks(p.in_features);
+  int warps = kSmallWarps;
+  if (chunks > kSmallWarps) {
+    int best_idle = kSmallWarps;
+    for (int w = kSmallWarps; w >= 5; --w) {
+      const int idle = (chunks + w - 1) / w * w - chunks;
+      if (idle < best_idle) {
+        best_idle = idle;
+        warps = w;
+      }
+    }
+  }
+  return launch_pdl(chunked_gemm_small_kernel<NT, BB>, grid, dim3(warps * 32), smem, stream, p);
 }
 
 template <int RT, int NT, int BB>
@@ -308,7 +322,7 @@ cudaError_t launch_chunked_gemm(const ChunkedGemmParams& p, cudaStream_t stream)
     if (p.rows <= 8) return launch_small<1, 4>(p, stream);
     return launch_small<2, 4>(p, stream);
   }
-  // wgmma kernel (Hopper) where its 64 x 128 tiles still give a CTA per SM; ARBOR_CHUNKED_WGMMA
+  // wgmma kernel (Hopper); ARBOR_CHUNKED_WGMMA
   // = 0 / 1 turns it off / on for every shape (benchmarks; same results).
   static const int wgmma_mode = [] {
     const char* e = std::getenv("ARBOR_CHUNKED_WGMMA");
@@ -322,8 +336,12 @@ cudaError_t launch_chunked_gemm(const ChunkedGemmParams& p, cudaStream_t stream)
     return major == 9 ? n : 0;  // 0: no wgmma
   }();
   if (sms > 0 && wgmma_mode != 0 && detail::chunked_gemm_wgmma_supported(p)) {
+    // Measured on the H100 (model_bench --linear): above 64 rows always; at 17-64 rows only
+    // where its tiles fill two CTAs per SM (gate|up), else the tile kernel's split over chunks
+    // streams faster (q|k|v, o, down).
     const int64_t ctas = (p.out_features + 63) / 64 * ((p.rows + 127) / 128);
-    if (wgmma_mode == 1 || ctas >= sms) return detail::launch_chunked_gemm_wgmma(p, stream);
+    if (wgmma_mode == 1 || p.rows > 64 || ctas >= 2 * sms)
+      return detail::launch_chunked_gemm_wgmma(p, stream);
   }
   // Tile kernel: 32 weight rows per CTA (RT = 2; measured against 16 and 64 on the H100 at
   // 32..2048 rows, docs/benchmarks.md), 32 or 64 tokens.

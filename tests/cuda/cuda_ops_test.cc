@@ -277,6 +277,26 @@ TEST(CudaOps, LinearChunkedGemmMatchesCpu) {
   }
 }
 
+// ARBOR_ATTN_SPLIT_KEYS sets the attention's batch-invariant split size; a bad value names
+// itself.
+TEST(CudaOps, AttentionSplitKeysEnvironmentOverride) {
+  ARBOR_REQUIRE_GPU();
+  for (const char* bad : {"100", "0", "abc", "256x", "131072"}) {
+    ::setenv("ARBOR_ATTN_SPLIT_KEYS", bad, 1);
+    try {
+      CudaBackend b{CudaBackendOptions{}};
+      ADD_FAILURE() << "ARBOR_ATTN_SPLIT_KEYS=" << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+  ::setenv("ARBOR_ATTN_SPLIT_KEYS", "256", 1);
+  EXPECT_NO_THROW(CudaBackend{CudaBackendOptions{}});
+  ::unsetenv("ARBOR_ATTN_SPLIT_KEYS");
+}
+
 // ARBOR_GEMM picks the batch-invariant GEMM of any binary; a bad value names itself.
 TEST(CudaOps, GemmEnvironmentOverride) {
   ARBOR_REQUIRE_GPU();

@@ -324,9 +324,19 @@ struct CudaBackend::State {
 };
 
 namespace {
-// ARBOR_GEMM (cublas | own | chunked) overrides CudaBackendOptions::batch_invariant_gemm, so
-// the CLI and server can pick the GEMM without a flag of their own.
+// ARBOR_GEMM (cublas | own | chunked) overrides CudaBackendOptions::batch_invariant_gemm and
+// ARBOR_ATTN_SPLIT_KEYS (a multiple of 64) CudaBackendOptions::invariant_split_keys, so the CLI
+// and server can pick them without flags of their own.
 CudaBackendOptions with_env_overrides(CudaBackendOptions o) {
+  if (const char* k = std::getenv("ARBOR_ATTN_SPLIT_KEYS"); k != nullptr && *k != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(k, &end, 10);
+    if (*end != '\0' || v < 64 || v > 64 * 1024 || v % 64 != 0)
+      throw_error(ErrorCode::kInvalidArgument,
+                  std::string("ARBOR_ATTN_SPLIT_KEYS='") + k +
+                      "' (expected a multiple of 64 from 64 to 65536)");
+    o.invariant_split_keys = static_cast<int32_t>(v);
+  }
   const char* e = std::getenv("ARBOR_GEMM");
   if (e == nullptr || *e == '\0') return o;
   const std::string v = e;
