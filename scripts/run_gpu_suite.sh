@@ -72,7 +72,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
   tee "$LOG/gpu.txt"
 STATUS=0
 echo "== tests (arbor_cuda_tests)"
-timeout 360 "$BIN/arbor_cuda_tests" --gtest_filter="${ARBOR_GPU_TEST_FILTER:-*}" >"$LOG/tests.log" 2>&1 ||
+timeout 480 "$BIN/arbor_cuda_tests" --gtest_filter="${ARBOR_GPU_TEST_FILTER:-*}" >"$LOG/tests.log" 2>&1 ||
   STATUS=1
 grep -E '^\[  FAILED|Failure|rror' "$LOG/tests.log" | head -40
 grep -E '^  .*(worst|greedy|speculation)' "$LOG/tests.log" | grep -E 'model|greedy|speculation|d128_g4_(mma|wgmma)|long_split_d128' | head -40

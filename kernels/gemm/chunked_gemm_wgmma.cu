@@ -25,30 +25,18 @@ constexpr int kStageBytes = kTok * 128;    // tokens: [128][64] bf16, 128-byte s
 constexpr int kWStageBytes = kRows * 128;  // weights: [64][64] bf16, the same swizzle
 constexpr int kStagesPerChunk = kChunkedGemmChunk / 64;
 
-// Tokens [n0, n0 + 128) x k [k0, k0 + 64) into one stage, 16-byte copies into the 128-byte
-// swizzle (chunk c of row r at c ^ r % 8); rows past N are zero-filled.
-__device__ __forceinline__ void load_x_stage(const ChunkedGemmParams& p, uint32_t stage_addr,
-                                             int64_t n0, int64_t k0, int tid) {
-  const auto* x = static_cast<const uint16_t*>(p.x);
+// Rows [row0, row0 + ROWS) x k [k0, k0 + 64) of a [rows][K] bf16 matrix into one stage,
+// 16-byte copies into the 128-byte swizzle (chunk c of row r at c ^ r % 8). Rows past the
+// matrix read its last row (finite values whose results are never stored).
+template <int ROWS>
+__device__ __forceinline__ void load_stage(const void* mat, int64_t rows, int64_t K,
+                                           uint32_t stage_addr, int64_t row0, int64_t k0, int tid) {
+  const auto* m = static_cast<const uint16_t*>(mat);
 #pragma unroll
-  for (int i = 0; i < kTok * 8 / 128; ++i) {
+  for (int i = 0; i < ROWS * 8 / 128; ++i) {
     const int piece = tid + i * 128;
     const int r = piece / 8, c = piece % 8;
-    const bool valid = n0 + r < p.rows;
-    const uint16_t* src = x + (valid ? n0 + r : 0) * p.in_features + k0 + 8 * c;
-    cp_async_16(stage_addr + r * 128 + ((c ^ (r % 8)) * 16), src, valid ? 16 : 0);
-  }
-}
-
-// Weight rows [r0, r0 + 64) x k [k0, k0 + 64), the same layout; rows past O read row O - 1.
-__device__ __forceinline__ void load_w_stage(const ChunkedGemmParams& p, uint32_t stage_addr,
-                                             int64_t r0, int64_t k0, int tid) {
-  const auto* w = static_cast<const uint16_t*>(p.w);
-#pragma unroll
-  for (int i = 0; i < kRows * 8 / 128; ++i) {
-    const int piece = tid + i * 128;
-    const int r = piece / 8, c = piece % 8;
-    const uint16_t* src = w + min(r0 + r, p.out_features - 1) * p.in_features + k0 + 8 * c;
+    const uint16_t* src = m + min(row0 + r, rows - 1) * K + k0 + 8 * c;
     cp_async_16(stage_addr + r * 128 + ((c ^ (r % 8)) * 16), src, 16);
   }
 }
@@ -68,12 +56,15 @@ __global__ void __launch_bounds__(128, 2) chunked_gemm_wgmma_kernel(const Chunke
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i)
     if (i < stages)
-      load_w_stage(p, wbase + i * kWStageBytes, r0, static_cast<int64_t>(i) * 64, tid);
+      load_stage<kRows>(p.w, p.out_features, p.in_features, wbase + i * kWStageBytes, r0,
+                        static_cast<int64_t>(i) * 64, tid);
   grid_dependency_wait();
   trigger_dependent_launch();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < stages) load_x_stage(p, base + i * kStageBytes, n0, static_cast<int64_t>(i) * 64, tid);
+    if (i < stages)
+      load_stage<kTok>(p.x, p.rows, p.in_features, base + i * kStageBytes, n0,
+                       static_cast<int64_t>(i) * 64, tid);
     cp_async_commit();
   }
   // ldmatrix rows of this lane: weight row 16 * warp + lane % 16, 8-k chunk lane / 16 of a step.
@@ -89,10 +80,11 @@ __global__ void __launch_bounds__(128, 2) chunked_gemm_wgmma_kernel(const Chunke
   for (int s = 0; s < stages; ++s) {
     const int ahead = s + kStages - 1;
     if (ahead < stages) {
-      load_w_stage(p, wbase + (ahead % kStages) * kWStageBytes, r0,
-                   static_cast<int64_t>(ahead) * 64, tid);
-      load_x_stage(p, base + (ahead % kStages) * kStageBytes, n0, static_cast<int64_t>(ahead) * 64,
-                   tid);
+      const int64_t k0 = static_cast<int64_t>(ahead) * 64;
+      load_stage<kRows>(p.w, p.out_features, p.in_features,
+                        wbase + (ahead % kStages) * kWStageBytes, r0, k0, tid);
+      load_stage<kTok>(p.x, p.rows, p.in_features, base + (ahead % kStages) * kStageBytes, n0, k0,
+                       tid);
     }
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // stage s landed

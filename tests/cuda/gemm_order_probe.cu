@@ -2,10 +2,11 @@
 // same order as an m16n8k16 chain over K (ascending 16-k steps from a zero accumulator)?
 // Compares, bitwise, the backend's invariant cuBLASLt linear (batch_invariant_gemm = 0), the own
 // kernel (= 1) and hand-written chains that differ in how the k of each step map onto the MMA's
-// slots: standard, permuted within each 16-k step, and the chunked kernel's grouping (a step
-// takes k from two 16-k groups). Result on the H100 (cuBLAS 13, 2026-11-24, docs/kernels.md):
-// cuBLASLt == own kernel == both chains that keep each step's 16 k together, bitwise, at all
-// four Llama-3-8B shapes; the regrouped chain differs in ~90% of the elements.
+// slots: standard, permuted within each 16-k step, and regrouped (a step takes k from two 16-k
+// groups, as the first chunked kernel did). Result on the H100 (cuBLAS 13, 2026-11-24,
+// docs/kernels.md): cuBLASLt == own kernel == both chains that keep each step's 16 k together,
+// bitwise, at all four Llama-3-8B shapes; the regrouped chain differs in ~90% of the elements.
+// The chunked GEMM's kernels rely on the first two facts.
 //   gemm_order_probe
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -49,16 +50,8 @@ __global__ void chain_kernel(const uint16_t* x, const uint16_t* w, float* out, i
         a[3] = ld4(wh + k + 2 * t + 8);
         b0 = ld4(xr + k + 2 * t);
         b1 = ld4(xr + k + 2 * t + 8);
-      } else if (kMode == 1) {
-        const int k = k0 + 16 * h + 4 * t;
-        a[0] = ld4(wl + k);
-        a[1] = ld4(wh + k);
-        a[2] = ld4(wl + k + 2);
-        a[3] = ld4(wh + k + 2);
-        b0 = ld4(xr + k);
-        b1 = ld4(xr + k + 2);
-      } else {
-        const int k = k0 + 8 * t + 4 * h;
+      } else {  // mode 1: k 4t.. of this step; mode 2: k 8t + 4h.. of the 32-k block
+        const int k = kMode == 1 ? k0 + 16 * h + 4 * t : k0 + 8 * t + 4 * h;
         a[0] = ld4(wl + k);
         a[1] = ld4(wh + k);
         a[2] = ld4(wl + k + 2);
