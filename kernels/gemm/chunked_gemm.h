@@ -4,16 +4,17 @@
 // Every output element is the same fixed sequence of operations whatever N is: K is cut into
 // chunks of kChunkedGemmChunk (the last one may be shorter); inside a chunk an fp32 accumulator
 // starts at 0 and takes one m16n8k16 MMA per 16 k, in ascending k, with the weights as the A
-// operand; the chunk sums are added to a zero total in chunk order. Two kernels compute that
-// sequence, both running the chunks of a weight tile in parallel on the 8 warps of a CTA
-// (weights streamed from global memory with 16-byte loads straight into MMA fragments, the
-// chunk sums added in order through shared memory), so even one token keeps every SM
-// streaming: for N <= kChunkedGemmSmallRows a CTA owns 16 weight rows and keeps every chunk
-// sum; for larger N it owns 32 weight rows x 32 or 64 tokens (each activation load serves two
-// row tiles) and adds the chunk sums round by round (8 chunks a round) into per-thread totals.
-// Both give bitwise the same rows
-// (tests/cuda/cuda_batch_invariance_test.cc). K must be a multiple of 32 and x / w 16-byte
-// aligned (chunked_gemm_supported).
+// operand; the chunk sums are added to a zero total in chunk order. Three kernels compute that
+// sequence, bitwise alike (tests/cuda/cuda_batch_invariance_test.cc; why they can:
+// tests/cuda/gemm_order_probe.cu):
+//   * N <= kChunkedGemmSmallRows: a CTA owns 16 weight rows; its 5-8 warps run the chunks in
+//     parallel (weights streamed with 16-byte loads straight into MMA fragments) and keep every
+//     chunk sum in shared memory, so even one token keeps every SM streaming;
+//   * more rows, narrow outputs: 32 weight rows x 32 or 64 tokens per CTA, chunks in rounds of
+//     8 warps, per-thread running totals;
+//   * more rows on sm_90a (detail::launch_chunked_gemm_wgmma, K % 64 == 0): one warpgroup per
+//     64 weight rows x 128 tokens, wgmma over cp.async-staged tiles.
+// K must be a multiple of 32 and x / w 16-byte aligned (chunked_gemm_supported).
 #pragma once
 
 #include <cuda_runtime.h>

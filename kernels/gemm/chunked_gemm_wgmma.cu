@@ -56,15 +56,14 @@ __global__ void __launch_bounds__(128, 2) chunked_gemm_wgmma_kernel(const Chunke
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i)
     if (i < stages)
-      load_stage<kRows>(p.w, p.out_features, p.in_features, wbase + i * kWStageBytes, r0,
-                        static_cast<int64_t>(i) * 64, tid);
+      load_stage<kRows>(p.w, O, K, wbase + i * kWStageBytes, r0, static_cast<int64_t>(i) * 64, tid);
   grid_dependency_wait();
   trigger_dependent_launch();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < stages)
-      load_stage<kTok>(p.x, p.rows, p.in_features, base + i * kStageBytes, n0,
-                       static_cast<int64_t>(i) * 64, tid);
+      load_stage<kTok>(p.x, p.rows, K, base + i * kStageBytes, n0, static_cast<int64_t>(i) * 64,
+                       tid);
     cp_async_commit();
   }
   // ldmatrix rows of this lane: weight row 16 * warp + lane % 16, 8-k chunk lane / 16 of a step.
@@ -81,10 +80,8 @@ __global__ void __launch_bounds__(128, 2) chunked_gemm_wgmma_kernel(const Chunke
     const int ahead = s + kStages - 1;
     if (ahead < stages) {
       const int64_t k0 = static_cast<int64_t>(ahead) * 64;
-      load_stage<kRows>(p.w, p.out_features, p.in_features,
-                        wbase + (ahead % kStages) * kWStageBytes, r0, k0, tid);
-      load_stage<kTok>(p.x, p.rows, p.in_features, base + (ahead % kStages) * kStageBytes, n0, k0,
-                       tid);
+      load_stage<kRows>(p.w, O, K, wbase + (ahead % kStages) * kWStageBytes, r0, k0, tid);
+      load_stage<kTok>(p.x, p.rows, K, base + (ahead % kStages) * kStageBytes, n0, k0, tid);
     }
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // stage s landed
