@@ -1,15 +1,18 @@
 // Batch invariance of the CUDA backend (CudaBackendOptions::batch_invariant, on by default):
 // bit-for-bit equal results for a token row whatever else shares its step.
 //   * linear: M rows at once == each row alone == random subsets in random order, M up to 512,
-//     for both batch-invariant GEMMs (cuBLASLt fixed algorithm, own kernel);
+//     for each batch-invariant GEMM (cuBLASLt fixed algorithm with the chain GEMM at 1-16 rows,
+//     own kernel, chunked kernel), and the chain GEMM == cuBLASLt;
 //   * attention: a request's rows alone == in a mixed batch (prefill chunk, decode, other
 //     trees), and a tree node's row == the same query decoded (T = 1) after its ancestor path
 //     was committed as a causal chain;
 //   * model level (cuda_model_test.cc): greedy with speculation == plain greedy, batch == alone.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/core/error.h"
@@ -99,6 +102,57 @@ TEST_P(CudaLinearInvariance, RowsIndependentOfBatch) {
   }
   std::printf("  batch-invariant gemm %d: %d subsets x %zu shapes checked bitwise\n", GetParam(),
               checked_subsets / static_cast<int>(shapes.size()), shapes.size());
+}
+
+// The chain GEMM (kernels/gemm/chain_gemm.h) that takes the 1-16-row launches of the cuBLASLt
+// path must give cuBLASLt's bits: every row of launches of 1..16 rows against the same rows
+// computed by cuBLASLt alone (a backend with chain_gemm_max_rows = 0), on ragged shapes (O not
+// a multiple of the CTA's 32 rows, K not a multiple of the k per stage). Without tuning the
+// backend takes the chain kernel wherever its first-use check finds it bitwise equal, so the
+// test also asserts that it was taken where cuBLASLt runs its usual chain.
+TEST(CudaChainGemm, EqualsCublasLt) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackendOptions o;
+  o.batch_invariant = true;
+  o.tune_invariant_gemm = false;
+  CudaBackendOptions ref_o = o;
+  ref_o.chain_gemm_max_rows = 0;
+  CudaBackend b(o), ref(ref_o);
+  std::mt19937 rng(11);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {4096, 4096}, {1000, 4640}, {1536, 576}, {96, 1024}, {49, 272}, {6144, 4096}};
+  for (auto [o_feat, k] : shapes) {
+    HostTensor w({o_feat, k});
+    std::uniform_real_distribution<float> d(-1.f, 1.f);
+    for (auto& x : w.data) x = d(rng) * std::sqrt(3.f / static_cast<float>(k));
+    const Tensor wt = b.upload_weight(w), wr = ref.upload_weight(w);
+    for (int64_t m : {1, 2, 5, 8, 9, 13, 16}) {
+      const std::vector<float> x = testing::random_vector(rng, static_cast<size_t>(m * k));
+      std::vector<float> got(static_cast<size_t>(m * o_feat)), want(got.size());
+      for (CudaBackend* be : {&b, &ref}) {
+        be->reset_scratch();
+        Tensor xs = be->scratch(m, k), ys = be->scratch(m, o_feat);
+        be->upload(x.data(), xs);
+        be->linear(xs, be == &b ? wt : wr, Tensor{}, ys);
+        be->download(ys, (be == &b ? got : want).data());
+      }
+      int bad_rows = 0;
+      for (int64_t i = 0; i < m; ++i)
+        bad_rows += !bitwise_equal(got.data() + i * o_feat, want.data() + i * o_feat,
+                                   static_cast<size_t>(o_feat));
+      EXPECT_EQ(bad_rows, 0) << "out " << o_feat << " in " << k << ", " << m << " rows";
+    }
+    // For 49 x 272 cuBLASLt's first candidate is another kernel (algo 24 on the H100) that sums
+    // in another order: the check finds that and the launches stay on cuBLASLt (still equal).
+    const std::string algo = b.batch_invariant_gemm_algo(o_feat, k);
+    std::printf("  out %lld in %lld: %s\n", static_cast<long long>(o_feat),
+                static_cast<long long>(k), algo.c_str());
+    if (o_feat != 49) {
+      EXPECT_NE(algo.find("chain GEMM at <= 16 rows"), std::string::npos)
+          << "out " << o_feat << " in " << k << ": " << algo;
+    }
+    EXPECT_EQ(ref.batch_invariant_gemm_algo(o_feat, k).find("chain"), std::string::npos);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

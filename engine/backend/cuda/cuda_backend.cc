@@ -24,6 +24,7 @@
 #include "kernels/elementwise/gather_values.h"
 #include "kernels/elementwise/split_cols.h"
 #include "kernels/gemm/batch_invariant_gemm.h"
+#include "kernels/gemm/chain_gemm.h"
 #include "kernels/gemm/chunked_gemm.h"
 #include "kernels/gemm/skinny_gemm.h"
 #include "kernels/kv/kv_cache_ops.h"
@@ -299,10 +300,14 @@ struct CudaBackend::State {
   struct LtAlgo {
     cublasLtMatmulAlgo_t algo;
     std::string words;
+    bool chain = false;  // the chain GEMM gives its bits at <= chain_gemm_max_rows rows
   };
   std::map<std::pair<int64_t, int64_t>, LtAlgo> lt_algos;
   std::map<std::tuple<int, int64_t, int64_t>, cublasLtMatrixLayout_t> lt_layouts;
   cublasLtMatrixLayout_t lt_layout(cudaDataType type, int64_t rows, int64_t cols);
+  // Sets a.chain: the chain GEMM against a's cuBLASLt algorithm on this weight (bitwise at 1,
+  // 9 and 16 rows; cold time at one row when tuning).
+  void check_chain_gemm(LtAlgo& a, int64_t out_features, int64_t in_features, const void* weight);
   // `weight` (the [out, in] bf16 matrix) lets the first use time the candidates
   // (CudaBackendOptions::tune_invariant_gemm); nullptr takes the heuristic's first.
   const LtAlgo& lt_algo(int64_t out_features, int64_t in_features, const void* weight = nullptr);
@@ -336,6 +341,15 @@ CudaBackendOptions with_env_overrides(CudaBackendOptions o) {
                   std::string("ARBOR_ATTN_SPLIT_KEYS='") + k +
                       "' (expected a multiple of 64 from 64 to 65536)");
     o.invariant_split_keys = static_cast<int32_t>(v);
+  }
+  if (const char* c = std::getenv("ARBOR_CHAIN_GEMM"); c != nullptr && *c != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(c, &end, 10);
+    if (*end != '\0' || v < 0 || v > kernels::kChainGemmMaxRows)
+      throw_error(ErrorCode::kInvalidArgument,
+                  std::string("ARBOR_CHAIN_GEMM='") + c + "' (expected 0 to " +
+                      std::to_string(kernels::kChainGemmMaxRows) + " rows)");
+    o.chain_gemm_max_rows = static_cast<int>(v);
   }
   const char* e = std::getenv("ARBOR_GEMM");
   if (e == nullptr || *e == '\0') return o;
@@ -396,6 +410,10 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
                 "cuda backend: batch_invariant_gemm " +
                     std::to_string(options.batch_invariant_gemm) +
                     " (0 cuBLASLt fixed algorithm, 1 own kernel, 2 chunked kernel)");
+  if (options.chain_gemm_max_rows < 0 || options.chain_gemm_max_rows > kernels::kChainGemmMaxRows)
+    throw_error(ErrorCode::kInvalidArgument,
+                "cuda backend: chain_gemm_max_rows " + std::to_string(options.chain_gemm_max_rows) +
+                    " (0 to " + std::to_string(kernels::kChainGemmMaxRows) + ")");
   if (options.attention_tree_groups < 0 || options.attention_tree_groups > 2)
     throw_error(ErrorCode::kInvalidArgument, "cuda backend: attention_tree_groups " +
                                                  std::to_string(options.attention_tree_groups) +
@@ -619,13 +637,113 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
     std::snprintf(buf, sizeof(buf), " (tuned over %zu: %.1f / %.1f / %.1f us at 1 / 16 / 128 rows)",
                   valid.size(), ms[pick][0] * 1e3, ms[pick][1] * 1e3, ms[pick][2] * 1e3);
     valid[pick].words += buf;
+    check_chain_gemm(valid[pick], o, k, weight);
     return lt_algos.emplace(key, valid[pick]).first->second;
   }
-  if (!valid.empty()) return lt_algos.emplace(key, valid[0]).first->second;
+  if (!valid.empty()) {
+    check_chain_gemm(valid[0], o, k, weight);
+    return lt_algos.emplace(key, valid[0]).first->second;
+  }
   throw_error(ErrorCode::kUnsupported, "linear: no cuBLASLt algorithm without split-K for out " +
                                            std::to_string(o) + ", in " + std::to_string(k) + " (" +
                                            std::to_string(found) +
                                            " candidates); use batch_invariant_gemm = 1");
+}
+
+void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const void* weight) {
+  a.chain = false;
+  if (options.chain_gemm_max_rows == 0 || weight == nullptr) return;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &capturing);
+  if (capturing != cudaStreamCaptureStatusNone) return;  // cannot check: cuBLASLt it is
+  constexpr int64_t kRows = kernels::kChainGemmMaxRows;
+  void* x = nullptr;
+  float* y_lt = nullptr;
+  float* y_chain = nullptr;
+  cuda_check(cudaMalloc(&x, static_cast<size_t>(kRows * k) * 2), "chain gemm check");
+  cuda_check(cudaMalloc(&y_lt, static_cast<size_t>(kRows * o) * 4), "chain gemm check");
+  cuda_check(cudaMalloc(&y_chain, static_cast<size_t>(kRows * o) * 4), "chain gemm check");
+  {
+    std::vector<uint16_t> hx(static_cast<size_t>(kRows * k));
+    uint32_t state = 777u;
+    for (auto& v : hx) {  // bf16 values in [-1, 1), as in the tuning
+      state = state * 1664525u + 1013904223u;
+      v = static_cast<uint16_t>(((state >> 16) & 0x807fu) | 0x3f00u);
+    }
+    cuda_check(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "chain gemm check");
+  }
+  const float alpha = 1.f, beta = 0.f;
+  const cublasLtMatrixLayout_t la = lt_layout(CUDA_R_16BF, k, o);
+  auto run_lt = [&](int64_t n) {
+    const cublasLtMatrixLayout_t lc = lt_layout(CUDA_R_32F, o, n);
+    cublas_check(
+        cublasLtMatmul(lt, lt_desc, &alpha, weight, la, x, lt_layout(CUDA_R_16BF, k, n), &beta,
+                       y_lt, lc, y_lt, lc, &a.algo, lt_workspace.ptr, kLtWorkspaceBytes, stream),
+        "chain gemm check");
+  };
+  auto run_chain = [&](int64_t n) {
+    return kernels::launch_chain_gemm({x, weight, y_chain, n, k, o}, stream);
+  };
+  bool same = kernels::chain_gemm_supported({x, weight, y_chain, 1, k, o});
+  std::vector<float> h_lt(static_cast<size_t>(kRows * o)), h_chain(h_lt.size());
+  for (int64_t n : {int64_t{1}, int64_t{9}, kRows}) {
+    if (!same) break;
+    run_lt(n);
+    cuda_check(cudaMemsetAsync(y_chain, 0xff, static_cast<size_t>(n * o) * 4, stream),
+               "chain gemm check");
+    cuda_check(run_chain(n), "chain gemm check");
+    cuda_check(cudaMemcpyAsync(h_lt.data(), y_lt, static_cast<size_t>(n * o) * 4,
+                               cudaMemcpyDeviceToHost, stream),
+               "chain gemm check");
+    cuda_check(cudaMemcpyAsync(h_chain.data(), y_chain, static_cast<size_t>(n * o) * 4,
+                               cudaMemcpyDeviceToHost, stream),
+               "chain gemm check");
+    cuda_check(cudaStreamSynchronize(stream), "chain gemm check");
+    same = std::memcmp(h_lt.data(), h_chain.data(), static_cast<size_t>(n * o) * 4) == 0;
+  }
+  if (!same) {
+    a.words += k % 16 == 0 ? "; chain GEMM: differs" : "; chain GEMM: unsupported";
+  } else if (!options.tune_invariant_gemm) {
+    a.chain = true;
+    a.words += "; chain GEMM at <= " + std::to_string(options.chain_gemm_max_rows) + " rows";
+  } else {
+    // Cold weights, as in a decode step; best of 4 each.
+    void* flush = nullptr;
+    constexpr size_t kFlushBytes = 128u << 20;
+    cuda_check(cudaMalloc(&flush, kFlushBytes), "chain gemm check");
+    cudaEvent_t e0, e1;
+    cuda_check(cudaEventCreate(&e0), "chain gemm check");
+    cuda_check(cudaEventCreate(&e1), "chain gemm check");
+    float best[2] = {1e30f, 1e30f};
+    for (int rep = 0; rep < 4; ++rep)
+      for (int which = 0; which < 2; ++which) {
+        cuda_check(cudaMemsetAsync(flush, rep, kFlushBytes, stream), "chain gemm check");
+        cuda_check(cudaEventRecord(e0, stream), "chain gemm check");
+        if (which == 0)
+          run_lt(1);
+        else
+          cuda_check(run_chain(1), "chain gemm check");
+        cuda_check(cudaEventRecord(e1, stream), "chain gemm check");
+        cuda_check(cudaEventSynchronize(e1), "chain gemm check");
+        float t = 0;
+        cuda_check(cudaEventElapsedTime(&t, e0, e1), "chain gemm check");
+        best[which] = std::min(best[which], t);
+      }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(flush);
+    // Its gain in a step is larger than alone (its weights stream before the previous kernel
+    // ends, programmatic launch); 5% slower alone is still taken.
+    a.chain = best[1] <= 1.05f * best[0];
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), "; chain GEMM %.1f vs %.1f us at 1 row: %s", best[1] * 1e3,
+                  best[0] * 1e3, a.chain ? "used at <= " : "not used");
+    a.words += buf;
+    if (a.chain) a.words += std::to_string(options.chain_gemm_max_rows) + " rows";
+  }
+  cudaFree(x);
+  cudaFree(y_lt);
+  cudaFree(y_chain);
 }
 
 std::string CudaBackend::batch_invariant_gemm_algo(int64_t out_features,
@@ -1032,12 +1150,18 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
     cuda_check(kernels::launch_batch_invariant_gemm(p, s.stream), "linear (batch-invariant)");
   } else if (s.options.batch_invariant) {
     const State::LtAlgo& algo = s.lt_algo(w.rows, w.cols, w.data);
-    const cublasLtMatrixLayout_t lc = s.lt_layout(CUDA_R_32F, w.rows, x.rows);
-    cublas_check(
-        cublasLtMatmul(s.lt, s.lt_desc, &alpha, w.data, s.lt_layout(CUDA_R_16BF, w.cols, w.rows),
-                       xin, s.lt_layout(CUDA_R_16BF, x.cols, x.rows), &beta, out.data, lc, out.data,
-                       lc, &algo.algo, s.lt_workspace.ptr, kLtWorkspaceBytes, s.stream),
-        "linear (cuBLASLt)");
+    const kernels::ChainGemmParams chp{xin, w.data, y, x.rows, x.cols, w.rows};
+    if (algo.chain && x.rows <= s.options.chain_gemm_max_rows &&
+        kernels::chain_gemm_supported(chp)) {  // the same bits as the cuBLASLt call below
+      cuda_check(kernels::launch_chain_gemm(chp, s.stream), "linear (chain)");
+    } else {
+      const cublasLtMatrixLayout_t lc = s.lt_layout(CUDA_R_32F, w.rows, x.rows);
+      cublas_check(
+          cublasLtMatmul(s.lt, s.lt_desc, &alpha, w.data, s.lt_layout(CUDA_R_16BF, w.cols, w.rows),
+                         xin, s.lt_layout(CUDA_R_16BF, x.cols, x.rows), &beta, out.data, lc,
+                         out.data, lc, &algo.algo, s.lt_workspace.ptr, kLtWorkspaceBytes, s.stream),
+          "linear (cuBLASLt)");
+    }
   } else {
     // Column-major view: out^T [O, N] = w [O, I] (stored as w^T, so op T) x x^T [I, N].
     cublas_check(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),

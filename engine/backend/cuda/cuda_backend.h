@@ -42,6 +42,12 @@ struct CudaBackendOptions {
   // Batch-invariant linear (cuBLASLt): time the no-split-K candidates of each (out, in) shape at
   // 1, 16 and 128 rows at first use and keep the best overall; off: the heuristic's first.
   bool tune_invariant_gemm = true;
+  // Batch-invariant linear (cuBLASLt): launches of at most this many token rows (<= 16) run the
+  // chain GEMM (kernels/gemm/chain_gemm.h), which sums every element in cuBLASLt's order, for
+  // each (out, in) shape where a check at first use finds it bitwise equal to the chosen
+  // cuBLASLt algorithm at 1, 9 and 16 rows and (when tuning) no slower at one row; 0 = never.
+  // The environment variable ARBOR_CHAIN_GEMM (0..16) overrides it.
+  int chain_gemm_max_rows = 16;
   // LlamaModel runs q/k/v as one linear and gate/up as one (concatenated weights, then
   // split_cols; free views at one token): 2 GEMMs fewer per layer and no small k / v GEMMs.
   bool fuse_projections = true;
