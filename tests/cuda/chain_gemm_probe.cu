@@ -3,7 +3,7 @@
 // ones: bitwise equality of every output, and cold-L2 time (256 MiB memset before each launch,
 // median of 10) of cuBLASLt and of each tiling of the chain kernel.
 //   chain_gemm_probe [--quick]
-//   chain_gemm_probe --one O K N   # one launch of the default tiling (for ncu)
+//   chain_gemm_probe --one[-chunked] O K N   # 3 launches of the chain (chunked) GEMM, for ncu
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -41,7 +41,8 @@ uint16_t bf16_bits(float f) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
-  if (argc == 5 && std::string(argv[1]) == "--one") {
+  if (argc == 5 && (std::string(argv[1]) == "--one" || std::string(argv[1]) == "--one-chunked")) {
+    const bool chunked = std::string(argv[1]) == "--one-chunked";
     const int O = std::atoi(argv[2]), K = std::atoi(argv[3]), N = std::atoi(argv[4]);
     void *x, *w, *y;
     check(cudaMalloc(&x, size_t(N) * K * 2), "x");
@@ -50,7 +51,9 @@ int main(int argc, char** argv) {
     check(cudaMemset(x, 0, size_t(N) * K * 2), "x");
     check(cudaMemset(w, 0, size_t(O) * K * 2), "w");
     for (int i = 0; i < 3; ++i)
-      check(kernels::launch_chain_gemm({x, w, static_cast<float*>(y), N, K, O}, nullptr), "chain");
+      check(chunked ? kernels::launch_chunked_gemm({x, w, static_cast<float*>(y), N, K, O}, nullptr)
+                    : kernels::launch_chain_gemm({x, w, static_cast<float*>(y), N, K, O}, nullptr),
+            "launch");
     check(cudaDeviceSynchronize(), "sync");
     return 0;
   }
