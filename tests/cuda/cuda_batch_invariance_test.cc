@@ -115,6 +115,7 @@ TEST(CudaChainGemm, EqualsCublasLt) {
   CudaBackendOptions o;
   o.batch_invariant = true;
   o.tune_invariant_gemm = false;
+  o.chain_gemm_max_rows = 16;  // both kernel variants (<= 8 and 9-16 token rows)
   CudaBackendOptions ref_o = o;
   ref_o.chain_gemm_max_rows = 0;
   CudaBackend b(o), ref(ref_o);

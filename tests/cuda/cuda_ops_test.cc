@@ -297,6 +297,50 @@ TEST(CudaOps, AttentionSplitKeysEnvironmentOverride) {
   ::unsetenv("ARBOR_ATTN_SPLIT_KEYS");
 }
 
+// ARBOR_CHAIN_GEMM sets the largest row count the chain GEMM takes (0 = off); a bad value, and
+// a bad CudaBackendOptions::chain_gemm_max_rows, is refused naming itself.
+TEST(CudaOps, ChainGemmRowsOverride) {
+  ARBOR_REQUIRE_GPU();
+  for (const char* bad : {"17", "-1", "x", "8 rows"}) {
+    ::setenv("ARBOR_CHAIN_GEMM", bad, 1);
+    try {
+      CudaBackend b{CudaBackendOptions{}};
+      ADD_FAILURE() << "ARBOR_CHAIN_GEMM=" << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+  ::unsetenv("ARBOR_CHAIN_GEMM");
+  CudaBackendOptions o;
+  o.chain_gemm_max_rows = 20;
+  try {
+    CudaBackend b{o};
+    ADD_FAILURE() << "chain_gemm_max_rows 20 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("chain_gemm_max_rows 20"), std::string::npos) << e.what();
+  }
+  // 0 turns it off: a decode-size linear then runs cuBLASLt and says so.
+  ::setenv("ARBOR_CHAIN_GEMM", "0", 1);
+  CudaBackendOptions t;
+  t.tune_invariant_gemm = false;
+  CudaBackend b{t};
+  ::unsetenv("ARBOR_CHAIN_GEMM");
+  HostTensor w({64, 128});
+  std::mt19937 rng(3);
+  w.data = testing::random_vector(rng, w.data.size());
+  const Tensor wt = b.upload_weight(w);
+  b.reset_scratch();
+  Tensor x = b.scratch(1, 128), y = b.scratch(1, 64);
+  const std::vector<float> xh = testing::random_vector(rng, 128);
+  b.upload(xh.data(), x);
+  b.linear(x, wt, Tensor{}, y);
+  EXPECT_EQ(b.batch_invariant_gemm_algo(64, 128).find("chain"), std::string::npos)
+      << b.batch_invariant_gemm_algo(64, 128);
+}
+
 // ARBOR_GEMM picks the batch-invariant GEMM of any binary; a bad value names itself.
 TEST(CudaOps, GemmEnvironmentOverride) {
   ARBOR_REQUIRE_GPU();

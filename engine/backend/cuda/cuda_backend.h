@@ -46,8 +46,10 @@ struct CudaBackendOptions {
   // chain GEMM (kernels/gemm/chain_gemm.h), which sums every element in cuBLASLt's order, for
   // each (out, in) shape where a check at first use finds it bitwise equal to the chosen
   // cuBLASLt algorithm at 1, 9 and 16 rows and (when tuning) no slower at one row; 0 = never.
-  // The environment variable ARBOR_CHAIN_GEMM (0..16) overrides it.
-  int chain_gemm_max_rows = 16;
+  // 8: on the H100 it wins at 1-8 rows in a decode step and loses at 16 (a verify step of 16
+  // tree nodes: 7.35 vs 7.25 ms; docs/benchmarks.md). The environment variable
+  // ARBOR_CHAIN_GEMM (0..16) overrides it.
+  int chain_gemm_max_rows = 8;
   // LlamaModel runs q/k/v as one linear and gate/up as one (concatenated weights, then
   // split_cols; free views at one token): 2 GEMMs fewer per layer and no small k / v GEMMs.
   bool fuse_projections = true;
