@@ -11,7 +11,8 @@
 // those past N zero-filled), copy addresses computed once and each stage's fragments loaded
 // before its MMAs: 4x fewer instructions, yet alone no faster and in a decode step slower
 // (batch 1 155 vs 161 tok/s); 6-12 stages or stages of 64 / 256 k (slower in a step: more
-// shared memory per CTA or more barriers). ncu (one 4096 x 4096 launch): one warp per
+// shared memory per CTA or more barriers); an L2 prefetch of each row 2-8 stages past the ring
+// (slightly slower). ncu (one 4096 x 4096 launch): one warp per
 // scheduler, 0.21 instructions issued per cycle, 43% of the stalls on fixed-latency
 // dependencies; SMs active 78% of the launch (ramp and tail), DRAM at 56% of peak.
 #include <cuda_bf16.h>
