@@ -570,7 +570,11 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
         state = state * 1664525u + 1013904223u;
         v = static_cast<uint16_t>(((state >> 16) & 0x807fu) | 0x3f00u);
       }
-      cuda_check(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "linear tuning");
+      // On the backend's (non-blocking) stream and waited for: a plain cudaMemcpy from pageable
+      // memory may return before its DMA lands, and that stream does not wait for it.
+      cuda_check(cudaMemcpyAsync(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice, stream),
+                 "linear tuning");
+      cuda_check(cudaStreamSynchronize(stream), "linear tuning");
     }
     cudaEvent_t e0, e1;
     cuda_check(cudaEventCreate(&e0), "linear tuning");
@@ -657,12 +661,16 @@ void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const
   cudaStreamIsCapturing(stream, &capturing);
   if (capturing != cudaStreamCaptureStatusNone) return;  // cannot check: cuBLASLt it is
   constexpr int64_t kRows = kernels::kChainGemmMaxRows;
-  void* x = nullptr;
-  float* y_lt = nullptr;
-  float* y_chain = nullptr;
-  cuda_check(cudaMalloc(&x, static_cast<size_t>(kRows * k) * 2), "chain gemm check");
-  cuda_check(cudaMalloc(&y_lt, static_cast<size_t>(kRows * o) * 4), "chain gemm check");
-  cuda_check(cudaMalloc(&y_chain, static_cast<size_t>(kRows * o) * 4), "chain gemm check");
+  struct Scratch {  // freed on every exit, a failed check included
+    void* p = nullptr;
+    ~Scratch() { cudaFree(p); }
+  } xs, lts, chs, flushs;
+  cuda_check(cudaMalloc(&xs.p, static_cast<size_t>(kRows * k) * 2), "chain gemm check");
+  cuda_check(cudaMalloc(&lts.p, static_cast<size_t>(kRows * o) * 4), "chain gemm check");
+  cuda_check(cudaMalloc(&chs.p, static_cast<size_t>(kRows * o) * 4), "chain gemm check");
+  void* const x = xs.p;
+  float* const y_lt = static_cast<float*>(lts.p);
+  float* const y_chain = static_cast<float*>(chs.p);
   {
     std::vector<uint16_t> hx(static_cast<size_t>(kRows * k));
     uint32_t state = 777u;
@@ -670,7 +678,9 @@ void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const
       state = state * 1664525u + 1013904223u;
       v = static_cast<uint16_t>(((state >> 16) & 0x807fu) | 0x3f00u);
     }
-    cuda_check(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), "chain gemm check");
+    cuda_check(cudaMemcpyAsync(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice, stream),
+               "chain gemm check");
+    cuda_check(cudaStreamSynchronize(stream), "chain gemm check");
   }
   const float alpha = 1.f, beta = 0.f;
   const cublasLtMatrixLayout_t la = lt_layout(CUDA_R_16BF, k, o);
@@ -684,7 +694,9 @@ void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const
   auto run_chain = [&](int64_t n) {
     return kernels::launch_chain_gemm({x, weight, y_chain, n, k, o}, stream);
   };
-  bool same = kernels::chain_gemm_supported({x, weight, y_chain, 1, k, o});
+  const bool supported = kernels::chain_gemm_supported({x, weight, y_chain, 1, k, o});
+  std::string diff_words;
+  bool same = supported;
   std::vector<float> h_lt(static_cast<size_t>(kRows * o)), h_chain(h_lt.size());
   for (int64_t n : {int64_t{1}, int64_t{9}, kRows}) {
     if (!same) break;
@@ -700,17 +712,34 @@ void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const
                "chain gemm check");
     cuda_check(cudaStreamSynchronize(stream), "chain gemm check");
     same = std::memcmp(h_lt.data(), h_chain.data(), static_cast<size_t>(n * o) * 4) == 0;
+    if (!same) {  // say how: a different order (a few ulps) or something worse
+      int64_t bad = 0;
+      double worst = 0;
+      for (int64_t i = 0; i < n * o; ++i)
+        if (std::memcmp(&h_lt[static_cast<size_t>(i)], &h_chain[static_cast<size_t>(i)], 4) != 0) {
+          ++bad;
+          worst = std::max(
+              worst, std::abs(static_cast<double>(h_lt[static_cast<size_t>(i)]) -
+                              h_chain[static_cast<size_t>(i)]) /
+                         (std::abs(static_cast<double>(h_lt[static_cast<size_t>(i)])) + 1e-30));
+        }
+      char buf[128];
+      std::snprintf(buf, sizeof(buf), " (%lld rows: %lld of %lld elements, max rel %.1e)",
+                    static_cast<long long>(n), static_cast<long long>(bad),
+                    static_cast<long long>(n * o), worst);
+      diff_words = buf;
+    }
   }
   if (!same) {
-    a.words += k % 16 == 0 ? "; chain GEMM: differs" : "; chain GEMM: unsupported";
+    a.words += supported ? "; chain GEMM: differs" + diff_words : "; chain GEMM: unsupported";
   } else if (!options.tune_invariant_gemm) {
     a.chain = true;
     a.words += "; chain GEMM at <= " + std::to_string(options.chain_gemm_max_rows) + " rows";
   } else {
     // Cold weights, as in a decode step; best of 4 each.
-    void* flush = nullptr;
     constexpr size_t kFlushBytes = 128u << 20;
-    cuda_check(cudaMalloc(&flush, kFlushBytes), "chain gemm check");
+    cuda_check(cudaMalloc(&flushs.p, kFlushBytes), "chain gemm check");
+    void* const flush = flushs.p;
     cudaEvent_t e0, e1;
     cuda_check(cudaEventCreate(&e0), "chain gemm check");
     cuda_check(cudaEventCreate(&e1), "chain gemm check");
@@ -731,7 +760,6 @@ void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const
       }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    cudaFree(flush);
     // Its gain in a step is larger than alone (its weights stream before the previous kernel
     // ends, programmatic launch); 5% slower alone is still taken.
     a.chain = best[1] <= 1.05f * best[0];
@@ -741,9 +769,6 @@ void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const
     a.words += buf;
     if (a.chain) a.words += std::to_string(options.chain_gemm_max_rows) + " rows";
   }
-  cudaFree(x);
-  cudaFree(y_lt);
-  cudaFree(y_chain);
 }
 
 std::string CudaBackend::batch_invariant_gemm_algo(int64_t out_features,
@@ -804,11 +829,19 @@ Tensor CudaBackend::upload_weight(const HostTensor& w) {
     cuda_check(kernels::launch_fill_random(p, s_->stream), "upload_weight (random)");
     cuda_check(cudaStreamSynchronize(s_->stream), "upload_weight (random)");
   } else if (vector) {
-    cuda_check(cudaMemcpy(ptr, w.data.data(), bytes, cudaMemcpyHostToDevice), "upload_weight");
+    // Copies on the backend's stream, waited for: a plain cudaMemcpy from pageable memory may
+    // return before its DMA lands, and the (non-blocking) stream's kernels would not wait for
+    // it (a linear right after an upload read part of the old contents: the first-use checks
+    // of the chain GEMM saw differences in ~850x that were not there).
+    cuda_check(cudaMemcpyAsync(ptr, w.data.data(), bytes, cudaMemcpyHostToDevice, s_->stream),
+               "upload_weight");
+    cuda_check(cudaStreamSynchronize(s_->stream), "upload_weight");
   } else {
     std::vector<uint16_t> h(static_cast<size_t>(w.numel()));
     for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(w.data[i]);
-    cuda_check(cudaMemcpy(ptr, h.data(), bytes, cudaMemcpyHostToDevice), "upload_weight");
+    cuda_check(cudaMemcpyAsync(ptr, h.data(), bytes, cudaMemcpyHostToDevice, s_->stream),
+               "upload_weight");
+    cuda_check(cudaStreamSynchronize(s_->stream), "upload_weight");
   }
   t.data = ptr;
   return t;
