@@ -25,9 +25,11 @@ namespace arbor::kernels {
 
 namespace {
 
+// Bytes of one row of a stage of `stage_k` k: + 32 so that a half-warp's 8-byte loads of 8 rows
+// hit 32 different banks.
 constexpr int row_bytes(int stage_k) {
   return stage_k * 2 + 32;
-}  // +32: conflict-free loads
+}
 
 __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   uint2 v;
@@ -36,8 +38,7 @@ __device__ __forceinline__ uint2 lds64(uint32_t addr) {
 }
 
 // One CTA: WARPS x 8 weight rows, all tokens. M16: more than 8 tokens (A rows g + 8). SK: k per
-// ring stage (SK / 16 MMA steps); a row of a stage takes SK * 2 + 32 bytes (the 32: a half-warp's
-// 8-byte loads hit 32 banks).
+// ring stage (SK / 16 MMA steps).
 template <int WARPS, bool M16, int STAGES, int SK>
 __global__ void __launch_bounds__(WARPS * 32) chain_gemm_kernel(const ChainGemmParams p) {
   extern __shared__ __align__(16) unsigned char smem[];

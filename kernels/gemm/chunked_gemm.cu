@@ -322,8 +322,8 @@ cudaError_t launch_chunked_gemm(const ChunkedGemmParams& p, cudaStream_t stream)
     if (p.rows <= 8) return launch_small<1, 4>(p, stream);
     return launch_small<2, 4>(p, stream);
   }
-  // wgmma kernel (Hopper); ARBOR_CHUNKED_WGMMA
-  // = 0 / 1 turns it off / on for every shape (benchmarks; same results).
+  // The wgmma kernel (Hopper). ARBOR_CHUNKED_WGMMA = 0 / 1 turns it off / on for every shape
+  // (benchmarks; the results are the same).
   static const int wgmma_mode = [] {
     const char* e = std::getenv("ARBOR_CHUNKED_WGMMA");
     return e ? std::atoi(e) : 2;

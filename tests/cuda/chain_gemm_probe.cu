@@ -19,6 +19,7 @@
 #include "engine/backend/cuda/cuda_backend.h"
 #include "kernels/gemm/chain_gemm.h"
 #include "kernels/gemm/chunked_gemm.h"
+#include "tests/cuda/cold_timing.h"
 
 using namespace arbor;
 
@@ -91,26 +92,12 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&dout, size_t(kMaxN) * sh.O * 4), "out");
     check(cudaMemcpy(dx, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), "x");
     check(cudaMemcpy(dw, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), "w");
+    // A cudaMemcpy from pageable memory may return before its DMA lands, and the backend's
+    // non-blocking stream does not wait for it.
+    check(cudaDeviceSynchronize(), "copies");
     const Tensor w{dw, DType::kBF16, sh.O, sh.K};
     auto time_us = [&](const std::function<void()>& f, bool cold = true) {
-      cudaEvent_t e0, e1;
-      check(cudaEventCreate(&e0), "event");
-      check(cudaEventCreate(&e1), "event");
-      std::vector<float> t;
-      for (int it = 0; it < 12; ++it) {
-        if (cold) check(cudaMemsetAsync(flush, it, flush_bytes, stream), "flush");
-        check(cudaEventRecord(e0, stream), "event");
-        f();
-        check(cudaEventRecord(e1, stream), "event");
-        check(cudaEventSynchronize(e1), "event");
-        float ms = 0;
-        check(cudaEventElapsedTime(&ms, e0, e1), "event");
-        if (it >= 2) t.push_back(ms * 1e3f);
-      }
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
-      std::sort(t.begin(), t.end());
-      return t[t.size() / 2];
+      return testing::median_launch_us(stream, flush, flush_bytes, f, cold);
     };
     for (int n : {1, 2, 3, 8, 9, 16}) {
       const Tensor x{dx, DType::kBF16, n, sh.K}, y{dref, DType::kF32, n, sh.O};

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -277,21 +278,28 @@ TEST(CudaOps, LinearChunkedGemmMatchesCpu) {
   }
 }
 
+// A backend made with environment variable `name` set to each of `bad` throws
+// kInvalidArgument with a message that quotes the value; `name` is unset afterwards.
+void expect_env_refused(const char* name, std::initializer_list<const char*> bad) {
+  for (const char* v : bad) {
+    ::setenv(name, v, 1);
+    try {
+      CudaBackend b{CudaBackendOptions{}};
+      ADD_FAILURE() << name << "=" << v << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + v + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+  ::unsetenv(name);
+}
+
 // ARBOR_ATTN_SPLIT_KEYS sets the attention's batch-invariant split size; a bad value names
 // itself.
 TEST(CudaOps, AttentionSplitKeysEnvironmentOverride) {
   ARBOR_REQUIRE_GPU();
-  for (const char* bad : {"100", "0", "abc", "256x", "131072"}) {
-    ::setenv("ARBOR_ATTN_SPLIT_KEYS", bad, 1);
-    try {
-      CudaBackend b{CudaBackendOptions{}};
-      ADD_FAILURE() << "ARBOR_ATTN_SPLIT_KEYS=" << bad << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos)
-          << e.what();
-    }
-  }
+  expect_env_refused("ARBOR_ATTN_SPLIT_KEYS", {"100", "0", "abc", "256x", "131072"});
   ::setenv("ARBOR_ATTN_SPLIT_KEYS", "256", 1);
   EXPECT_NO_THROW(CudaBackend{CudaBackendOptions{}});
   ::unsetenv("ARBOR_ATTN_SPLIT_KEYS");
@@ -301,18 +309,7 @@ TEST(CudaOps, AttentionSplitKeysEnvironmentOverride) {
 // a bad CudaBackendOptions::chain_gemm_max_rows, is refused naming itself.
 TEST(CudaOps, ChainGemmRowsOverride) {
   ARBOR_REQUIRE_GPU();
-  for (const char* bad : {"17", "-1", "x", "8 rows"}) {
-    ::setenv("ARBOR_CHAIN_GEMM", bad, 1);
-    try {
-      CudaBackend b{CudaBackendOptions{}};
-      ADD_FAILURE() << "ARBOR_CHAIN_GEMM=" << bad << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos)
-          << e.what();
-    }
-  }
-  ::unsetenv("ARBOR_CHAIN_GEMM");
+  expect_env_refused("ARBOR_CHAIN_GEMM", {"17", "-1", "x", "8 rows"});
   CudaBackendOptions o;
   o.chain_gemm_max_rows = 20;
   try {
@@ -344,14 +341,7 @@ TEST(CudaOps, ChainGemmRowsOverride) {
 // ARBOR_GEMM picks the batch-invariant GEMM of any binary; a bad value names itself.
 TEST(CudaOps, GemmEnvironmentOverride) {
   ARBOR_REQUIRE_GPU();
-  ::setenv("ARBOR_GEMM", "fastest", 1);
-  try {
-    CudaBackend b{CudaBackendOptions{}};
-    ADD_FAILURE() << "ARBOR_GEMM=fastest was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("'fastest'"), std::string::npos) << e.what();
-  }
+  expect_env_refused("ARBOR_GEMM", {"fastest"});
   ::setenv("ARBOR_GEMM", "chunked", 1);
   {
     CpuGpu b(small_kv());

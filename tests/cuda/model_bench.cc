@@ -46,6 +46,7 @@
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/model/llama_model.h"
 #include "engine/runner/engine.h"
+#include "tests/cuda/cold_timing.h"
 
 namespace arbor {
 namespace {
@@ -457,23 +458,9 @@ nlohmann::json linear_bench(double bw) {
         std::uniform_real_distribution<float> u(-1, 1);
         for (float& f : xh) f = u(rng);
         b.upload(xh.data(), x);
-        cudaEvent_t e0, e1;
-        check(cudaEventCreate(&e0), "event");
-        check(cudaEventCreate(&e1), "event");
-        std::vector<double> t;
-        for (int it = 0; it < 12; ++it) {
-          check(cudaMemsetAsync(flush, it, flush_bytes, stream), "flush");
-          check(cudaEventRecord(e0, stream), "event");
+        us[which] = testing::median_launch_us(stream, flush, flush_bytes, [&] {
           b.linear(x, w[static_cast<size_t>(which)], Tensor{}, y);
-          check(cudaEventRecord(e1, stream), "event");
-          check(cudaEventSynchronize(e1), "event");
-          float ms = 0;
-          check(cudaEventElapsedTime(&ms, e0, e1), "event");
-          if (it >= 2) t.push_back(ms * 1e3);
-        }
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
-        us[which] = median(t);
+        });
       }
       const double flops = 2.0 * n * sh.out * sh.in;
       const double floor_us =

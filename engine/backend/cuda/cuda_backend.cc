@@ -12,7 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -308,6 +310,16 @@ struct CudaBackend::State {
   // Sets a.chain: the chain GEMM against a's cuBLASLt algorithm on this weight (bitwise at 1,
   // 9 and 16 rows; cold time at one row when tuning).
   void check_chain_gemm(LtAlgo& a, int64_t out_features, int64_t in_features, const void* weight);
+  // The batch-invariant linear through cuBLASLt: y [n, o] fp32 = x [n, k] bf16 @ w [o, k]^T.
+  cublasStatus_t lt_matmul(const cublasLtMatmulAlgo_t& algo, const void* w, int64_t o, int64_t k,
+                           const void* x, int64_t n, void* y);
+  // Host -> device copy on the stream, waited for. A plain cudaMemcpy from pageable memory may
+  // return before its DMA lands, and this (non-blocking) stream's kernels would not wait for
+  // it: a linear right after an upload read part of the old contents.
+  void copy_to_device(void* dst, const void* src, size_t bytes, const char* what);
+  // Best of 4 runs of `run` with the L2 overwritten (flush, > L2 bytes) before each: the time of
+  // a decode step's cold weights, ms.
+  float best_cold_ms(const DeviceBuffer& flush, const std::function<void()>& run, const char* what);
   // `weight` (the [out, in] bf16 matrix) lets the first use time the candidates
   // (CudaBackendOptions::tune_invariant_gemm); nullptr takes the heuristic's first.
   const LtAlgo& lt_algo(int64_t out_features, int64_t in_features, const void* weight = nullptr);
@@ -329,28 +341,31 @@ struct CudaBackend::State {
 };
 
 namespace {
-// ARBOR_GEMM (cublas | own | chunked) overrides CudaBackendOptions::batch_invariant_gemm and
-// ARBOR_ATTN_SPLIT_KEYS (a multiple of 64) CudaBackendOptions::invariant_split_keys, so the CLI
-// and server can pick them without flags of their own.
+// The value of integer environment variable `name` (nullopt when unset or empty); anything but
+// a whole number in [lo, hi] that is a multiple of `multiple` is refused, naming the value.
+std::optional<long> env_int(const char* name, long lo, long hi, long multiple,
+                            const std::string& expected) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  if (*end != '\0' || v < lo || v > hi || v % multiple != 0)
+    throw_error(ErrorCode::kInvalidArgument,
+                std::string(name) + "='" + e + "' (expected " + expected + ")");
+  return v;
+}
+
+// ARBOR_GEMM (cublas | own | chunked) overrides CudaBackendOptions::batch_invariant_gemm,
+// ARBOR_ATTN_SPLIT_KEYS (a multiple of 64) CudaBackendOptions::invariant_split_keys and
+// ARBOR_CHAIN_GEMM (0..16) CudaBackendOptions::chain_gemm_max_rows, so the CLI and server can
+// pick them without flags of their own.
 CudaBackendOptions with_env_overrides(CudaBackendOptions o) {
-  if (const char* k = std::getenv("ARBOR_ATTN_SPLIT_KEYS"); k != nullptr && *k != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(k, &end, 10);
-    if (*end != '\0' || v < 64 || v > 64 * 1024 || v % 64 != 0)
-      throw_error(ErrorCode::kInvalidArgument,
-                  std::string("ARBOR_ATTN_SPLIT_KEYS='") + k +
-                      "' (expected a multiple of 64 from 64 to 65536)");
-    o.invariant_split_keys = static_cast<int32_t>(v);
-  }
-  if (const char* c = std::getenv("ARBOR_CHAIN_GEMM"); c != nullptr && *c != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(c, &end, 10);
-    if (*end != '\0' || v < 0 || v > kernels::kChainGemmMaxRows)
-      throw_error(ErrorCode::kInvalidArgument,
-                  std::string("ARBOR_CHAIN_GEMM='") + c + "' (expected 0 to " +
-                      std::to_string(kernels::kChainGemmMaxRows) + " rows)");
-    o.chain_gemm_max_rows = static_cast<int>(v);
-  }
+  if (const auto v =
+          env_int("ARBOR_ATTN_SPLIT_KEYS", 64, 64 * 1024, 64, "a multiple of 64 from 64 to 65536"))
+    o.invariant_split_keys = static_cast<int32_t>(*v);
+  if (const auto v = env_int("ARBOR_CHAIN_GEMM", 0, kernels::kChainGemmMaxRows, 1,
+                             "0 to " + std::to_string(kernels::kChainGemmMaxRows) + " rows"))
+    o.chain_gemm_max_rows = static_cast<int>(*v);
   const char* e = std::getenv("ARBOR_GEMM");
   if (e == nullptr || *e == '\0') return o;
   const std::string v = e;
@@ -460,6 +475,17 @@ CudaBackend::~CudaBackend() {
 
 namespace {
 constexpr size_t kLtWorkspaceBytes = 8u << 20;
+constexpr size_t kFlushBytes = 128u << 20;  // > the H100's 50 MB L2
+// n bf16 values in [-1, 1) (sign, exponent 126..127, random mantissa): the inputs of the GEMM
+// tuning and of the chain GEMM check.
+std::vector<uint16_t> tuning_input(size_t n, uint32_t state) {
+  std::vector<uint16_t> h(n);
+  for (auto& v : h) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<uint16_t>(((state >> 16) & 0x807fu) | 0x3f00u);
+  }
+  return h;
+}
 // Row count the algorithm is chosen for; it is then checked and used at every row count.
 constexpr int64_t kLtRepresentativeRows = 64;
 }  // namespace
@@ -554,75 +580,37 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
     // serves every row count, so it must not be slow at any of them. A candidate whose row 0
     // differs bitwise between the 1-row and the 128-row launch is dropped.
     const int64_t sizes[] = {1, 16, 128};
-    void* x = nullptr;
-    void* y = nullptr;
-    void* y1 = nullptr;
-    void* flush = nullptr;
-    constexpr size_t kFlushBytes = 128u << 20;  // > the H100's 50 MB L2
-    cuda_check(cudaMalloc(&x, static_cast<size_t>(128 * k) * 2), "linear tuning");
-    cuda_check(cudaMalloc(&y, static_cast<size_t>(128 * o) * 4), "linear tuning");
-    cuda_check(cudaMalloc(&y1, static_cast<size_t>(o) * 4), "linear tuning");
-    cuda_check(cudaMalloc(&flush, kFlushBytes), "linear tuning");
+    DeviceBuffer x, y, y1, flush;
+    x.ensure(static_cast<size_t>(128 * k) * 2, "linear tuning");
+    y.ensure(static_cast<size_t>(128 * o) * 4, "linear tuning");
+    y1.ensure(static_cast<size_t>(o) * 4, "linear tuning");
+    flush.ensure(kFlushBytes, "linear tuning");
     {
-      std::vector<uint16_t> hx(static_cast<size_t>(128 * k));
-      uint32_t state = 12345u;
-      for (auto& v : hx) {  // bf16 values in [-1, 1): sign, exponent 126..127, random mantissa
-        state = state * 1664525u + 1013904223u;
-        v = static_cast<uint16_t>(((state >> 16) & 0x807fu) | 0x3f00u);
-      }
-      // On the backend's (non-blocking) stream and waited for: a plain cudaMemcpy from pageable
-      // memory may return before its DMA lands, and that stream does not wait for it.
-      cuda_check(cudaMemcpyAsync(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice, stream),
-                 "linear tuning");
-      cuda_check(cudaStreamSynchronize(stream), "linear tuning");
+      const std::vector<uint16_t> hx = tuning_input(static_cast<size_t>(128 * k), 12345u);
+      copy_to_device(x.ptr, hx.data(), hx.size() * 2, "linear tuning");
     }
-    cudaEvent_t e0, e1;
-    cuda_check(cudaEventCreate(&e0), "linear tuning");
-    cuda_check(cudaEventCreate(&e1), "linear tuning");
     std::vector<std::array<float, 3>> ms(valid.size(), {1e30f, 1e30f, 1e30f});
     std::vector<char> invariant(valid.size(), 1);
-    const float alpha = 1.f, beta = 0.f;
     std::vector<float> row_all(static_cast<size_t>(o)), row_one(static_cast<size_t>(o));
     for (size_t c = 0; c < valid.size(); ++c) {
       auto run = [&](int64_t n, void* out) {
-        const cublasLtMatrixLayout_t lc = lt_layout(CUDA_R_32F, o, n);
-        return cublasLtMatmul(lt, lt_desc, &alpha, weight, a, x, lt_layout(CUDA_R_16BF, k, n),
-                              &beta, out, lc, out, lc, &valid[c].algo, lt_workspace.ptr,
-                              kLtWorkspaceBytes, stream);
+        return lt_matmul(valid[c].algo, weight, o, k, x.ptr, n, out);
       };
-      cublas_check(run(128, y), "linear tuning");
-      cublas_check(run(1, y1), "linear tuning");
-      cuda_check(
-          cudaMemcpyAsync(row_all.data(), y, row_all.size() * 4, cudaMemcpyDeviceToHost, stream),
-          "linear tuning");
-      cuda_check(
-          cudaMemcpyAsync(row_one.data(), y1, row_one.size() * 4, cudaMemcpyDeviceToHost, stream),
-          "linear tuning");
+      cublas_check(run(128, y.ptr), "linear tuning");
+      cublas_check(run(1, y1.ptr), "linear tuning");
+      cuda_check(cudaMemcpyAsync(row_all.data(), y.ptr, row_all.size() * 4, cudaMemcpyDeviceToHost,
+                                 stream),
+                 "linear tuning");
+      cuda_check(cudaMemcpyAsync(row_one.data(), y1.ptr, row_one.size() * 4, cudaMemcpyDeviceToHost,
+                                 stream),
+                 "linear tuning");
       cuda_check(cudaStreamSynchronize(stream), "linear tuning");
       invariant[c] = std::memcmp(row_all.data(), row_one.data(), row_all.size() * 4) == 0;
       if (!invariant[c]) continue;  // never picked: not worth timing
-      for (int si = 0; si < 3; ++si) {
-        const int64_t n = sizes[si];
-        float best = 1e30f;
-        for (int rep = 0; rep < 4; ++rep) {
-          cuda_check(cudaMemsetAsync(flush, rep, kFlushBytes, stream), "linear tuning");
-          cuda_check(cudaEventRecord(e0, stream), "linear tuning");
-          cublas_check(run(n, y), "linear tuning");
-          cuda_check(cudaEventRecord(e1, stream), "linear tuning");
-          cuda_check(cudaEventSynchronize(e1), "linear tuning");
-          float t = 0;
-          cuda_check(cudaEventElapsedTime(&t, e0, e1), "linear tuning");
-          best = std::min(best, t);
-        }
-        ms[c][static_cast<size_t>(si)] = best;
-      }
+      for (int si = 0; si < 3; ++si)
+        ms[c][static_cast<size_t>(si)] = best_cold_ms(
+            flush, [&] { cublas_check(run(sizes[si], y.ptr), "linear tuning"); }, "linear tuning");
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(x);
-    cudaFree(y);
-    cudaFree(y1);
-    cudaFree(flush);
     std::array<float, 3> fastest = {1e30f, 1e30f, 1e30f};
     for (const auto& t : ms)
       for (size_t si = 0; si < 3; ++si) fastest[si] = std::min(fastest[si], t[si]);
@@ -654,6 +642,44 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
                                            " candidates); use batch_invariant_gemm = 1");
 }
 
+cublasStatus_t CudaBackend::State::lt_matmul(const cublasLtMatmulAlgo_t& algo, const void* w,
+                                             int64_t o, int64_t k, const void* x, int64_t n,
+                                             void* y) {
+  // Column-major view: y^T [o, n] = (w^T stored [k, o], op T) x (x^T [k, n]).
+  const float alpha = 1.f, beta = 0.f;
+  const cublasLtMatrixLayout_t lc = lt_layout(CUDA_R_32F, o, n);
+  return cublasLtMatmul(lt, lt_desc, &alpha, w, lt_layout(CUDA_R_16BF, k, o), x,
+                        lt_layout(CUDA_R_16BF, k, n), &beta, y, lc, y, lc, &algo, lt_workspace.ptr,
+                        kLtWorkspaceBytes, stream);
+}
+
+void CudaBackend::State::copy_to_device(void* dst, const void* src, size_t bytes,
+                                        const char* what) {
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), what);
+  cuda_check(cudaStreamSynchronize(stream), what);
+}
+
+float CudaBackend::State::best_cold_ms(const DeviceBuffer& flush, const std::function<void()>& run,
+                                       const char* what) {
+  cudaEvent_t e0, e1;
+  cuda_check(cudaEventCreate(&e0), what);
+  cuda_check(cudaEventCreate(&e1), what);
+  float best = 1e30f;
+  for (int rep = 0; rep < 4; ++rep) {
+    cuda_check(cudaMemsetAsync(flush.ptr, rep, flush.bytes, stream), what);
+    cuda_check(cudaEventRecord(e0, stream), what);
+    run();
+    cuda_check(cudaEventRecord(e1, stream), what);
+    cuda_check(cudaEventSynchronize(e1), what);
+    float t = 0;
+    cuda_check(cudaEventElapsedTime(&t, e0, e1), what);
+    best = std::min(best, t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
+
 void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const void* weight) {
   a.chain = false;
   if (options.chain_gemm_max_rows == 0 || weight == nullptr) return;
@@ -661,114 +687,82 @@ void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const
   cudaStreamIsCapturing(stream, &capturing);
   if (capturing != cudaStreamCaptureStatusNone) return;  // cannot check: cuBLASLt it is
   constexpr int64_t kRows = kernels::kChainGemmMaxRows;
-  struct Scratch {  // freed on every exit, a failed check included
-    void* p = nullptr;
-    ~Scratch() { cudaFree(p); }
-  } xs, lts, chs, flushs;
-  cuda_check(cudaMalloc(&xs.p, static_cast<size_t>(kRows * k) * 2), "chain gemm check");
-  cuda_check(cudaMalloc(&lts.p, static_cast<size_t>(kRows * o) * 4), "chain gemm check");
-  cuda_check(cudaMalloc(&chs.p, static_cast<size_t>(kRows * o) * 4), "chain gemm check");
-  void* const x = xs.p;
-  float* const y_lt = static_cast<float*>(lts.p);
-  float* const y_chain = static_cast<float*>(chs.p);
+  const char* what = "chain gemm check";
+  DeviceBuffer x, y_lt, y_chain;
+  x.ensure(static_cast<size_t>(kRows * k) * 2, what);
+  y_lt.ensure(static_cast<size_t>(kRows * o) * 4, what);
+  y_chain.ensure(static_cast<size_t>(kRows * o) * 4, what);
   {
-    std::vector<uint16_t> hx(static_cast<size_t>(kRows * k));
-    uint32_t state = 777u;
-    for (auto& v : hx) {  // bf16 values in [-1, 1), as in the tuning
-      state = state * 1664525u + 1013904223u;
-      v = static_cast<uint16_t>(((state >> 16) & 0x807fu) | 0x3f00u);
-    }
-    cuda_check(cudaMemcpyAsync(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice, stream),
-               "chain gemm check");
-    cuda_check(cudaStreamSynchronize(stream), "chain gemm check");
+    const std::vector<uint16_t> hx = tuning_input(static_cast<size_t>(kRows * k), 777u);
+    copy_to_device(x.ptr, hx.data(), hx.size() * 2, what);
   }
-  const float alpha = 1.f, beta = 0.f;
-  const cublasLtMatrixLayout_t la = lt_layout(CUDA_R_16BF, k, o);
-  auto run_lt = [&](int64_t n) {
-    const cublasLtMatrixLayout_t lc = lt_layout(CUDA_R_32F, o, n);
-    cublas_check(
-        cublasLtMatmul(lt, lt_desc, &alpha, weight, la, x, lt_layout(CUDA_R_16BF, k, n), &beta,
-                       y_lt, lc, y_lt, lc, &a.algo, lt_workspace.ptr, kLtWorkspaceBytes, stream),
-        "chain gemm check");
-  };
   auto run_chain = [&](int64_t n) {
-    return kernels::launch_chain_gemm({x, weight, y_chain, n, k, o}, stream);
+    cuda_check(kernels::launch_chain_gemm(
+                   {x.ptr, weight, static_cast<float*>(y_chain.ptr), n, k, o}, stream),
+               what);
   };
-  const bool supported = kernels::chain_gemm_supported({x, weight, y_chain, 1, k, o});
+  const bool supported =
+      kernels::chain_gemm_supported({x.ptr, weight, static_cast<float*>(y_chain.ptr), 1, k, o});
   std::string diff_words;
   bool same = supported;
   std::vector<float> h_lt(static_cast<size_t>(kRows * o)), h_chain(h_lt.size());
   for (int64_t n : {int64_t{1}, int64_t{9}, kRows}) {
     if (!same) break;
-    run_lt(n);
-    cuda_check(cudaMemsetAsync(y_chain, 0xff, static_cast<size_t>(n * o) * 4, stream),
-               "chain gemm check");
-    cuda_check(run_chain(n), "chain gemm check");
-    cuda_check(cudaMemcpyAsync(h_lt.data(), y_lt, static_cast<size_t>(n * o) * 4,
-                               cudaMemcpyDeviceToHost, stream),
-               "chain gemm check");
-    cuda_check(cudaMemcpyAsync(h_chain.data(), y_chain, static_cast<size_t>(n * o) * 4,
-                               cudaMemcpyDeviceToHost, stream),
-               "chain gemm check");
-    cuda_check(cudaStreamSynchronize(stream), "chain gemm check");
-    same = std::memcmp(h_lt.data(), h_chain.data(), static_cast<size_t>(n * o) * 4) == 0;
+    const size_t count = static_cast<size_t>(n * o);
+    cublas_check(lt_matmul(a.algo, weight, o, k, x.ptr, n, y_lt.ptr), what);
+    cuda_check(cudaMemsetAsync(y_chain.ptr, 0xff, count * 4, stream), what);
+    run_chain(n);
+    cuda_check(cudaMemcpyAsync(h_lt.data(), y_lt.ptr, count * 4, cudaMemcpyDeviceToHost, stream),
+               what);
+    cuda_check(
+        cudaMemcpyAsync(h_chain.data(), y_chain.ptr, count * 4, cudaMemcpyDeviceToHost, stream),
+        what);
+    cuda_check(cudaStreamSynchronize(stream), what);
+    same = std::memcmp(h_lt.data(), h_chain.data(), count * 4) == 0;
     if (!same) {  // say how: a different order (a few ulps) or something worse
-      int64_t bad = 0;
+      size_t bad = 0;
       double worst = 0;
-      for (int64_t i = 0; i < n * o; ++i)
-        if (std::memcmp(&h_lt[static_cast<size_t>(i)], &h_chain[static_cast<size_t>(i)], 4) != 0) {
-          ++bad;
-          worst = std::max(
-              worst, std::abs(static_cast<double>(h_lt[static_cast<size_t>(i)]) -
-                              h_chain[static_cast<size_t>(i)]) /
-                         (std::abs(static_cast<double>(h_lt[static_cast<size_t>(i)])) + 1e-30));
-        }
+      for (size_t i = 0; i < count; ++i) {
+        if (std::memcmp(&h_lt[i], &h_chain[i], 4) == 0) continue;
+        ++bad;
+        const double ref = h_lt[i];
+        worst = std::max(worst, std::abs(ref - h_chain[i]) / (std::abs(ref) + 1e-30));
+      }
       char buf[128];
-      std::snprintf(buf, sizeof(buf), " (%lld rows: %lld of %lld elements, max rel %.1e)",
-                    static_cast<long long>(n), static_cast<long long>(bad),
-                    static_cast<long long>(n * o), worst);
+      std::snprintf(buf, sizeof(buf), " (%lld rows: %zu of %zu elements, max rel %.1e)",
+                    static_cast<long long>(n), bad, count, worst);
       diff_words = buf;
     }
   }
   if (!same) {
     a.words += supported ? "; chain GEMM: differs" + diff_words : "; chain GEMM: unsupported";
-  } else if (!options.tune_invariant_gemm) {
-    a.chain = true;
-    a.words += "; chain GEMM at <= " + std::to_string(options.chain_gemm_max_rows) + " rows";
-  } else {
-    // Cold weights, as in a decode step; best of 4 each.
-    constexpr size_t kFlushBytes = 128u << 20;
-    cuda_check(cudaMalloc(&flushs.p, kFlushBytes), "chain gemm check");
-    void* const flush = flushs.p;
-    cudaEvent_t e0, e1;
-    cuda_check(cudaEventCreate(&e0), "chain gemm check");
-    cuda_check(cudaEventCreate(&e1), "chain gemm check");
-    float best[2] = {1e30f, 1e30f};
-    for (int rep = 0; rep < 4; ++rep)
-      for (int which = 0; which < 2; ++which) {
-        cuda_check(cudaMemsetAsync(flush, rep, kFlushBytes, stream), "chain gemm check");
-        cuda_check(cudaEventRecord(e0, stream), "chain gemm check");
-        if (which == 0)
-          run_lt(1);
-        else
-          cuda_check(run_chain(1), "chain gemm check");
-        cuda_check(cudaEventRecord(e1, stream), "chain gemm check");
-        cuda_check(cudaEventSynchronize(e1), "chain gemm check");
-        float t = 0;
-        cuda_check(cudaEventElapsedTime(&t, e0, e1), "chain gemm check");
-        best[which] = std::min(best[which], t);
-      }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
+    return;
+  }
+  if (options.tune_invariant_gemm) {  // cold weights, as in a decode step
+    DeviceBuffer flush;
+    flush.ensure(kFlushBytes, what);
+    const float lt_ms = best_cold_ms(
+        flush, [&] { cublas_check(lt_matmul(a.algo, weight, o, k, x.ptr, 1, y_lt.ptr), what); },
+        what);
+    const float chain_ms = best_cold_ms(
+        flush, [&] { run_chain(1); }, what);
     // Its gain in a step is larger than alone (its weights stream before the previous kernel
     // ends, programmatic launch); 5% slower alone is still taken.
-    a.chain = best[1] <= 1.05f * best[0];
+    a.chain = chain_ms <= 1.05f * lt_ms;
     char buf[128];
-    std::snprintf(buf, sizeof(buf), "; chain GEMM %.1f vs %.1f us at 1 row: %s", best[1] * 1e3,
-                  best[0] * 1e3, a.chain ? "used at <= " : "not used");
+    std::snprintf(buf, sizeof(buf), "; chain GEMM %.1f vs %.1f us at 1 row: ", chain_ms * 1e3,
+                  lt_ms * 1e3);
     a.words += buf;
-    if (a.chain) a.words += std::to_string(options.chain_gemm_max_rows) + " rows";
+    if (!a.chain) {
+      a.words += "not used";
+      return;
+    }
+    a.words += "used";
+  } else {
+    a.chain = true;
+    a.words += "; chain GEMM";
   }
+  a.words += " at <= " + std::to_string(options.chain_gemm_max_rows) + " rows";
 }
 
 std::string CudaBackend::batch_invariant_gemm_algo(int64_t out_features,
@@ -829,19 +823,11 @@ Tensor CudaBackend::upload_weight(const HostTensor& w) {
     cuda_check(kernels::launch_fill_random(p, s_->stream), "upload_weight (random)");
     cuda_check(cudaStreamSynchronize(s_->stream), "upload_weight (random)");
   } else if (vector) {
-    // Copies on the backend's stream, waited for: a plain cudaMemcpy from pageable memory may
-    // return before its DMA lands, and the (non-blocking) stream's kernels would not wait for
-    // it (a linear right after an upload read part of the old contents: the first-use checks
-    // of the chain GEMM saw differences in ~850x that were not there).
-    cuda_check(cudaMemcpyAsync(ptr, w.data.data(), bytes, cudaMemcpyHostToDevice, s_->stream),
-               "upload_weight");
-    cuda_check(cudaStreamSynchronize(s_->stream), "upload_weight");
+    s_->copy_to_device(ptr, w.data.data(), bytes, "upload_weight");
   } else {
     std::vector<uint16_t> h(static_cast<size_t>(w.numel()));
     for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(w.data[i]);
-    cuda_check(cudaMemcpyAsync(ptr, h.data(), bytes, cudaMemcpyHostToDevice, s_->stream),
-               "upload_weight");
-    cuda_check(cudaStreamSynchronize(s_->stream), "upload_weight");
+    s_->copy_to_device(ptr, h.data(), bytes, "upload_weight");
   }
   t.data = ptr;
   return t;
@@ -1188,12 +1174,8 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
         kernels::chain_gemm_supported(chp)) {  // the same bits as the cuBLASLt call below
       cuda_check(kernels::launch_chain_gemm(chp, s.stream), "linear (chain)");
     } else {
-      const cublasLtMatrixLayout_t lc = s.lt_layout(CUDA_R_32F, w.rows, x.rows);
-      cublas_check(
-          cublasLtMatmul(s.lt, s.lt_desc, &alpha, w.data, s.lt_layout(CUDA_R_16BF, w.cols, w.rows),
-                         xin, s.lt_layout(CUDA_R_16BF, x.cols, x.rows), &beta, out.data, lc,
-                         out.data, lc, &algo.algo, s.lt_workspace.ptr, kLtWorkspaceBytes, s.stream),
-          "linear (cuBLASLt)");
+      cublas_check(s.lt_matmul(algo.algo, w.data, w.rows, w.cols, xin, x.rows, out.data),
+                   "linear (cuBLASLt)");
     }
   } else {
     // Column-major view: out^T [O, N] = w [O, I] (stored as w^T, so op T) x x^T [I, N].
