@@ -153,4 +153,13 @@ if [ "${ARBOR_GPU_NCU:-0}" = 1 ] && [ -n "$NCU" ]; then
 fi
 echo "== summary"
 grep -E '^\[  (PASSED|FAILED) ' "$LOG/tests.log"
+echo "chunked-GEMM model pass: $(grep -E '^\[  (PASSED|FAILED) ' "$LOG/tests_chunked.log" | tr '\n' ' ')"
+for f in memcheck racecheck memcheck_chain; do
+  [ -f "$LOG/$f.log" ] && echo "$f: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/$f.log" | tail -1)"
+done
+[ -f "$LOG/racecheck_chain.log" ] && echo "racecheck_chain: $CHAIN_HAZARDS hazards in chain_gemm_kernel"
+# On the device machine only a few files come back: bundle the logs into one archive.
+if [ -n "${OUT:-}" ] && [ "$LOG" = "$OUT" ]; then
+  (cd "$LOG" && tar -czf gpu-logs.tar.gz --remove-files ./*.log ./*.txt ./*.json 2>/dev/null)
+fi
 exit $STATUS

@@ -3,8 +3,9 @@
 // every request a random tree of T nodes after a committed prefix of L tokens, block tables
 // scrambled. Prints the median time per launch (cold L2: a 256 MiB buffer is read, not
 // written, before each timed launch, so no dirty lines are left to write back) and the floor
-// max(bytes / 3.0 TB/s, FLOPs / 790 TFLOP/s), where bytes = K+V+Q+O read/written once and FLOPs = 4
-// * D * sum over query rows of visible keys.
+// max(bytes / copy rate, FLOPs / bf16 GEMM rate), both rates measured on this GPU at start-up
+// (tests/cuda/device_rates.h; ~3.0 TB/s and ~790 TFLOP/s on the H100), where bytes = K+V+Q+O
+// read/written once and FLOPs = 4 * D * sum over query rows of visible keys.
 //
 //   attention_bench [--batch 1,8,16,32,64] [--context 1024,2048,8192,32768]
 //                   [--tree 16,32,64,128] [--iters 30] [--max-splits 0] [--kernel wgmma|mma]
@@ -23,12 +24,11 @@
 #include <vector>
 
 #include "kernels/attention/paged_tree_attention.h"
+#include "tests/cuda/device_rates.h"
 
 namespace {
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kBlock = 16;
-constexpr double kCopyBw = 3.0e12;    // bytes/s, measured device-to-device copy (DESIGN.md)
-constexpr double kGemmRate = 790e12;  // FLOP/s, measured bf16 GEMM (DESIGN.md)
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
@@ -100,10 +100,12 @@ int main(int argc, char** argv) {
   wgmma = wgmma && have_wgmma;
   std::printf("device: %s, %d SMs, L2 %d MiB; kernel: %s\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20, wgmma ? "wgmma" : "mma.sync");
+  const double copy_bw = arbor::testing::measure_copy_bandwidth(nullptr);    // bytes/s
+  const double gemm_rate = arbor::testing::measure_bf16_gemm_rate(nullptr);  // FLOP/s
   std::printf(
-      "shapes: Hq %d, Hkv %d, D %d, bf16, block %d; floor = max(bytes / %.1f TB/s, "
-      "FLOPs / %.0f TFLOP/s)\n",
-      kHq, kHkv, kD, kBlock, kCopyBw / 1e12, kGemmRate / 1e12);
+      "shapes: Hq %d, Hkv %d, D %d, bf16, block %d; floor = max(bytes / %.2f TB/s, "
+      "FLOPs / %.0f TFLOP/s), the measured copy and bf16 GEMM (cuBLAS 8192^3) rates\n",
+      kHq, kHkv, kD, kBlock, copy_bw / 1e12, gemm_rate / 1e12);
 
   // One cache big enough for the largest point; random bf16 tiled from a 64 MiB host buffer.
   int64_t max_slots = 0;
@@ -270,8 +272,8 @@ int main(int argc, char** argv) {
         const double kv_bytes = static_cast<double>(b) * (l + t) * kHkv * kD * 2 * 2;
         const double qo_bytes = static_cast<double>(n) * kHq * kD * 2 * 2;
         const double flops = 4.0 * kD * visible;
-        const double t_mem = (kv_bytes + qo_bytes) / kCopyBw * 1e6;
-        const double t_math = flops / kGemmRate * 1e6;
+        const double t_mem = (kv_bytes + qo_bytes) / copy_bw * 1e6;
+        const double t_math = flops / gemm_rate * 1e6;
         const double floor_us = std::max(t_mem, t_math);
         std::printf("| %d | %d | %d | %d | %d | %.1f | %.1f | %.2f | %s | %.2f |\n", b, l, t,
                     plan.max_splits_used, p.num_work, med, floor_us, med / floor_us,

@@ -40,7 +40,8 @@ struct CudaBackendOptions {
   // 64. Smaller splits spread a short decode over more SMs; larger ones merge less.
   int32_t invariant_split_keys = 512;
   // Batch-invariant linear (cuBLASLt): time the no-split-K candidates of each (out, in) shape at
-  // 1, 16 and 128 rows at first use and keep the best overall; off: the heuristic's first.
+  // 1, 16 and 128 rows at first use and keep the best overall (the 1-row time weighs double and
+  // breaks near-ties; cuda_backend.cc); off: the heuristic's first.
   bool tune_invariant_gemm = true;
   // Batch-invariant linear (cuBLASLt): launches of at most this many token rows (<= 16) run the
   // chain GEMM (kernels/gemm/chain_gemm.h), which sums every element in cuBLASLt's order, for
