@@ -160,6 +160,7 @@ done
 [ -f "$LOG/racecheck_chain.log" ] && echo "racecheck_chain: $CHAIN_HAZARDS hazards in chain_gemm_kernel"
 # On the device machine only a few files come back: bundle the logs into one archive.
 if [ -n "${OUT:-}" ] && [ "$LOG" = "$OUT" ]; then
-  (cd "$LOG" && tar -czf gpu-logs.tar.gz --remove-files ./*.log ./*.txt ./*.json 2>/dev/null)
+  (cd "$LOG" && tar -czf gpu-logs.tar.gz --remove-files gpu.txt tests*.log memcheck*.log \
+    racecheck*.log bench_*.log model_bench.* verify_cost.json ncu_*.txt 2>/dev/null)
 fi
 exit $STATUS

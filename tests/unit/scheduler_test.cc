@@ -276,24 +276,27 @@ TEST(CostModel, CurveInterpolatesAndOnlineObservationsCorrectTheLevel) {
   EXPECT_THROW(CostModel{bad}, Error);
 }
 
-TEST(CostModel, LoadsTheMeasuredH100CurvePerRequestTokens) {
-  // configs/verify_cost_h100.json lists [tree tokens per request, ms] per batch size; the model
-  // works in total step tokens.
-  const std::string path =
-      std::string(ARBOR_TEST_DATA_DIR) + "/../../configs/verify_cost_h100.json";
-  CostModelConfig c = load_cost_model(path);
-  c.online = false;
-  const nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
-  CostModel m(c);
-  for (const char* b : {"1", "8", "32"})
-    for (const auto& p : j["batch"][b]) {
-      const int32_t batch = std::stoi(b);
-      EXPECT_NEAR(m.step_ms(batch, p[0].get<int32_t>() * batch), p[1].get<double>(), 1e-9)
-          << "batch " << b << " T " << p[0];
-    }
-  // A big tree at batch 32 costs far more than one token per request.
-  EXPECT_GT(m.step_ms(32, 32 * 64), 5 * m.step_ms(32, 32));
-  EXPECT_THROW(load_cost_model(path + ".missing"), Error);
+TEST(CostModel, LoadsTheMeasuredCurvesPerRequestTokens) {
+  // configs/verify_cost_{h100,h200}.json list [tree tokens per request, ms] per batch size; the
+  // model works in total step tokens.
+  for (const char* gpu : {"h100", "h200"}) {
+    const std::string path =
+        std::string(ARBOR_TEST_DATA_DIR) + "/../../configs/verify_cost_" + gpu + ".json";
+    SCOPED_TRACE(path);
+    CostModelConfig c = load_cost_model(path);
+    c.online = false;
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+    CostModel m(c);
+    for (const char* b : {"1", "8", "32"})
+      for (const auto& p : j["batch"][b]) {
+        const int32_t batch = std::stoi(b);
+        EXPECT_NEAR(m.step_ms(batch, p[0].get<int32_t>() * batch), p[1].get<double>(), 1e-9)
+            << "batch " << b << " T " << p[0];
+      }
+    // A big tree at batch 32 costs far more than one token per request.
+    EXPECT_GT(m.step_ms(32, 32 * 64), 5 * m.step_ms(32, 32));
+    EXPECT_THROW(load_cost_model(path + ".missing"), Error);
+  }
 }
 
 }  // namespace
