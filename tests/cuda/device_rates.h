@@ -3,16 +3,17 @@
 // device-to-device copy bandwidth (read + write bytes of a 1 GiB cudaMemcpyAsync) and the bf16
 // GEMM rate (cuBLAS, 8192^3, fp32 accumulation). On the H100 of the earlier sessions they were
 // ~3.0 TB/s and ~790 TFLOP/s; an H200 copies faster, so a floor computed from fixed constants
-// would flatter every kernel there. Used by attention_bench and model_bench.
+// would flatter every kernel there. Medians of warm runs (cold_timing.h). Used by
+// attention_bench and model_bench.
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
+
+#include "tests/cuda/cold_timing.h"
 
 namespace arbor::testing {
 
@@ -22,30 +23,6 @@ inline void ok(cudaError_t e, const char* what) {
     std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
     std::exit(1);
   }
-}
-inline double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-// Median over 5 timed runs (after one untimed) of `run` on `s`, seconds.
-template <typename Run>
-double median_seconds(cudaStream_t s, Run&& run) {
-  cudaEvent_t e0, e1;
-  ok(cudaEventCreate(&e0), "event");
-  ok(cudaEventCreate(&e1), "event");
-  std::vector<double> t;
-  for (int i = 0; i < 6; ++i) {
-    ok(cudaEventRecord(e0, s), "event");
-    run();
-    ok(cudaEventRecord(e1, s), "event");
-    ok(cudaEventSynchronize(e1), "event");
-    float ms = 0;
-    ok(cudaEventElapsedTime(&ms, e0, e1), "event");
-    if (i > 0) t.push_back(ms * 1e-3);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return median_of(t);
 }
 }  // namespace rates_detail
 
@@ -57,8 +34,11 @@ inline double measure_copy_bandwidth(cudaStream_t s) {
   ok(cudaMalloc(&a, bytes), "copy bw");
   ok(cudaMalloc(&b, bytes), "copy bw");
   ok(cudaMemsetAsync(a, 1, bytes, s), "copy bw");
-  const double sec = rates_detail::median_seconds(
-      s, [&] { ok(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy bw"); });
+  const double sec =
+      1e-6 * median_launch_us(
+                 s, nullptr, 0,
+                 [&] { ok(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy bw"); },
+                 /*cold=*/false);
   cudaFree(a);
   cudaFree(b);
   return 2.0 * bytes / sec;
@@ -82,14 +62,18 @@ inline double measure_bf16_gemm_rate(cudaStream_t s) {
     std::exit(1);
   }
   const float alpha = 1.f, beta = 0.f;
-  const double sec = rates_detail::median_seconds(s, [&] {
-    if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b,
-                     CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-      std::fprintf(stderr, "cublasGemmEx failed (gemm rate)\n");
-      std::exit(1);
-    }
-  });
+  const double sec =
+      1e-6 * median_launch_us(
+                 s, nullptr, 0,
+                 [&] {
+                   if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n,
+                                    b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+                     std::fprintf(stderr, "cublasGemmEx failed (gemm rate)\n");
+                     std::exit(1);
+                   }
+                 },
+                 /*cold=*/false);
   cublasDestroy(h);
   cudaFree(a);
   cudaFree(b);
