@@ -2,9 +2,11 @@
 // with the chosen proposer and again with plain decoding (same settings, same seeds), and
 // prints one Markdown row: mean accepted length (tokens emitted per verify step), acceptance
 // rate by tree depth, tokens/s with and without speculation, and whether greedy outputs were
-// identical (they must be).
+// identical (they must be); then, for each run, the wall time per engine step split into the
+// model's forward, the proposer's drafting and feedback, and the rest.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -163,6 +165,21 @@ int run_spec_bench(const SpecBenchOptions& o) {
               reqs.size(), o.temperature, acc.mean_emitted_per_step(), by_depth.c_str(),
               double(spec_stats.tree_tokens) / std::max<int64_t>(acc.steps, 1), spec_rate,
               plain_cols);
+  // Where the wall time went, per engine step (a verify step with speculation): the model's
+  // forward (set_step, the device ops, sampling / verification, downloads), the proposer's
+  // drafting and feedback, and the rest (scheduling, tree bookkeeping, detokenising).
+  auto breakdown = [](const char* what, const GeneratorStats& st, double secs) {
+    const double steps = static_cast<double>(std::max<int64_t>(st.steps, 1));
+    const double fwd = st.decode_seconds + st.mixed_seconds + st.prefill_seconds;
+    std::printf(
+        "%s: %lld steps, per step %.3f ms = forward %.3f + draft %.3f + feedback %.3f + other "
+        "%.3f\n",
+        what, static_cast<long long>(st.steps), secs / steps * 1e3, fwd / steps * 1e3,
+        st.draft_seconds / steps * 1e3, st.feedback_seconds / steps * 1e3,
+        (secs - fwd - st.draft_seconds - st.feedback_seconds) / steps * 1e3);
+  };
+  breakdown("spec", spec_stats, spec_secs);
+  if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs);
   return 0;
 }
 

@@ -258,6 +258,7 @@ std::vector<EngineEvent> Engine::step() {
     std::vector<DraftTree> trees = proposer_->propose_batch(requests);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    stats_.draft_seconds += ms * 1e-3;
     ARBOR_CHECK(trees.size() == wanted.size(), "proposer returned " + std::to_string(trees.size()) +
                                                    " trees for " + std::to_string(wanted.size()) +
                                                    " requests");
@@ -529,6 +530,7 @@ std::vector<EngineEvent> Engine::step() {
       feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token);
       const double observe_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - f0).count();
+      stats_.feedback_seconds += observe_ms * 1e-3;
       // What a tree costs beyond verification: drafting it and folding the accepted path into
       // the proposer's state (steps without a tree do not tell it).
       if (t > 1) sched_.record_draft_ms(it.id, observe_ms + c.draft_ms);

@@ -84,6 +84,8 @@ struct EngineStats {
   double prefill_seconds = 0;  // wall time of steps that carried prefill only
   double decode_seconds = 0;   // wall time of steps that carried decode only
   double mixed_seconds = 0;    // steps with both
+  double draft_seconds = 0;     // proposer: drafting trees (propose_batch)
+  double feedback_seconds = 0;  // proposer: folding accepted tokens into its state (observe)
   AcceptanceStats acceptance;  // all verify steps with a tree of more than one node
 };
 
