@@ -48,6 +48,10 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   c->add_flag("--skip-plain", o->skip_plain, "Measure acceptance only (no plain baseline)");
   c->add_flag("--host-sampling", o->host_sampling,
               "Download logits and sample / verify on the host (default: on the backend)");
+  c->add_option("--pad-trees", o->pad_trees,
+                "Pad varying-size trees (n-gram) for step graphs: -1 auto (with graphs), 0, 1")
+      ->check(CLI::Range(-1, 1))
+      ->capture_default_str();
 }
 
 namespace {
@@ -105,26 +109,35 @@ int run_spec_bench(const SpecBenchOptions& o) {
   GeneratorConfig gc;
   gc.max_running = o.batch;
   gc.backend_sampling = !o.host_sampling;
+  gc.pad_trees = o.pad_trees;
   gc.tree_budget.max_nodes = o.max_tree_nodes;
   int64_t longest = 0;
   for (const auto& r : reqs) longest = std::max<int64_t>(longest, r.prompt.size());
   gc.num_blocks = static_cast<int32_t>(
       o.batch * ((longest + o.max_tokens + o.max_tree_nodes) / gc.block_size + 2) + 16);
 
-  auto timed = [&](Proposer* p, GeneratorStats* st) {
+  // Step graphs used by a run: the model's counters after it minus before.
+  struct GraphUse {
+    int64_t eager = 0, captures = 0, replays = 0;
+  };
+  auto timed = [&](Proposer* p, GeneratorStats* st, GraphUse* g) {
+    const StepGraphStats g0 = model->step_graph_stats();
     Generator gen(*model, gc, p);
     const auto t0 = std::chrono::steady_clock::now();
     auto res = gen.run(reqs);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     *st = gen.stats();
+    const StepGraphStats g1 = model->step_graph_stats();
+    *g = {g1.eager - g0.eager, g1.captures - g0.captures, g1.replays - g0.replays};
     return std::make_pair(std::move(res), secs);
   };
   GeneratorStats spec_stats, plain_stats;
-  const auto [spec_res, spec_secs] = timed(proposer.get(), &spec_stats);
+  GraphUse spec_graphs, plain_graphs;
+  const auto [spec_res, spec_secs] = timed(proposer.get(), &spec_stats, &spec_graphs);
   std::vector<GenerationResult> plain_res;
   double plain_secs = 0;
-  if (!o.skip_plain) std::tie(plain_res, plain_secs) = timed(nullptr, &plain_stats);
+  if (!o.skip_plain) std::tie(plain_res, plain_secs) = timed(nullptr, &plain_stats, &plain_graphs);
 
   AcceptanceStats acc;
   int64_t spec_tokens = 0, plain_tokens = 0, identical = 0;
@@ -168,18 +181,21 @@ int run_spec_bench(const SpecBenchOptions& o) {
   // Where the wall time went, per engine step (a verify step with speculation): the model's
   // forward (set_step, the device ops, sampling / verification, downloads), the proposer's
   // drafting and feedback, and the rest (scheduling, tree bookkeeping, detokenising).
-  auto breakdown = [](const char* what, const GeneratorStats& st, double secs) {
+  auto breakdown = [](const char* what, const GeneratorStats& st, double secs,
+                      const GraphUse& g) {
     const double steps = static_cast<double>(std::max<int64_t>(st.steps, 1));
     const double fwd = st.decode_seconds + st.mixed_seconds + st.prefill_seconds;
     std::printf(
         "%s: %lld steps, per step %.3f ms = forward %.3f + draft %.3f + feedback %.3f + other "
-        "%.3f\n",
+        "%.3f; step graphs: %lld replayed, %lld recorded, %lld eager\n",
         what, static_cast<long long>(st.steps), secs / steps * 1e3, fwd / steps * 1e3,
         st.draft_seconds / steps * 1e3, st.feedback_seconds / steps * 1e3,
-        (secs - fwd - st.draft_seconds - st.feedback_seconds) / steps * 1e3);
+        (secs - fwd - st.draft_seconds - st.feedback_seconds) / steps * 1e3,
+        static_cast<long long>(g.replays), static_cast<long long>(g.captures),
+        static_cast<long long>(g.eager));
   };
-  breakdown("spec", spec_stats, spec_secs);
-  if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs);
+  breakdown("spec", spec_stats, spec_secs, spec_graphs);
+  if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs, plain_graphs);
   return 0;
 }
 

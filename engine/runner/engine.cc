@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <span>
+#include <unordered_set>
 #include <cmath>
 
 #include "engine/core/error.h"
@@ -25,6 +27,9 @@ void EngineConfig::validate() const {
   if (tree_budget.max_depth < 0)
     throw_error(ErrorCode::kInvalidArgument,
                 "tree_budget.max_depth must be >= 0, got " + std::to_string(tree_budget.max_depth));
+  if (pad_trees < -1 || pad_trees > 1)
+    throw_error(ErrorCode::kInvalidArgument,
+                "pad_trees must be -1 (auto), 0 or 1, got " + std::to_string(pad_trees));
 }
 
 namespace {
@@ -243,6 +248,30 @@ void Engine::feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
   proposer_->observe(fb);
 }
 
+namespace {
+
+// Extra children of the root until `tree` has `size` nodes (EngineConfig::pad_trees). They are
+// deterministic candidates, so any distinct tokens keep verification lossless; the request's
+// recent tokens first (text repeats), then ids from 0, never a token the root already has as a
+// child. A tree whose root children were sampled from a draft distribution is left as it is.
+void pad_tree(DraftTree* tree, int32_t size, std::span<const int32_t> context, int64_t vocab) {
+  if (tree->size() >= size || (!tree->q_row.empty() && tree->q_row[0] >= 0)) return;
+  std::unordered_set<int32_t> used;
+  for (int32_t i = 1; i < tree->size(); ++i)
+    if (tree->parent[static_cast<size_t>(i)] == 0) used.insert(tree->token[static_cast<size_t>(i)]);
+  auto add = [&](int32_t t) {
+    if (tree->size() >= size || t < 0 || t >= vocab || !used.insert(t).second) return;
+    tree->parent.push_back(0);
+    tree->token.push_back(t);
+    if (!tree->q_row.empty()) tree->q_row.push_back(-1);
+  };
+  for (size_t i = context.size(); i > 0 && tree->size() < size && context.size() - i < 256; --i)
+    add(context[i - 1]);
+  for (int32_t t = 0; t < vocab && tree->size() < size; ++t) add(t);
+}
+
+}  // namespace
+
 std::vector<EngineEvent> Engine::step() {
   std::vector<EngineEvent> events;
   const int64_t vocab = model_.config().vocab_size;
@@ -263,6 +292,7 @@ std::vector<EngineEvent> Engine::step() {
                                                    " trees for " + std::to_string(wanted.size()) +
                                                    " requests");
     std::vector<int32_t> n;
+    int32_t largest = 1;
     for (size_t i = 0; i < wanted.size(); ++i) {
       const auto& [sid, budget] = wanted[i];
       Choice& c = *choices_.at(sid);
@@ -271,6 +301,19 @@ std::vector<EngineEvent> Engine::step() {
       ARBOR_CHECK(!c.draft.token.empty() && c.draft.token[0] == sched_.context(sid).back(),
                   "proposer tree root differs from the request's newest token");
       n.push_back(std::min<int32_t>(c.draft.size(), budget.max_nodes));
+      largest = std::max(largest, n.back());
+    }
+    if (largest > 1 && proposer_->varying_tree_sizes() &&
+        (config_.pad_trees == 1 || (config_.pad_trees == -1 && model_.step_graphs()))) {
+      int32_t size = 2;
+      while (size < largest) size *= 2;
+      for (size_t i = 0; i < wanted.size(); ++i) {
+        const auto& [sid, budget] = wanted[i];
+        Choice& c = *choices_.at(sid);
+        if (c.draft.size() > n[i]) continue;  // cut to its budget later: keep it as it is
+        pad_tree(&c.draft, std::min(size, budget.max_nodes), sched_.context(sid), vocab);
+        n[i] = c.draft.size();
+      }
     }
     return n;
   };

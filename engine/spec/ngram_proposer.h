@@ -27,6 +27,7 @@ class NgramProposer final : public Proposer {
   NgramProposer(const NgramOptions& options, int64_t vocab_size);
 
   std::string name() const override { return "ngram"; }
+  bool varying_tree_sizes() const override { return true; }
   void begin(RequestId request, std::span<const int32_t> prompt) override;
   void observe(const TargetFeedback& feedback) override;
   DraftTree propose(RequestId request, const TreeBudget& budget) override;

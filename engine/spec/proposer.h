@@ -43,6 +43,10 @@ class Proposer {
   // Whether feedback must carry final-norm hidden states / captured layer inputs.
   virtual bool needs_hidden() const { return false; }
   virtual std::vector<int32_t> capture_layers() const { return {}; }
+  // Whether its trees change size from step to step with what it finds (n-gram matches), so
+  // the engine may pad them to a few sizes for step graphs (EngineConfig::pad_trees); false for
+  // trees of a fixed shape or size (Medusa's static tree, EAGLE's total_tokens).
+  virtual bool varying_tree_sizes() const { return false; }
 
   // A new request: its prompt (the positions prefill will cover).
   virtual void begin(RequestId request, std::span<const int32_t> prompt) = 0;

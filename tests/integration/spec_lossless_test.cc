@@ -24,6 +24,7 @@ struct SpecCase {
   std::string heads;   // directory under tests/data/ ("" for ngram)
   std::string tree = "mc_sim_7b_63";
   int32_t total_tokens = 60, depth = 5, top_k = 10;
+  int32_t pad_trees = -1;  // EngineConfig::pad_trees (-1: only with step graphs, so not here)
 };
 
 std::string model_path(const std::string& name) {
@@ -98,9 +99,18 @@ TEST_P(SpecLossless, GreedyEqualsPlainGreedy) {
 
   auto spec_backend = make_cpu_backend(1);
   LlamaModel spec_model(*spec_backend, w);
+  gc.pad_trees = c.pad_trees;
   Generator spec(spec_model, gc, proposer.get());
   const auto got = spec.run(reqs);
   EXPECT_EQ(spec.kv().stats().used_blocks, 0);
+  if (c.pad_trees == 1) {  // the padding happened: more tree nodes than the same run without
+    gc.pad_trees = 0;
+    auto unpadded_backend = make_cpu_backend(1);
+    LlamaModel unpadded_model(*unpadded_backend, w);
+    Generator unpadded(unpadded_model, gc, proposer.get());
+    unpadded.run(reqs);
+    EXPECT_GT(spec.stats().tree_tokens, unpadded.stats().tree_tokens) << c.name;
+  }
 
   AcceptanceStats total;
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -122,6 +132,7 @@ std::vector<SpecCase> cases() {
   std::vector<SpecCase> v;
   for (const std::string model : {"stories260K", "llama_gqa"}) {
     v.push_back({model + "_ngram", model, "ngram", ""});
+    v.push_back({model + "_ngram_padded", model, "ngram", "", "", 60, 5, 10, 1});
     // The stories260K random heads are 3 (mc_sim_7b_63 needs 4): a Medusa-1 product tree.
     v.push_back({model + "_medusa_tree", model, "medusa", "spec/random/medusa_" + model,
                  model == "stories260K" ? "product-4-3-2" : "mc_sim_7b_63"});

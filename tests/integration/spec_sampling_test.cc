@@ -80,7 +80,7 @@ double homogeneity_p(const std::map<std::vector<int32_t>, int>& a,
 }
 
 std::map<std::vector<int32_t>, int> sample(const ModelWeights& w, Proposer* proposer,
-                                           uint64_t seed_base) {
+                                           uint64_t seed_base, int32_t pad_trees = -1) {
   // A prompt with a repeated phrase, so that the n-gram proposer finds continuations.
   const std::vector<int32_t> prompt = {1,   403, 407, 261, 378, 432, 383, 286,
                                        261, 403, 407, 261, 378, 432, 383};
@@ -98,6 +98,7 @@ std::map<std::vector<int32_t>, int> sample(const ModelWeights& w, Proposer* prop
   GeneratorConfig gc;
   gc.num_blocks = 64 * 8;
   gc.max_running = 64;
+  gc.pad_trees = pad_trees;
   Generator gen(model, gc, proposer);
   std::map<std::vector<int32_t>, int> counts;
   int64_t steps = 0, emitted = 0;
@@ -123,6 +124,11 @@ TEST(SpecSampling, DistributionEqualsPlainSampling) {
   const double p_ngram = homogeneity_p(plain, sample(w, p1.get(), 2000000));
   std::printf("n-gram vs plain: p = %.4f\n", p_ngram);
   EXPECT_GT(p_ngram, 1e-3);
+  // Trees padded with extra root candidates (EngineConfig::pad_trees, on by default with step
+  // graphs): still the plain distribution.
+  const double p_padded = homogeneity_p(plain, sample(w, p1.get(), 4000000, /*pad_trees=*/1));
+  std::printf("n-gram, padded trees, vs plain: p = %.4f\n", p_padded);
+  EXPECT_GT(p_padded, 1e-3);
 
   SpecConfig medusa;
   medusa.method = SpecMethod::kMedusa;
