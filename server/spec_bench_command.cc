@@ -118,7 +118,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
 
   // Step graphs used by a run: the model's counters after it minus before.
   struct GraphUse {
-    int64_t eager = 0, captures = 0, replays = 0;
+    int64_t eager = 0, captures = 0, replays = 0, evictions = 0;
   };
   auto timed = [&](Proposer* p, GeneratorStats* st, GraphUse* g) {
     const StepGraphStats g0 = model->step_graph_stats();
@@ -129,7 +129,8 @@ int run_spec_bench(const SpecBenchOptions& o) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     *st = gen.stats();
     const StepGraphStats g1 = model->step_graph_stats();
-    *g = {g1.eager - g0.eager, g1.captures - g0.captures, g1.replays - g0.replays};
+    *g = {g1.eager - g0.eager, g1.captures - g0.captures, g1.replays - g0.replays,
+          g1.evictions - g0.evictions};
     return std::make_pair(std::move(res), secs);
   };
   GeneratorStats spec_stats, plain_stats;
@@ -187,12 +188,12 @@ int run_spec_bench(const SpecBenchOptions& o) {
     const double fwd = st.decode_seconds + st.mixed_seconds + st.prefill_seconds;
     std::printf(
         "%s: %lld steps, per step %.3f ms = forward %.3f + draft %.3f + feedback %.3f + other "
-        "%.3f; step graphs: %lld replayed, %lld recorded, %lld eager\n",
+        "%.3f; step graphs: %lld replayed, %lld recorded, %lld eager, %lld evicted\n",
         what, static_cast<long long>(st.steps), secs / steps * 1e3, fwd / steps * 1e3,
         st.draft_seconds / steps * 1e3, st.feedback_seconds / steps * 1e3,
         (secs - fwd - st.draft_seconds - st.feedback_seconds) / steps * 1e3,
         static_cast<long long>(g.replays), static_cast<long long>(g.captures),
-        static_cast<long long>(g.eager));
+        static_cast<long long>(g.eager), static_cast<long long>(g.evictions));
   };
   breakdown("spec", spec_stats, spec_secs, spec_graphs);
   if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs, plain_graphs);

@@ -292,7 +292,6 @@ std::vector<EngineEvent> Engine::step() {
                                                    " trees for " + std::to_string(wanted.size()) +
                                                    " requests");
     std::vector<int32_t> n;
-    int32_t largest = 1;
     for (size_t i = 0; i < wanted.size(); ++i) {
       const auto& [sid, budget] = wanted[i];
       Choice& c = *choices_.at(sid);
@@ -301,16 +300,15 @@ std::vector<EngineEvent> Engine::step() {
       ARBOR_CHECK(!c.draft.token.empty() && c.draft.token[0] == sched_.context(sid).back(),
                   "proposer tree root differs from the request's newest token");
       n.push_back(std::min<int32_t>(c.draft.size(), budget.max_nodes));
-      largest = std::max(largest, n.back());
     }
-    if (largest > 1 && proposer_->varying_tree_sizes() &&
+    if (proposer_->varying_tree_sizes() &&
         (config_.pad_trees == 1 || (config_.pad_trees == -1 && model_.step_graphs()))) {
-      int32_t size = 2;
-      while (size < largest) size *= 2;
       for (size_t i = 0; i < wanted.size(); ++i) {
         const auto& [sid, budget] = wanted[i];
         Choice& c = *choices_.at(sid);
-        if (c.draft.size() > n[i]) continue;  // cut to its budget later: keep it as it is
+        if (n[i] < 2 || c.draft.size() > n[i]) continue;  // no tree, or cut to its budget later
+        int32_t size = 2;
+        while (size < n[i]) size *= 2;
         pad_tree(&c.draft, std::min(size, budget.max_nodes), sched_.context(sid), vocab);
         n[i] = c.draft.size();
       }

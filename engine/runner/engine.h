@@ -71,9 +71,9 @@ struct EngineConfig {
   // (no logprobs; rejection mode or greedy): only ids cross to the host, never [M, vocab]
   // logits. Off: logits are downloaded and verified on the host (same tokens for a seed).
   bool backend_sampling = true;
-  // Pad the trees drafted for one step to one size (the largest, rounded up to a power of two,
-  // within each request's budget) with extra candidate children of the root, so that verify
-  // steps repeat the few shapes that recorded step graphs replay (a graph key holds every
+  // Pad each drafted tree to its size rounded up to a power of two (within its budget) with
+  // extra candidate children of the root, so that verify steps repeat the few shapes that
+  // recorded step graphs replay (a graph key holds every
   // request's tree size; n-gram trees vary from step to step: Proposer::varying_tree_sizes).
   // Lossless: the extra children are deterministic candidates like any other. -1: when the
   // model records step graphs (CUDA); 0: never; 1: always (for such proposers).
