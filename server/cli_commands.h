@@ -60,7 +60,7 @@ struct SpecBenchOptions {
   bool no_bos = false;
   bool skip_plain = false;     // acceptance only: no plain-decoding baseline run
   bool host_sampling = false;  // download logits and verify on the host (EngineConfig)
-  int32_t pad_trees = -1;  // EngineConfig::pad_trees
+  int32_t pad_trees = -1;      // EngineConfig::pad_trees
   std::string spec;
   SpecConfig spec_config;
   int32_t max_tree_nodes = 64;

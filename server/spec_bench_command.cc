@@ -182,8 +182,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
   // Where the wall time went, per engine step (a verify step with speculation): the model's
   // forward (set_step, the device ops, sampling / verification, downloads), the proposer's
   // drafting and feedback, and the rest (scheduling, tree bookkeeping, detokenising).
-  auto breakdown = [](const char* what, const GeneratorStats& st, double secs,
-                      const GraphUse& g) {
+  auto breakdown = [](const char* what, const GeneratorStats& st, double secs, const GraphUse& g) {
     const double steps = static_cast<double>(std::max<int64_t>(st.steps, 1));
     const double fwd = st.decode_seconds + st.mixed_seconds + st.prefill_seconds;
     std::printf(

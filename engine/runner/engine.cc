@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <span>
 #include <unordered_set>
-#include <cmath>
 
 #include "engine/core/error.h"
 #include "engine/runner/batch_builder.h"

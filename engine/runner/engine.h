@@ -88,12 +88,12 @@ struct EngineStats {
   int64_t tree_tokens = 0;       // tokens scored in decode / verify steps (tree nodes)
   int64_t logits_downloads = 0;  // steps whose [M, vocab] logits were copied to the host
   int64_t preemptions = 0;
-  double prefill_seconds = 0;  // wall time of steps that carried prefill only
-  double decode_seconds = 0;   // wall time of steps that carried decode only
-  double mixed_seconds = 0;    // steps with both
+  double prefill_seconds = 0;   // wall time of steps that carried prefill only
+  double decode_seconds = 0;    // wall time of steps that carried decode only
+  double mixed_seconds = 0;     // steps with both
   double draft_seconds = 0;     // proposer: drafting trees (propose_batch)
   double feedback_seconds = 0;  // proposer: folding accepted tokens into its state (observe)
-  AcceptanceStats acceptance;  // all verify steps with a tree of more than one node
+  AcceptanceStats acceptance;   // all verify steps with a tree of more than one node
 };
 
 class Engine {

@@ -380,6 +380,24 @@ TEST_F(EngineTest, SamplesForkThePromptOnceAndEqualAlone) {
   }
 }
 
+// EngineConfig::pad_trees takes -1 (auto), 0 or 1; anything else names itself.
+TEST_F(EngineTest, PadTreesOutOfRangeIsRefused) {
+  for (int32_t bad : {-2, 2}) {
+    EngineConfig config;
+    config.pad_trees = bad;
+    try {
+      Engine e(*model_, config);
+      ADD_FAILURE() << "pad_trees " << bad << " was accepted";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(err.what())
+                    .find("pad_trees must be -1 (auto), 0 or 1, got " + std::to_string(bad)),
+                std::string::npos)
+          << err.what();
+    }
+  }
+}
+
 TEST_F(EngineTest, SeededSamplesAreReproducibleAndDistinct) {
   const std::vector<int32_t> prompt = bundle_->tokenizer->encode("The cat", true, false);
   auto run = [&]() {
