@@ -433,11 +433,13 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
     throw_error(ErrorCode::kInvalidArgument, "cuda backend: attention_tree_groups " +
                                                  std::to_string(options.attention_tree_groups) +
                                                  " (0 never, 1 auto, 2 always)");
-  if (options.invariant_split_keys < 64 || options.invariant_split_keys % 64 != 0 ||
-      options.invariant_split_keys > 64 * 1024)
-    throw_error(ErrorCode::kInvalidArgument, "cuda backend: invariant_split_keys " +
-                                                 std::to_string(options.invariant_split_keys) +
-                                                 " (a multiple of 64 in [64, 65536])");
+  if (options.invariant_split_keys != 0 &&
+      (options.invariant_split_keys < 64 || options.invariant_split_keys % 64 != 0 ||
+       options.invariant_split_keys > 64 * 1024))
+    throw_error(ErrorCode::kInvalidArgument,
+                "cuda backend: invariant_split_keys " +
+                    std::to_string(options.invariant_split_keys) +
+                    " (0 for auto, or a multiple of 64 in [64, 65536])");
   cublas_check(cublasLtCreate(&s_->lt), "cublasLtCreate");
   cublas_check(cublasLtMatmulDescCreate(&s_->lt_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                "cublasLtMatmulDescCreate");
@@ -1377,7 +1379,10 @@ void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int
   in.max_splits = options.attention_max_splits;
   in.wgmma = use_wgmma;
   in.batch_invariant = options.batch_invariant;
-  in.invariant_chunk_tiles = options.invariant_split_keys / 64;
+  const int32_t split_keys = options.invariant_split_keys != 0 ? options.invariant_split_keys
+                             : num_kv_heads >= 8               ? 512
+                                                               : 256;
+  in.invariant_chunk_tiles = split_keys / 64;
   // Tree groups rely on O + 0 * V == O for the masked rows, i.e. finite V; an fp16 cache can
   // hold Inf (values past 65504), so groups are bf16-only.
   in.tree_groups = kv_type == kernels::ElemType::kF16 ? 0 : options.attention_tree_groups;

@@ -37,8 +37,13 @@ struct CudaBackendOptions {
   int batch_invariant_gemm = 0;
   int attention_max_splits = 0;  // split-KV cap: 0 = chosen from the shape, 1 = never split
   // Batch-invariant attention: keys per KV split (fixed boundaries from key 0), a multiple of
-  // 64. Smaller splits spread a short decode over more SMs; larger ones merge less.
-  int32_t invariant_split_keys = 512;
+  // 64. Smaller splits spread a short decode over more SMs; larger ones merge less. 0 (auto):
+  // 512 for models with 8 or more KV heads, 256 with fewer (a request then gives fewer CTAs
+  // per split). Measured on the H200: Llama-3-8B shapes (8 KV heads) 512 is within 3% of 256
+  // and better at batch 32; SmolLM2-135M (3 KV heads) 256 decodes 10-13% faster at batch 1, 8
+  // and 32 (docs/benchmarks.md "Tenth session"). The value depends only on the model, never on
+  // the batch, so a row's splits (and bits) are the same in every step.
+  int32_t invariant_split_keys = 0;
   // Batch-invariant linear (cuBLASLt): time the no-split-K candidates of each (out, in) shape at
   // 1, 16 and 128 rows at first use and keep the best overall (the 1-row time weighs double and
   // breaks near-ties; cuda_backend.cc); off: the heuristic's first.
