@@ -88,6 +88,17 @@ EagleDraftModel::EagleDraftModel(std::unique_ptr<Backend> backend, const EagleWe
   w_gate_ = b.upload_weight(w.w_gate);
   w_up_ = b.upload_weight(w.w_up);
   w_down_ = b.upload_weight(w.w_down);
+  if (b.step_graphs_enabled()) {
+    Backend* bp = backend_.get();
+    graphs_ = std::make_unique<StepGraphCache>(StepGraphCache::Options{},
+                                               [bp](int64_t g) { bp->release_step_graph(g); });
+  }
+}
+
+EagleDraftModel::~EagleDraftModel() = default;
+
+StepGraphStats EagleDraftModel::step_graph_stats() const {
+  return graphs_ ? graphs_->stats() : StepGraphStats{};
 }
 
 int64_t EagleDraftModel::feature_width() const {
@@ -192,26 +203,88 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
 
   Backend& b = *backend_;
   const EagleDraftConfig& c = config_;
-  b.set_step(step);
-  b.reset_scratch();
   const int64_t n = step.num_tokens();
+  const int64_t in_width = static_cast<int64_t>(input.size()) / std::max<int64_t>(n, 1);
+  ARBOR_CHECK(in_width * n == static_cast<int64_t>(input.size()));
+  // Expansion steps (every row one token, earlier outputs as input) replay a recording of the
+  // layer once their shape is steady, as the target's steps do (LlamaModel::forward): the key
+  // holds the row count and the block-table width (rounded up to a power of two); the ids,
+  // positions, slots and context lengths are read from device memory.
+  const bool graph_ok = graphs_ != nullptr && !input_is_feature;
+  StepInputs padded;
+  const StepInputs* chosen = &step;
+  if (graph_ok) {
+    const auto width = static_cast<int32_t>(graph_bucket(step.max_blocks_per_request, 1));
+    if (width != step.max_blocks_per_request) {
+      padded = with_block_table_width(step, width);
+      chosen = &padded;
+    }
+  }
+  b.set_step(*chosen);
+  b.reset_scratch();
+  // The input is uploaded before the recorded ops, into the step's first scratch tensor.
+  Tensor in = b.scratch(n, in_width);
+  b.upload(input.data(), in);
+  Tensor x;
+  bool done = false;
+  if (graph_ok) {
+    StepGraphKey key = {2, n, in_width, chosen->max_blocks_per_request};
+    if (b.prepare_step_graph(c.num_heads, &key)) {
+      const StepGraphCache::Decision d = graphs_->lookup(key, b.step_graph_epoch());
+      if (d.action == StepGraphCache::Action::kReplay) {
+        for (int32_t id : step.token_ids)  // the recorded embedding does not check them
+          if (id < 0 || id >= embed_.rows)
+            throw_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
+                                                         " is outside the draft vocabulary of " +
+                                                         std::to_string(embed_.rows));
+        b.replay_step_graph(d.graph);
+        x = (*d.outputs)[0];
+        done = true;
+      } else if (d.action == StepGraphCache::Action::kCapture) {
+        int64_t graph = -1;
+        b.begin_step_capture();
+        try {
+          x = layer(in, n, input_is_feature);
+          graph = b.end_step_capture();
+        } catch (const std::exception&) {
+          b.abort_step_capture();  // an op refused inside the recording: run eagerly below
+        }
+        graphs_->captured(key, graph, {x});
+        if (graph >= 0) {
+          b.replay_step_graph(graph);  // the recording ran nothing
+          done = true;
+        } else {
+          b.reset_scratch();  // rewinds (the recording took addresses)
+          in = b.scratch(n, in_width);
+          b.upload(input.data(), in);
+        }
+      }
+    }
+  }
+  if (!done) x = layer(in, n, input_is_feature);
+  std::vector<float> out(static_cast<size_t>(n * c.hidden_size));
+  b.download(x, out.data());
+  return out;
+}
+
+Tensor EagleDraftModel::layer(const Tensor& in, int64_t n, bool input_is_feature) {
+  Backend& b = *backend_;
+  const EagleDraftConfig& c = config_;
   const int64_t h = c.hidden_size;
   const int64_t q_width = c.num_heads * c.head_dim;
   const int64_t kv_width = c.num_kv_heads * c.head_dim;
   const double eps = c.rms_norm_eps;
-  const int64_t in_width = static_cast<int64_t>(input.size()) / std::max<int64_t>(n, 1);
-  ARBOR_CHECK(in_width * n == static_cast<int64_t>(input.size()));
+  const int64_t in_width = in.cols;
 
   Tensor emb = b.scratch(n, h);  // [N, h] token embeddings
   b.embedding(embed_, emb);
-  Tensor in = b.scratch(n, in_width);  // [N, in_width] features or earlier outputs
-  b.upload(input.data(), in);
-  Tensor x = b.scratch(n, h);  // [N, h] residual stream
+  Tensor x;  // [N, h] residual stream
   Tensor tmp = b.scratch(n, h);
   Tensor q = b.scratch(n, q_width), k = b.scratch(n, kv_width), v = b.scratch(n, kv_width);
   if (!eagle3()) {
     // x = fc(concat(emb, feature)) = fc_emb emb + fc_feat feature (+ bias); no input_layernorm.
     ARBOR_CHECK(in_width == h);
+    x = b.scratch(n, h);
     b.linear(emb, fc_emb_, fc_bias_, x);
     b.linear(in, fc_feat_, Tensor{}, tmp);
     b.add(x, tmp, x);
@@ -221,10 +294,11 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   } else {
     if (input_is_feature) {
       ARBOR_CHECK(in_width == 3 * c.target_hidden_size);
+      x = b.scratch(n, h);
       b.linear(in, fc_, Tensor{}, x);
     } else {
       ARBOR_CHECK(in_width == h);  // earlier layer outputs enter without fc (cnets.py)
-      b.upload(input.data(), x);
+      x = in;                      // the step's own copy: updated in place below
     }
     // q/k/v read concat(input_layernorm(emb), hidden_norm(x)): split into two products.
     Tensor e = b.scratch(n, h), g = b.scratch(n, h);
@@ -255,9 +329,7 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   b.silu_mul(gate, up, gate);
   b.linear(gate, w_down_, Tensor{}, tmp);
   b.add(x, tmp, x);
-  std::vector<float> out(static_cast<size_t>(n * h));
-  b.download(x, out.data());
-  return out;
+  return x;
 }
 
 Tensor EagleDraftModel::device_logits(std::span<const float> hidden, int64_t rows) {

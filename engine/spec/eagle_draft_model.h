@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/step_graphs.h"
 #include "engine/kv_cache/kv_cache_manager.h"
 #include "engine/spec/eagle_checkpoint.h"
 #include "engine/spec/eagle_tree.h"
@@ -26,6 +27,9 @@ class EagleDraftModel {
   EagleDraftModel(std::unique_ptr<Backend> backend, const EagleWeights& weights,
                   const HostTensor& target_embed, const HostTensor& target_lm_head,
                   const KvCacheConfig& kv);
+  ~EagleDraftModel();
+  EagleDraftModel(const EagleDraftModel&) = delete;
+  EagleDraftModel& operator=(const EagleDraftModel&) = delete;
 
   const EagleDraftConfig& config() const { return config_; }
   bool eagle3() const { return config_.version == EagleVersion::kEagle3; }
@@ -42,6 +46,8 @@ class EagleDraftModel {
   void free_sequence(SeqId seq) { kv_.free_sequence(seq); }
   int32_t length(SeqId seq) const { return kv_.committed_len(seq); }
   const KvCacheManager& kv() const { return kv_; }
+  // Recorded expansion steps (step graphs, where the backend has them; all zero otherwise).
+  StepGraphStats step_graph_stats() const;
 
   // Appends n committed rows to `seq` at RoPE positions position0 + i: row i reads tokens[i]
   // (token_{t+1}) and features [n, feature_width()] row i (feature_t). Returns the layer outputs
@@ -80,6 +86,9 @@ class EagleDraftModel {
   // Runs the layer over the reserved rows; `input` is [N, in_width] (features or hidden).
   std::vector<float> forward(const std::vector<Row>& rows, std::span<const float> input,
                              bool input_is_feature);
+  // The layer's ops on the step's input `in` [N, in_width] (no uploads or downloads, so a
+  // step graph can record them); returns the outputs [N, hidden] in backend scratch.
+  Tensor layer(const Tensor& in, int64_t n, bool input_is_feature);
   // The draft logits [rows, draft_vocab] in backend scratch (valid until the next reset).
   Tensor device_logits(std::span<const float> hidden, int64_t rows);
   std::vector<int64_t> reserve(SeqId seq, int32_t num_tokens, SlotCopies* copies);
@@ -97,7 +106,8 @@ class EagleDraftModel {
   Tensor wq_, wk_, wv_;                // EAGLE-1/2: [out, h]; EAGLE-3: the halves reading emb
   Tensor wq_h_, wk_h_, wv_h_;          // EAGLE-3: the halves reading hidden_norm(h)
   Tensor bq_, bk_, bv_, wo_, post_norm_, w_gate_, w_up_, w_down_;
-  Tensor norm_, lm_head_;  // EAGLE-3 own; EAGLE-1/2: lm_head_ = target's
+  Tensor norm_, lm_head_;                   // EAGLE-3 own; EAGLE-1/2: lm_head_ = target's
+  std::unique_ptr<StepGraphCache> graphs_;  // after backend_: released before it
 };
 
 }  // namespace arbor
