@@ -117,10 +117,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
       o.batch * ((longest + o.max_tokens + o.max_tree_nodes) / gc.block_size + 2) + 16);
 
   // Step graphs used by a run: the model's counters after it minus before.
-  struct GraphUse {
-    int64_t eager = 0, captures = 0, replays = 0, evictions = 0;
-  };
-  auto timed = [&](Proposer* p, GeneratorStats* st, GraphUse* g) {
+  auto timed = [&](Proposer* p, GeneratorStats* st, StepGraphStats* g) {
     const StepGraphStats g0 = model->step_graph_stats();
     Generator gen(*model, gc, p);
     const auto t0 = std::chrono::steady_clock::now();
@@ -129,12 +126,14 @@ int run_spec_bench(const SpecBenchOptions& o) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     *st = gen.stats();
     const StepGraphStats g1 = model->step_graph_stats();
-    *g = {g1.eager - g0.eager, g1.captures - g0.captures, g1.replays - g0.replays,
-          g1.evictions - g0.evictions};
+    g->eager = g1.eager - g0.eager;
+    g->captures = g1.captures - g0.captures;
+    g->replays = g1.replays - g0.replays;
+    g->evictions = g1.evictions - g0.evictions;
     return std::make_pair(std::move(res), secs);
   };
   GeneratorStats spec_stats, plain_stats;
-  GraphUse spec_graphs, plain_graphs;
+  StepGraphStats spec_graphs, plain_graphs;
   const auto [spec_res, spec_secs] = timed(proposer.get(), &spec_stats, &spec_graphs);
   std::vector<GenerationResult> plain_res;
   double plain_secs = 0;
@@ -182,7 +181,8 @@ int run_spec_bench(const SpecBenchOptions& o) {
   // Where the wall time went, per engine step (a verify step with speculation): the model's
   // forward (set_step, the device ops, sampling / verification, downloads), the proposer's
   // drafting and feedback, and the rest (scheduling, tree bookkeeping, detokenising).
-  auto breakdown = [](const char* what, const GeneratorStats& st, double secs, const GraphUse& g) {
+  auto breakdown = [](const char* what, const GeneratorStats& st, double secs,
+                      const StepGraphStats& g) {
     const double steps = static_cast<double>(std::max<int64_t>(st.steps, 1));
     const double fwd = st.decode_seconds + st.mixed_seconds + st.prefill_seconds;
     std::printf(

@@ -110,4 +110,32 @@ void StepGraphCache::captured(const StepGraphKey& key, int64_t graph, std::vecto
   (void)inserted;
 }
 
+StepGraphRun run_step_graph(StepGraphCache& cache, Backend& backend, const StepGraphKey& key,
+                            const std::function<void()>& before_replay,
+                            const std::function<std::vector<Tensor>()>& ops,
+                            std::vector<Tensor>* outputs) {
+  const StepGraphCache::Decision d = cache.lookup(key, backend.step_graph_epoch());
+  if (d.action == StepGraphCache::Action::kReplay) {
+    before_replay();
+    backend.replay_step_graph(d.graph);
+    *outputs = *d.outputs;
+    return StepGraphRun::kReplayed;
+  }
+  if (d.action != StepGraphCache::Action::kCapture) return StepGraphRun::kEager;
+  int64_t graph = -1;
+  std::vector<Tensor> recorded;
+  backend.begin_step_capture();
+  try {
+    recorded = ops();
+    graph = backend.end_step_capture();
+  } catch (const std::exception&) {
+    backend.abort_step_capture();  // an op refused inside the recording
+  }
+  cache.captured(key, graph, recorded);
+  if (graph < 0) return StepGraphRun::kRecordingFailed;
+  backend.replay_step_graph(graph);  // the recording ran nothing
+  *outputs = std::move(recorded);
+  return StepGraphRun::kReplayed;
+}
+
 }  // namespace arbor

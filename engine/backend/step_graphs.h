@@ -96,4 +96,21 @@ class StepGraphCache {
   StepGraphStats stats_;
 };
 
+// How run_step_graph() ended.
+enum class StepGraphRun {
+  kReplayed,         // *outputs holds where the step's results are
+  kEager,            // the key is not steady yet: run the ops eagerly
+  kRecordingFailed,  // an op refused inside the recording or the backend could not record:
+                     // rewind scratch (the recording took addresses), then run them eagerly
+};
+
+// The step-graph protocol for one step whose metadata is set (Backend::set_step,
+// prepare_step_graph) and whose key is `key`: replays the key's recording, after
+// `before_replay` (the checks the recorded ops skip), or records `ops` (which return the
+// tensors that hold the step's results) and replays the recording.
+StepGraphRun run_step_graph(StepGraphCache& cache, Backend& backend, const StepGraphKey& key,
+                            const std::function<void()>& before_replay,
+                            const std::function<std::vector<Tensor>()>& ops,
+                            std::vector<Tensor>* outputs);
+
 }  // namespace arbor

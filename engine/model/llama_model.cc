@@ -299,33 +299,23 @@ void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
   bool done = false;
   const StepGraphKey key = graph_key(step, want);
   if (!key.empty()) {
-    const StepGraphCache::Decision d = graphs_->lookup(key, b.step_graph_epoch());
-    if (d.action == StepGraphCache::Action::kReplay) {
-      // The recorded embedding does not check the ids: check them here.
+    std::vector<Tensor> outs;
+    const auto check_ids = [&] {  // the recorded embedding does not check the ids
       for (int32_t id : step.token_ids)
         if (id < 0 || id >= embed_.rows)
           throw_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
                                                        " is outside the vocabulary of " +
                                                        std::to_string(embed_.rows));
-      b.replay_step_graph(d.graph);
-      t.hidden = (*d.outputs)[0];
-      t.logits = (*d.outputs)[1];
-      t.raw_logits = (*d.outputs)[2];
+    };
+    const auto ops = [&] {
+      t = run_ops(step, want, out);
+      return std::vector<Tensor>{t.hidden, t.logits, t.raw_logits};
+    };
+    if (run_step_graph(*graphs_, b, key, check_ids, ops, &outs) == StepGraphRun::kReplayed) {
+      t.hidden = outs[0];
+      t.logits = outs[1];
+      t.raw_logits = outs[2];
       done = true;
-    } else if (d.action == StepGraphCache::Action::kCapture) {
-      int64_t graph = -1;
-      b.begin_step_capture();
-      try {
-        t = run_ops(step, want, out);
-        graph = b.end_step_capture();
-      } catch (const std::exception&) {
-        b.abort_step_capture();  // an op refused inside the recording: run eagerly below
-      }
-      graphs_->captured(key, graph, {t.hidden, t.logits, t.raw_logits});
-      if (graph >= 0) {
-        b.replay_step_graph(graph);  // the recording ran nothing
-        done = true;
-      }
     }
   }
   if (!done) {

@@ -6,6 +6,7 @@
 #include <span>
 #include <unordered_set>
 
+#include "engine/backend/step_graphs.h"
 #include "engine/core/error.h"
 #include "engine/runner/batch_builder.h"
 #include "engine/spec/device_verify.h"
@@ -307,8 +308,7 @@ std::vector<EngineEvent> Engine::step() {
         const auto& [sid, budget] = wanted[i];
         Choice& c = *choices_.at(sid);
         if (n[i] < 2 || c.draft.size() > n[i]) continue;  // no tree, or cut to its budget later
-        int32_t size = 2;
-        while (size < n[i]) size *= 2;
+        const auto size = static_cast<int32_t>(graph_bucket(n[i], 1));  // next power of two
         pad_tree(&c.draft, std::min(size, budget.max_nodes), sched_.context(sid), vocab);
         n[i] = c.draft.size();
       }

@@ -95,12 +95,6 @@ EagleDraftModel::EagleDraftModel(std::unique_ptr<Backend> backend, const EagleWe
   }
 }
 
-EagleDraftModel::~EagleDraftModel() = default;
-
-StepGraphStats EagleDraftModel::step_graph_stats() const {
-  return graphs_ ? graphs_->stats() : StepGraphStats{};
-}
-
 int64_t EagleDraftModel::feature_width() const {
   return eagle3() ? 3 * config_.target_hidden_size : config_.hidden_size;
 }
@@ -230,34 +224,23 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   if (graph_ok) {
     StepGraphKey key = {2, n, in_width, chosen->max_blocks_per_request};
     if (b.prepare_step_graph(c.num_heads, &key)) {
-      const StepGraphCache::Decision d = graphs_->lookup(key, b.step_graph_epoch());
-      if (d.action == StepGraphCache::Action::kReplay) {
-        for (int32_t id : step.token_ids)  // the recorded embedding does not check them
+      std::vector<Tensor> outs;
+      const auto check_ids = [&] {  // the recorded embedding does not check them
+        for (int32_t id : step.token_ids)
           if (id < 0 || id >= embed_.rows)
             throw_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
                                                          " is outside the draft vocabulary of " +
                                                          std::to_string(embed_.rows));
-        b.replay_step_graph(d.graph);
-        x = (*d.outputs)[0];
+      };
+      const auto ops = [&] { return std::vector<Tensor>{layer(in, n, input_is_feature)}; };
+      const StepGraphRun run = run_step_graph(*graphs_, b, key, check_ids, ops, &outs);
+      if (run == StepGraphRun::kReplayed) {
+        x = outs[0];
         done = true;
-      } else if (d.action == StepGraphCache::Action::kCapture) {
-        int64_t graph = -1;
-        b.begin_step_capture();
-        try {
-          x = layer(in, n, input_is_feature);
-          graph = b.end_step_capture();
-        } catch (const std::exception&) {
-          b.abort_step_capture();  // an op refused inside the recording: run eagerly below
-        }
-        graphs_->captured(key, graph, {x});
-        if (graph >= 0) {
-          b.replay_step_graph(graph);  // the recording ran nothing
-          done = true;
-        } else {
-          b.reset_scratch();  // rewinds (the recording took addresses)
-          in = b.scratch(n, in_width);
-          b.upload(input.data(), in);
-        }
+      } else if (run == StepGraphRun::kRecordingFailed) {
+        b.reset_scratch();  // rewinds (the recording took addresses)
+        in = b.scratch(n, in_width);
+        b.upload(input.data(), in);
       }
     }
   }

@@ -27,9 +27,6 @@ class EagleDraftModel {
   EagleDraftModel(std::unique_ptr<Backend> backend, const EagleWeights& weights,
                   const HostTensor& target_embed, const HostTensor& target_lm_head,
                   const KvCacheConfig& kv);
-  ~EagleDraftModel();
-  EagleDraftModel(const EagleDraftModel&) = delete;
-  EagleDraftModel& operator=(const EagleDraftModel&) = delete;
 
   const EagleDraftConfig& config() const { return config_; }
   bool eagle3() const { return config_.version == EagleVersion::kEagle3; }
@@ -46,8 +43,6 @@ class EagleDraftModel {
   void free_sequence(SeqId seq) { kv_.free_sequence(seq); }
   int32_t length(SeqId seq) const { return kv_.committed_len(seq); }
   const KvCacheManager& kv() const { return kv_; }
-  // Recorded expansion steps (step graphs, where the backend has them; all zero otherwise).
-  StepGraphStats step_graph_stats() const;
 
   // Appends n committed rows to `seq` at RoPE positions position0 + i: row i reads tokens[i]
   // (token_{t+1}) and features [n, feature_width()] row i (feature_t). Returns the layer outputs
