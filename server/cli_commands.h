@@ -58,9 +58,11 @@ struct SpecBenchOptions {
   int32_t batch = 1;
   int32_t threads = 0;
   bool no_bos = false;
-  bool skip_plain = false;     // acceptance only: no plain-decoding baseline run
-  bool host_sampling = false;  // download logits and verify on the host (EngineConfig)
-  int32_t pad_trees = -1;      // EngineConfig::pad_trees
+  bool skip_plain = false;      // acceptance only: no plain-decoding baseline run
+  bool host_sampling = false;   // download logits and verify on the host (EngineConfig)
+  int32_t pad_trees = -1;       // EngineConfig::pad_trees
+  bool adaptive_trees = false;  // EngineConfig::adaptive_trees
+  std::string cost_model;       // verify-cost curve (JSON) for adaptive trees
   std::string spec;
   SpecConfig spec_config;
   int32_t max_tree_nodes = 64;

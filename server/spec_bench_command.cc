@@ -19,6 +19,7 @@
 #include "engine/core/error.h"
 #include "engine/runner/generator.h"
 #include "engine/runner/model_bundle.h"
+#include "engine/scheduler/cost_model.h"
 #include "server/cli_commands.h"
 
 namespace arbor {
@@ -52,6 +53,11 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
                 "Pad varying-size trees (n-gram) for step graphs: -1 auto (with graphs), 0, 1")
       ->check(CLI::Range(-1, 1))
       ->capture_default_str();
+  c->add_flag("--adaptive-trees", o->adaptive_trees,
+              "Size each request's tree per step from the cost model and measured acceptance "
+              "(as arbor serve does with speculation.adaptive)");
+  c->add_option("--cost-model", o->cost_model,
+                "Verify-cost curve (JSON, configs/verify_cost_*.json) for --adaptive-trees");
 }
 
 namespace {
@@ -111,6 +117,8 @@ int run_spec_bench(const SpecBenchOptions& o) {
   gc.backend_sampling = !o.host_sampling;
   gc.pad_trees = o.pad_trees;
   gc.tree_budget.max_nodes = o.max_tree_nodes;
+  gc.adaptive_trees = o.adaptive_trees;
+  if (!o.cost_model.empty()) gc.cost = load_cost_model(o.cost_model);
   int64_t longest = 0;
   for (const auto& r : reqs) longest = std::max<int64_t>(longest, r.prompt.size());
   gc.num_blocks = static_cast<int32_t>(

@@ -89,6 +89,8 @@ class Backend {
   virtual Tensor scratch(int64_t rows, int64_t cols) = 0;
   virtual void reset_scratch() = 0;
   virtual void download(const Tensor& src, float* dst) = 0;  // [rows * cols] fp32 host
+  // [rows * cols] fp32 host -> dst. Ordered before every later op and download; src may be
+  // reused as soon as it returns (which need not wait for the device).
   virtual void upload(const float* src, const Tensor& dst) = 0;
   virtual void allocate_kv(const KvCacheShape& shape) = 0;
   virtual const KvCacheShape& kv_shape() const = 0;

@@ -119,7 +119,8 @@ std::vector<int64_t> EagleDraftModel::reserve(SeqId seq, int32_t num_tokens, Slo
 }
 
 std::vector<float> EagleDraftModel::append(SeqId seq, std::span<const int32_t> tokens,
-                                           std::span<const float> features, int32_t position0) {
+                                           std::span<const float> features, int32_t position0,
+                                           int32_t top_k, TopKRows* last_top) {
   const int32_t n = static_cast<int32_t>(tokens.size());
   ARBOR_CHECK(static_cast<int64_t>(features.size()) == n * feature_width());
   if (n == 0) return {};
@@ -129,7 +130,7 @@ std::vector<float> EagleDraftModel::append(SeqId seq, std::span<const int32_t> t
   std::vector<float> out;
   try {
     if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
-    out = forward(rows, features, /*input_is_feature=*/true);
+    out = forward(rows, features, /*input_is_feature=*/true, n - 1, top_k, last_top);
   } catch (...) {
     kv_.apply(kv_.plan_commit(seq, {}, {}));  // cancel the reservation
     throw;
@@ -141,16 +142,18 @@ std::vector<float> EagleDraftModel::append(SeqId seq, std::span<const int32_t> t
 std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
                                            std::span<const int32_t> tokens,
                                            std::span<const float> hidden, int32_t position,
-                                           std::vector<SeqId>* children) {
+                                           std::vector<SeqId>* children, int32_t top_k,
+                                           TopKRows* top) {
   const std::vector<int32_t> positions(parents.size(), position);
-  return expand(parents, tokens, hidden, std::span<const int32_t>(positions), children);
+  return expand(parents, tokens, hidden, std::span<const int32_t>(positions), children, top_k, top);
 }
 
 std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
                                            std::span<const int32_t> tokens,
                                            std::span<const float> hidden,
                                            std::span<const int32_t> positions,
-                                           std::vector<SeqId>* children) {
+                                           std::vector<SeqId>* children, int32_t top_k,
+                                           TopKRows* top) {
   const size_t count = parents.size();
   ARBOR_CHECK(tokens.size() == count && positions.size() == count &&
               static_cast<int64_t>(hidden.size()) == static_cast<int64_t>(count) * hidden_size());
@@ -164,7 +167,7 @@ std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
       rows.push_back({child, {tokens[i]}, positions[i], reserve(child, 1, &copies)});
     }
     if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
-    std::vector<float> out = forward(rows, hidden, /*input_is_feature=*/false);
+    std::vector<float> out = forward(rows, hidden, /*input_is_feature=*/false, 0, top_k, top);
     for (const Row& r : rows) kv_.commit_all(r.seq, r.tokens);
     return out;
   } catch (...) {
@@ -175,7 +178,8 @@ std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
 }
 
 std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
-                                            std::span<const float> input, bool input_is_feature) {
+                                            std::span<const float> input, bool input_is_feature,
+                                            int64_t head_first, int32_t top_k, TopKRows* top) {
   StepInputs step;
   step.qo_indptr.push_back(0);
   step.mask_indptr.push_back(0);
@@ -219,12 +223,23 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   // The input is uploaded before the recorded ops, into the step's first scratch tensor.
   Tensor in = b.scratch(n, in_width);
   b.upload(input.data(), in);
-  Tensor x;
+  // With top: the LM head over rows [head_first, n) in the same step (recorded with the layer).
+  const int64_t head_rows = top != nullptr ? n - head_first : 0;
+  ARBOR_CHECK(head_rows >= 0 && head_rows <= n);
+  const auto ops = [&] {
+    std::vector<Tensor> outs = {layer(in, n, input_is_feature)};
+    if (head_rows > 0) {
+      const Tensor& x = outs[0];
+      outs.push_back(head(
+          Tensor{static_cast<float*>(x.data) + head_first * x.cols, x.dtype, head_rows, x.cols}));
+    }
+    return outs;
+  };
+  std::vector<Tensor> outs;
   bool done = false;
   if (graph_ok) {
-    StepGraphKey key = {2, n, in_width, chosen->max_blocks_per_request};
+    StepGraphKey key = {2, n, in_width, chosen->max_blocks_per_request, head_rows};
     if (b.prepare_step_graph(c.num_heads, &key)) {
-      std::vector<Tensor> outs;
       const auto check_ids = [&] {  // the recorded embedding does not check them
         for (int32_t id : step.token_ids)
           if (id < 0 || id >= embed_.rows)
@@ -232,10 +247,8 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
                                                          " is outside the draft vocabulary of " +
                                                          std::to_string(embed_.rows));
       };
-      const auto ops = [&] { return std::vector<Tensor>{layer(in, n, input_is_feature)}; };
       const StepGraphRun run = run_step_graph(*graphs_, b, key, check_ids, ops, &outs);
       if (run == StepGraphRun::kReplayed) {
-        x = outs[0];
         done = true;
       } else if (run == StepGraphRun::kRecordingFailed) {
         b.reset_scratch();  // rewinds (the recording took addresses)
@@ -244,7 +257,12 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
       }
     }
   }
-  if (!done) x = layer(in, n, input_is_feature);
+  if (!done) outs = ops();
+  if (head_rows > 0) {
+    top->k = top_k;
+    b.top_k_log_softmax(outs[1], top_k, &top->ids, &top->values);  // the step's one wait
+  }
+  const Tensor& x = outs[0];
   std::vector<float> out(static_cast<size_t>(n * c.hidden_size));
   b.download(x, out.data());
   return out;
@@ -322,9 +340,14 @@ Tensor EagleDraftModel::device_logits(std::span<const float> hidden, int64_t row
   b.reset_scratch();
   Tensor x = b.scratch(rows, h);
   b.upload(hidden.data(), x);
-  Tensor logits = b.scratch(rows, draft_vocab());
+  return head(x);
+}
+
+Tensor EagleDraftModel::head(const Tensor& x) {
+  Backend& b = *backend_;
+  Tensor logits = b.scratch(x.rows, draft_vocab());
   if (eagle3()) {
-    Tensor normed = b.scratch(rows, h);
+    Tensor normed = b.scratch(x.rows, x.cols);
     b.rms_norm(x, norm_, config_.rms_norm_eps, normed);
     b.linear(normed, lm_head_, Tensor{}, logits);
   } else {

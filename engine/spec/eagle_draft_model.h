@@ -47,20 +47,27 @@ class EagleDraftModel {
   // Appends n committed rows to `seq` at RoPE positions position0 + i: row i reads tokens[i]
   // (token_{t+1}) and features [n, feature_width()] row i (feature_t). Returns the layer outputs
   // [n, hidden] host fp32 (the next features). kResourceExhausted when the KV pool is full.
+  // With last_top, also the top_k best draft entries of the last row (top_log_probs of it),
+  // computed in the same device step (no second round trip).
   std::vector<float> append(SeqId seq, std::span<const int32_t> tokens,
-                            std::span<const float> features, int32_t position0);
+                            std::span<const float> features, int32_t position0, int32_t top_k = 0,
+                            TopKRows* last_top = nullptr);
 
   // One tree-expansion step: row i forks parents[i] and appends (tokens[i], hidden row i) at
   // RoPE position `position`, where hidden [B, hidden] are earlier layer outputs (EAGLE-3 skips
   // fc for them, as the official code does). children receives the B new sequences (the caller
-  // frees them). Returns the outputs [B, hidden].
+  // frees them). Returns the outputs [B, hidden]; with top, also every row's top_k best draft
+  // entries (top_log_probs of the outputs), computed in the same device step (the LM head is
+  // part of the step's recording, and only one wait for the device per step).
   std::vector<float> expand(std::span<const SeqId> parents, std::span<const int32_t> tokens,
                             std::span<const float> hidden, int32_t position,
-                            std::vector<SeqId>* children);
+                            std::vector<SeqId>* children, int32_t top_k = 0,
+                            TopKRows* top = nullptr);
   // The same with a RoPE position per row (rows of several requests in one forward).
   std::vector<float> expand(std::span<const SeqId> parents, std::span<const int32_t> tokens,
                             std::span<const float> hidden, std::span<const int32_t> positions,
-                            std::vector<SeqId>* children);
+                            std::vector<SeqId>* children, int32_t top_k = 0,
+                            TopKRows* top = nullptr);
 
   // Draft logits of layer outputs hidden [rows, hidden]: the target's LM head (EAGLE-1/2, no
   // final norm) or lm_head(norm(h)) (EAGLE-3). [rows, draft_vocab] host fp32.
@@ -78,14 +85,18 @@ class EagleDraftModel {
     int32_t position0;
     std::vector<int64_t> slots;
   };
-  // Runs the layer over the reserved rows; `input` is [N, in_width] (features or hidden).
+  // Runs the layer over the reserved rows; `input` is [N, in_width] (features or hidden). With
+  // top, also the top_k of the draft logits of rows [head_first, N) in the same step.
   std::vector<float> forward(const std::vector<Row>& rows, std::span<const float> input,
-                             bool input_is_feature);
+                             bool input_is_feature, int64_t head_first = 0, int32_t top_k = 0,
+                             TopKRows* top = nullptr);
   // The layer's ops on the step's input `in` [N, in_width] (no uploads or downloads, so a
   // step graph can record them); returns the outputs [N, hidden] in backend scratch.
   Tensor layer(const Tensor& in, int64_t n, bool input_is_feature);
   // The draft logits [rows, draft_vocab] in backend scratch (valid until the next reset).
   Tensor device_logits(std::span<const float> hidden, int64_t rows);
+  // The LM head's ops on layer outputs x [rows, hidden] already in backend scratch.
+  Tensor head(const Tensor& x);
   std::vector<int64_t> reserve(SeqId seq, int32_t num_tokens, SlotCopies* copies);
 
   std::unique_ptr<Backend> backend_;

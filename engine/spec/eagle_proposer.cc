@@ -135,9 +135,17 @@ void EagleProposer::observe(const TargetFeedback& f) {
   ARBOR_CHECK(first_row_position == expected, "draft row position " +
                                                   std::to_string(first_row_position) +
                                                   ", expected " + std::to_string(expected));
-  const std::vector<float> out = draft_.append(s.seq, tokens, features, first_row_position);
+  // The last row's top-k (the next tree's root children) comes from the same device step.
+  TopKRows top;
+  const std::vector<float> out =
+      draft_.append(s.seq, tokens, features, first_row_position, top_k(), &top);
   const int64_t h = draft_.hidden_size();
   s.last_output.assign(out.end() - h, out.end());
+  s.last_top = std::move(top);
+}
+
+int32_t EagleProposer::top_k() const {
+  return static_cast<int32_t>(std::min<int64_t>(options_.tree.top_k, draft_.draft_vocab()));
 }
 
 DraftTree EagleProposer::propose(RequestId request, const TreeBudget& budget) {
@@ -168,7 +176,7 @@ DraftTree EagleProposer::propose(RequestId request, const TreeBudget& budget) {
   const int64_t h = draft_.hidden_size();
   const int32_t position = s.first_position + draft_.length(s.seq);
   // Only each row's best top_k draft entries are read (computed on the draft's backend).
-  const int32_t top_k = static_cast<int32_t>(std::min<int64_t>(params.top_k, draft_.draft_vocab()));
+  const int32_t top_k = this->top_k();
   auto expand = [&](int32_t step, const std::vector<FrontierNode>& frontier) {
     std::vector<SeqId> parents;
     std::vector<int32_t> tokens;
@@ -180,16 +188,19 @@ DraftTree EagleProposer::propose(RequestId request, const TreeBudget& budget) {
       hidden.insert(hidden.end(), prev_out.begin() + row * h, prev_out.begin() + (row + 1) * h);
     }
     std::vector<SeqId> children;
-    std::vector<float> out = draft_.expand(parents, tokens, hidden, position + step - 1, &children);
+    TopKRows top;
+    std::vector<float> out =
+        draft_.expand(parents, tokens, hidden, position + step - 1, &children, top_k, &top);
     // The previous step's forks are no longer needed: their children hold references to the
     // shared blocks.
     for (SeqId q : temporary) draft_.free_sequence(q);
     temporary = children;
     prev_seqs = std::move(children);
-    prev_out = out;
-    return draft_.top_log_probs(out, static_cast<int64_t>(frontier.size()), top_k);
+    prev_out = std::move(out);
+    return top;
   };
-  const TopKRows root_top = draft_.top_log_probs(s.last_output, 1, top_k);
+  const TopKRows root_top =
+      s.last_top.k == top_k ? s.last_top : draft_.top_log_probs(s.last_output, 1, top_k);
   return grow_dynamic_tree_top_k(
       root, root_top, params, [this](int32_t id) { return draft_.to_target(id); }, expand);
 }
@@ -216,14 +227,14 @@ std::vector<DraftTree> EagleProposer::propose_batch(
         for (SeqId q : g.temporary) draft.free_sequence(q);
     }
   } release{draft_, growing};
-  const int32_t top_k =
-      static_cast<int32_t>(std::min<int64_t>(options_.tree.top_k, draft_.draft_vocab()));
+  const int32_t top_k = this->top_k();
   const int64_t h = draft_.hidden_size();
   auto to_target = [this](int32_t id) { return draft_.to_target(id); };
 
   std::vector<size_t> roots;  // requests whose tree grows
   std::vector<DynamicTreeParams> params(requests.size());
-  std::vector<float> root_rows;
+  std::vector<float> root_rows;  // outputs of the roots whose top-k observe() did not leave
+  std::vector<size_t> root_row;  // per root: its row in root_rows, or -1 (observe()'s top-k)
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& [request, budget] = requests[i];
     tracker_.check_budget(request, budget);
@@ -235,19 +246,32 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     trees[i] = DraftTree::root_only(root);
     if (s.last_output.empty() || params[i].total_tokens <= 1 || budget.max_depth < 1) continue;
     roots.push_back(i);
-    root_rows.insert(root_rows.end(), s.last_output.begin(), s.last_output.end());
+    if (s.last_top.k == top_k) {
+      root_row.push_back(static_cast<size_t>(-1));
+    } else {
+      root_row.push_back(root_rows.size() / static_cast<size_t>(h));
+      root_rows.insert(root_rows.end(), s.last_output.begin(), s.last_output.end());
+    }
   }
   if (roots.empty()) return trees;
   growing.reserve(roots.size());
   {
-    const TopKRows top = draft_.top_log_probs(root_rows, static_cast<int64_t>(roots.size()), top_k);
+    const TopKRows top =
+        root_rows.empty()
+            ? TopKRows{}
+            : draft_.top_log_probs(root_rows, static_cast<int64_t>(root_rows.size()) / h, top_k);
     for (size_t r = 0; r < roots.size(); ++r) {
       const size_t i = roots[r];
       const RequestState& s = requests_.at(requests[i].first);
       TopKRows row;
-      row.k = top_k;
-      row.ids.assign(top.ids.begin() + r * top_k, top.ids.begin() + (r + 1) * top_k);
-      row.values.assign(top.values.begin() + r * top_k, top.values.begin() + (r + 1) * top_k);
+      if (root_row[r] == static_cast<size_t>(-1)) {
+        row = s.last_top;
+      } else {
+        const size_t k = static_cast<size_t>(top_k), at = root_row[r];
+        row.k = top_k;
+        row.ids.assign(top.ids.begin() + at * k, top.ids.begin() + (at + 1) * k);
+        row.values.assign(top.values.begin() + at * k, top.values.begin() + (at + 1) * k);
+      }
       growing.push_back({i,
                          DynamicTreeGrower(trees[i].token[0], row, params[i], to_target),
                          {s.seq},
@@ -277,8 +301,9 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     }
     if (parents.empty()) break;
     std::vector<SeqId> children;
-    const std::vector<float> out = draft_.expand(parents, tokens, hidden, positions, &children);
-    const TopKRows top = draft_.top_log_probs(out, static_cast<int64_t>(parents.size()), top_k);
+    TopKRows top;
+    const std::vector<float> out =
+        draft_.expand(parents, tokens, hidden, positions, &children, top_k, &top);
     for (size_t k = 0; k < span_of.size(); ++k) {
       Growing& g = growing[span_of[k].first];
       const size_t begin = span_of[k].second;

@@ -56,7 +56,10 @@ class EagleProposer final : public Proposer {
     std::vector<float> pending_feature;  // feature of the last position while its next token is
                                          // unknown (next_token == -1)
     std::vector<float> last_output;      // [hidden] draft output of the last committed row
+    TopKRows last_top;                   // its top_k() best draft entries (from observe())
   };
+  // Children per node read from the draft (the tree's top_k, at most the draft vocabulary).
+  int32_t top_k() const;
 
   EagleOptions options_;
   EagleDraftModel draft_;

@@ -140,6 +140,45 @@ struct StagedUpload {
   }
 };
 
+// upload(): caller memory -> device without waiting for the device. The data is copied into one
+// of a few pinned buffers (each rewritten only after its previous copy finished, by event) and
+// from there on the stream, ordered with the kernels around it.
+struct PinnedRing {
+  struct Slot {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+  };
+  std::array<Slot, 4> slots;
+  size_t next = 0;
+  void copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, const char* what) {
+    Slot& sl = slots[next];
+    next = (next + 1) % slots.size();
+    if (sl.done == nullptr)
+      cuda_check(cudaEventCreateWithFlags(&sl.done, cudaEventDisableTiming), what);
+    cuda_check(cudaEventSynchronize(sl.done), what);
+    if (bytes > sl.bytes) {
+      if (sl.host != nullptr) cuda_check(cudaFreeHost(sl.host), what);
+      sl.host = nullptr;
+      sl.bytes = 0;
+      cuda_check(cudaMallocHost(&sl.host, bytes), what);
+      sl.bytes = bytes;
+    }
+    std::memcpy(sl.host, src, bytes);
+    cuda_check(cudaMemcpyAsync(dst, sl.host, bytes, cudaMemcpyHostToDevice, stream), what);
+    cuda_check(cudaEventRecord(sl.done, stream), what);
+  }
+  ~PinnedRing() {
+    for (Slot& sl : slots) {
+      if (sl.done != nullptr) {
+        cudaEventSynchronize(sl.done);
+        cudaEventDestroy(sl.done);
+      }
+      if (sl.host != nullptr) cudaFreeHost(sl.host);
+    }
+  }
+};
+
 // Lays out several host arrays in one buffer (256-byte aligned sections).
 class Packer {
  public:
@@ -332,6 +371,7 @@ struct CudaBackend::State {
   StagedUpload sample_meta;     // sample_trees' batch
   DeviceBuffer sample_scratch;  // sample_trees' per-row / per-item scratch and outputs
   StagedUpload copy_slots;      // copy_kv's slot lists
+  PinnedRing uploads;           // upload()'s staging
   DeviceBuffer copy_staging;
 
   template <typename T>
@@ -908,18 +948,25 @@ void CudaBackend::upload(const float* src, const Tensor& dst) {
   s_->flush();
   State& s = *s_;
   const size_t n = static_cast<size_t>(dst.numel());
-  if (dst.dtype == DType::kF32) {
-    cuda_check(cudaMemcpyAsync(dst.data, src, n * 4, cudaMemcpyHostToDevice, s.stream), "upload");
-  } else {
+  // Up to 16 MiB goes through the pinned ring and returns at once (the copy is ordered on the
+  // stream before every later op); larger uploads (test inputs, not steps) are waited for.
+  constexpr size_t kStagedMax = size_t{16} << 20;
+  const bool staged = n * 4 <= kStagedMax;
+  void* to = dst.data;
+  if (dst.dtype != DType::kF32) {
     s.convert.ensure(n * 4 + 16, "upload");
-    cuda_check(cudaMemcpyAsync(s.convert.ptr, src, n * 4, cudaMemcpyHostToDevice, s.stream),
-               "upload");
+    to = s.convert.ptr;
+  }
+  if (staged)
+    s.uploads.copy(to, src, n * 4, s.stream, "upload");
+  else
+    cuda_check(cudaMemcpyAsync(to, src, n * 4, cudaMemcpyHostToDevice, s.stream), "upload");
+  if (dst.dtype != DType::kF32)
     cuda_check(kernels::launch_convert({s.convert.ptr, dst.data, kernels::ElemType::kF32,
                                         elem(dst.dtype), static_cast<int64_t>(n)},
                                        s.stream),
                "upload convert");
-  }
-  cuda_check(cudaStreamSynchronize(s.stream), "upload");
+  if (!staged) cuda_check(cudaStreamSynchronize(s.stream), "upload");
 }
 
 void CudaBackend::allocate_kv(const KvCacheShape& shape) {
