@@ -153,24 +153,19 @@ StepGraphKey LlamaModel::graph_key(const StepInputs& step, const ForwardRequest&
   StepGraphKey key;
   if (!graphs_ || !graph_eligible(step, want)) return key;
   const int32_t r_count = step.num_requests();
-  // Layout: tag, N, R, M, block-table width, mask words, final_hidden, raw logits copy, then
-  // (T_r, mask words_r) per request, then the backend's part. Token ids, positions, slots,
-  // committed lengths, block ids and mask bits are not in it: the recorded kernels read them from
-  // device memory.
+  // Layout: tag, N, R, M, block-table width, final_hidden, raw logits copy, then the backend's
+  // part. How the N tokens split into the R requests (query counts, tree masks), token ids,
+  // positions, slots, committed lengths, block ids and mask bits are not in it: the recorded
+  // kernels read them from device memory, where they sit at offsets that only N, R, M and the
+  // width fix (the masks last: CudaBackend::set_step), and the backend's part holds what its
+  // launches derive from them by value (the attention grid, the virtual request count).
   key = {1,
          step.num_tokens(),
          r_count,
          static_cast<int64_t>(step.logits_rows.size()),
          step.max_blocks_per_request,
-         static_cast<int64_t>(step.tree_mask.size()),
          want.final_hidden ? 1 : 0,
          want.sample && want.top_logprobs >= 0 ? 1 : 0};
-  for (int32_t r = 0; r < r_count; ++r) {
-    const int32_t t = step.qo_indptr[r + 1] - step.qo_indptr[r];
-    const int32_t words = step.mask_indptr[r + 1] - step.mask_indptr[r];
-    key.push_back(t);
-    key.push_back(words);
-  }
   if (!backend_.prepare_step_graph(config_.num_heads, &key)) return {};
   return key;
 }

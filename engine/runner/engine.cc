@@ -304,12 +304,31 @@ std::vector<EngineEvent> Engine::step() {
     }
     if (proposer_->varying_tree_sizes() &&
         (config_.pad_trees == 1 || (config_.pad_trees == -1 && model_.step_graphs()))) {
+      // A step graph's key holds the step's token count, not each request's tree size: the
+      // trees' total is padded up to a bucket (the next power of two for one tree, 4 buckets
+      // per power of two for several), the extra nodes dealt out one at a time to the smallest
+      // trees that may still grow.
+      std::vector<size_t> open;  // trees that may grow (no tree, or cut to its budget later: no)
+      int64_t total = 0;
       for (size_t i = 0; i < wanted.size(); ++i) {
-        const auto& [sid, budget] = wanted[i];
-        Choice& c = *choices_.at(sid);
-        if (n[i] < 2 || c.draft.size() > n[i]) continue;  // no tree, or cut to its budget later
-        const auto size = static_cast<int32_t>(graph_bucket(n[i], 1));  // next power of two
-        pad_tree(&c.draft, std::min(size, budget.max_nodes), sched_.context(sid), vocab);
+        total += n[i];
+        if (n[i] >= 2 && choices_.at(wanted[i].first)->draft.size() <= n[i]) open.push_back(i);
+      }
+      std::vector<int32_t> size = n;
+      int64_t extra = graph_bucket(total, wanted.size() > 1 ? 4 : 1) - total;
+      while (extra > 0) {
+        size_t pick = wanted.size();
+        for (size_t i : open)
+          if (size[i] < wanted[i].second.max_nodes &&
+              (pick == wanted.size() || size[i] < size[pick]))
+            pick = i;
+        if (pick == wanted.size()) break;  // every open tree is at its budget
+        ++size[pick];
+        --extra;
+      }
+      for (size_t i : open) {
+        Choice& c = *choices_.at(wanted[i].first);
+        pad_tree(&c.draft, size[i], sched_.context(wanted[i].first), vocab);
         n[i] = c.draft.size();
       }
     }

@@ -1061,8 +1061,11 @@ void CudaBackend::set_step(const StepInputs& step) {
   const size_t o_ids = pk.add(step.token_ids), o_pos = pk.add(step.positions),
                o_slots = pk.add(step.slot_mapping), o_qo = pk.add(step.qo_indptr),
                o_committed = pk.add(step.committed_len), o_tables = pk.add(step.block_tables),
-               o_mask = pk.add(step.tree_mask), o_mask_ptr = pk.add(step.mask_indptr),
-               o_logits = pk.add(step.logits_rows), o_treq = pk.add(token_request);
+               o_mask_ptr = pk.add(step.mask_indptr), o_logits = pk.add(step.logits_rows),
+               o_treq = pk.add(token_request);
+  // The tree masks last: their size depends on how the tokens split into trees, which a step
+  // graph's key leaves out, so it must not move the other sections.
+  const size_t o_mask = pk.add(step.tree_mask);
   uint8_t* host = s.meta.begin(pk.size(), "set_step");
   pk.write(host);
   s.meta.commit(pk.size(), s.stream, "set_step");
