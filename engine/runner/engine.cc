@@ -222,7 +222,8 @@ bool Engine::cancel_choice(ReqId id, int32_t choice) {
 }
 
 void Engine::feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
-                  const std::vector<int32_t>& rows, int32_t first_row, int32_t next) {
+                  const std::vector<int32_t>& rows, int32_t first_row, int32_t next,
+                  PendingFeedback* defer) {
   if (!c.speculate) return;
   const int64_t hs = model_.config().hidden_size;
   std::vector<float> h;
@@ -239,6 +240,15 @@ void Engine::feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
       const float* src = out_.captured[l].data() + (first_row + r) * hs;
       cap[l].insert(cap[l].end(), src, src + hs);
     }
+  if (defer != nullptr) {
+    defer->sid = c.sid;
+    defer->start = start;
+    defer->tokens = tokens;
+    defer->hidden = std::move(h);
+    defer->captured = std::move(cap);
+    defer->next = next;
+    return;
+  }
   TargetFeedback fb;
   fb.request = static_cast<RequestId>(c.sid);
   fb.start = start;
@@ -449,6 +459,7 @@ std::vector<EngineEvent> Engine::step() {
   // Emits tokens for a choice (stopping at a stop token or max_tokens); `rows` are the logits
   // rows that predicted them.
   std::vector<uint64_t> finished;
+  std::vector<PendingFeedback> pending;  // verify steps' feedback, observed after the loop
   // The logprob of emitted token i of backend-sampled item `item` (row: its logits row).
   auto backend_logprob = [&](int32_t item, size_t i, int32_t tok, int32_t row, int32_t k) {
     TokenLogprob t;
@@ -586,17 +597,37 @@ std::vector<EngineEvent> Engine::step() {
     std::vector<int32_t> rows;
     for (int32_t node : v.accepted_nodes) rows.push_back(first_logit[k] + node);
     if (c.speculate) {
-      const auto f0 = std::chrono::steady_clock::now();
-      feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token);
-      const double observe_ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - f0).count();
-      stats_.feedback_seconds += observe_ms * 1e-3;
-      // What a tree costs beyond verification: drafting it and folding the accepted path into
-      // the proposer's state (steps without a tree do not tell it).
-      if (t > 1) sched_.record_draft_ms(it.id, observe_ms + c.draft_ms);
-      c.draft_ms = 0;
+      pending.emplace_back();
+      feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token, &pending.back());
+      pending.back().tree = t > 1;
     }
     emit(c, emitted, rows, v.num_accepted(), sample_item[k]);
+  }
+  if (!pending.empty()) {
+    std::vector<TargetFeedback> fbs(pending.size());
+    for (size_t i = 0; i < pending.size(); ++i) {
+      const PendingFeedback& p = pending[i];
+      TargetFeedback& fb = fbs[i];
+      fb.request = static_cast<RequestId>(p.sid);
+      fb.start = p.start;
+      fb.tokens = p.tokens;
+      fb.hidden = p.hidden;
+      for (const auto& x : p.captured) fb.captured.emplace_back(x);
+      fb.next_token = p.next;
+    }
+    const auto f0 = std::chrono::steady_clock::now();
+    proposer_->observe_batch(fbs);
+    const double observe_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - f0).count();
+    stats_.feedback_seconds += observe_ms * 1e-3;
+    // What a tree costs beyond verification: drafting it and folding the accepted path into the
+    // proposer's state, an equal share of the batch's (steps without a tree do not tell it).
+    const double share = observe_ms / static_cast<double>(pending.size());
+    for (const PendingFeedback& p : pending) {
+      Choice& c = *choices_.at(p.sid);
+      if (p.tree) sched_.record_draft_ms(p.sid, share + c.draft_ms);
+      c.draft_ms = 0;
+    }
   }
   for (uint64_t sid : finished) drop(sid);
   return events;

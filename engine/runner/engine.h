@@ -130,8 +130,21 @@ class Engine {
   struct Choice;
   struct Request;
   void drop(uint64_t sid);  // removes a choice from the scheduler and proposer
+  // A verify step's feedback for one request, kept until the step's loop has verified every
+  // request, so that all of them reach the proposer in one Proposer::observe_batch call.
+  struct PendingFeedback {
+    uint64_t sid = 0;
+    int32_t start = 0;
+    std::vector<int32_t> tokens;
+    std::vector<float> hidden;
+    std::vector<std::vector<float>> captured;
+    int32_t next = -1;
+    bool tree = false;  // the step verified a tree (t > 1): its cost is a drafting cost
+  };
+  // Hands the proposer a request's newly committed positions (with defer: into *defer instead).
   void feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
-            const std::vector<int32_t>& rows, int32_t first_row, int32_t next);
+            const std::vector<int32_t>& rows, int32_t first_row, int32_t next,
+            PendingFeedback* defer = nullptr);
 
   LlamaModel& model_;
   EngineConfig config_;

@@ -121,21 +121,56 @@ std::vector<int64_t> EagleDraftModel::reserve(SeqId seq, int32_t num_tokens, Slo
 std::vector<float> EagleDraftModel::append(SeqId seq, std::span<const int32_t> tokens,
                                            std::span<const float> features, int32_t position0,
                                            int32_t top_k, TopKRows* last_top) {
-  const int32_t n = static_cast<int32_t>(tokens.size());
-  ARBOR_CHECK(static_cast<int64_t>(features.size()) == n * feature_width());
-  if (n == 0) return {};
+  ARBOR_CHECK(static_cast<int64_t>(features.size()) ==
+              static_cast<int64_t>(tokens.size()) * feature_width());
+  if (tokens.empty()) return {};
+  const AppendItem item{seq, tokens, features, position0};
+  std::vector<TopKRows> tops;
+  std::vector<float> out =
+      append_batch(std::span<const AppendItem>(&item, 1), last_top != nullptr ? top_k : 0, &tops);
+  if (last_top != nullptr) *last_top = std::move(tops.at(0));
+  return out;
+}
+
+std::vector<float> EagleDraftModel::append_batch(std::span<const AppendItem> items, int32_t top_k,
+                                                 std::vector<TopKRows>* last_tops) {
+  last_tops->clear();
+  if (items.empty()) return {};
   SlotCopies copies;
-  std::vector<Row> rows = {{seq, {tokens.begin(), tokens.end()}, position0, {}}};
-  rows[0].slots = reserve(seq, n, &copies);
+  std::vector<Row> rows;
+  std::vector<float> features;
+  size_t reserved = 0;  // items whose reservation must be cancelled on failure
   std::vector<float> out;
   try {
+    for (const AppendItem& it : items) {
+      const auto n = static_cast<int32_t>(it.tokens.size());
+      ARBOR_CHECK(n > 0 && static_cast<int64_t>(it.features.size()) == n * feature_width());
+      rows.push_back({it.seq, {it.tokens.begin(), it.tokens.end()}, it.position0, {}});
+      rows.back().slots = reserve(it.seq, n, &copies);
+      ++reserved;
+      features.insert(features.end(), it.features.begin(), it.features.end());
+    }
     if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
-    out = forward(rows, features, /*input_is_feature=*/true, n - 1, top_k, last_top);
+    TopKRows top;
+    out = forward(rows, features, /*input_is_feature=*/true, top_k > 0 ? Head::kLast : Head::kNone,
+                  top_k, &top);
+    if (top_k > 0) {
+      const auto k = static_cast<size_t>(top_k);
+      for (size_t i = 0; i < items.size(); ++i) {
+        TopKRows row;
+        row.k = top_k;
+        row.ids.assign(top.ids.begin() + i * k, top.ids.begin() + (i + 1) * k);
+        row.values.assign(top.values.begin() + i * k, top.values.begin() + (i + 1) * k);
+        last_tops->push_back(std::move(row));
+      }
+    }
   } catch (...) {
-    kv_.apply(kv_.plan_commit(seq, {}, {}));  // cancel the reservation
+    for (size_t i = 0; i < reserved; ++i)  // cancel the reservations
+      kv_.apply(kv_.plan_commit(items[i].seq, {}, {}));
+    last_tops->clear();
     throw;
   }
-  kv_.commit_all(seq, tokens);
+  for (const AppendItem& it : items) kv_.commit_all(it.seq, it.tokens);
   return out;
 }
 
@@ -167,7 +202,8 @@ std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
       rows.push_back({child, {tokens[i]}, positions[i], reserve(child, 1, &copies)});
     }
     if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
-    std::vector<float> out = forward(rows, hidden, /*input_is_feature=*/false, 0, top_k, top);
+    std::vector<float> out = forward(rows, hidden, /*input_is_feature=*/false,
+                                     top != nullptr ? Head::kAll : Head::kNone, top_k, top);
     for (const Row& r : rows) kv_.commit_all(r.seq, r.tokens);
     return out;
   } catch (...) {
@@ -179,7 +215,7 @@ std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
 
 std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
                                             std::span<const float> input, bool input_is_feature,
-                                            int64_t head_first, int32_t top_k, TopKRows* top) {
+                                            Head head_rows_of, int32_t top_k, TopKRows* top) {
   StepInputs step;
   step.qo_indptr.push_back(0);
   step.mask_indptr.push_back(0);
@@ -197,6 +233,7 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
     step.mask_indptr.push_back(0);
     step.committed_len.push_back(kv_.committed_len(r.seq));
     kv_.append_block_table(r.seq, max_blocks, &step.block_tables);
+    if (head_rows_of == Head::kLast) step.logits_rows.push_back(step.num_tokens() - 1);
   }
 
   Backend& b = *backend_;
@@ -223,15 +260,20 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   // The input is uploaded before the recorded ops, into the step's first scratch tensor.
   Tensor in = b.scratch(n, in_width);
   b.upload(input.data(), in);
-  // With top: the LM head over rows [head_first, n) in the same step (recorded with the layer).
-  const int64_t head_rows = top != nullptr ? n - head_first : 0;
-  ARBOR_CHECK(head_rows >= 0 && head_rows <= n);
+  // The LM head over every row or over each Row's last (the step's logits rows), in the same
+  // step (recorded with the layer).
+  ARBOR_CHECK(head_rows_of == Head::kNone || (top != nullptr && top_k > 0));
+  const int64_t head_rows = head_rows_of == Head::kAll    ? n
+                            : head_rows_of == Head::kLast ? static_cast<int64_t>(rows.size())
+                                                          : 0;
   const auto ops = [&] {
     std::vector<Tensor> outs = {layer(in, n, input_is_feature)};
-    if (head_rows > 0) {
-      const Tensor& x = outs[0];
-      outs.push_back(head(
-          Tensor{static_cast<float*>(x.data) + head_first * x.cols, x.dtype, head_rows, x.cols}));
+    if (head_rows_of == Head::kAll) {
+      outs.push_back(head(outs[0]));
+    } else if (head_rows_of == Head::kLast) {
+      Tensor last = b.scratch(head_rows, outs[0].cols);
+      b.gather_logit_rows(outs[0], last);
+      outs.push_back(head(last));
     }
     return outs;
   };

@@ -52,6 +52,17 @@ class EagleDraftModel {
   std::vector<float> append(SeqId seq, std::span<const int32_t> tokens,
                             std::span<const float> features, int32_t position0, int32_t top_k = 0,
                             TopKRows* last_top = nullptr);
+  // append() for several sequences in one forward (one wait for the device): item i's rows
+  // follow item i - 1's in the returned outputs; last_tops[i] is the top_k of item i's last row.
+  // Items with no tokens are not allowed; sequences must differ.
+  struct AppendItem {
+    SeqId seq;
+    std::span<const int32_t> tokens;
+    std::span<const float> features;  // [tokens, feature_width()]
+    int32_t position0;
+  };
+  std::vector<float> append_batch(std::span<const AppendItem> items, int32_t top_k,
+                                  std::vector<TopKRows>* last_tops);
 
   // One tree-expansion step: row i forks parents[i] and appends (tokens[i], hidden row i) at
   // RoPE position `position`, where hidden [B, hidden] are earlier layer outputs (EAGLE-3 skips
@@ -85,10 +96,13 @@ class EagleDraftModel {
     int32_t position0;
     std::vector<int64_t> slots;
   };
+  // Which rows' draft logits a forward also reduces to their top-k: none, every token row, or
+  // the last token row of each Row.
+  enum class Head { kNone, kAll, kLast };
   // Runs the layer over the reserved rows; `input` is [N, in_width] (features or hidden). With
-  // top, also the top_k of the draft logits of rows [head_first, N) in the same step.
+  // a head, also the top_k of those rows' draft logits (into top) in the same step.
   std::vector<float> forward(const std::vector<Row>& rows, std::span<const float> input,
-                             bool input_is_feature, int64_t head_first = 0, int32_t top_k = 0,
+                             bool input_is_feature, Head head = Head::kNone, int32_t top_k = 0,
                              TopKRows* top = nullptr);
   // The layer's ops on the step's input `in` [N, in_width] (no uploads or downloads, so a
   // step graph can record them); returns the outputs [N, hidden] in backend scratch.

@@ -84,7 +84,7 @@ void EagleProposer::begin(RequestId request, std::span<const int32_t> prompt) {
   requests_[request] = RequestState{};
 }
 
-void EagleProposer::observe(const TargetFeedback& f) {
+bool EagleProposer::stage(const TargetFeedback& f, Staged* out) {
   tracker_.observe(f);
   RequestState& s = requests_.at(f.request);
   const int64_t width = draft_.feature_width();
@@ -96,28 +96,29 @@ void EagleProposer::observe(const TargetFeedback& f) {
   // Rows (feature_t, token_{t+1}): position t pairs with the token at t + 1 (tokens[i + 1], then
   // next_token); a feature whose next token is not known yet waits in pending_feature.
   auto token_after = [&](size_t i) { return i + 1 < n ? f.tokens[i + 1] : f.next_token; };
-  std::vector<float> features;
-  std::vector<int32_t> tokens;
-  int32_t first_row_position = f.start;
+  out->state = &s;
+  out->features.clear();
+  out->tokens.clear();
+  out->position = f.start;
   if (!s.pending_feature.empty()) {
     const int32_t t = n > 0 ? f.tokens[0] : f.next_token;
     if (t >= 0) {
-      features = std::move(s.pending_feature);
+      out->features = std::move(s.pending_feature);
       s.pending_feature.clear();
-      tokens.push_back(t);
-      first_row_position = f.start - 1;
+      out->tokens.push_back(t);
+      out->position = f.start - 1;
     }
   }
-  auto feature_row = [&](size_t i, std::vector<float>* out) {
+  auto feature_row = [&](size_t i, std::vector<float>* dst) {
     if (!draft_.eagle3()) {
       auto row = f.hidden.subspan(i * width, width);
-      out->insert(out->end(), row.begin(), row.end());
+      dst->insert(dst->end(), row.begin(), row.end());
       return;
     }
     const size_t th = static_cast<size_t>(width / 3);  // concat(low, mid, high)
     for (const std::span<const float>& layer : f.captured) {
       auto row = layer.subspan(i * th, th);
-      out->insert(out->end(), row.begin(), row.end());
+      dst->insert(dst->end(), row.begin(), row.end());
     }
   };
   for (size_t i = 0; i < n; ++i) {
@@ -127,21 +128,42 @@ void EagleProposer::observe(const TargetFeedback& f) {
       feature_row(i, &s.pending_feature);
       break;
     }
-    feature_row(i, &features);
-    tokens.push_back(next);
+    feature_row(i, &out->features);
+    out->tokens.push_back(next);
   }
-  if (tokens.empty()) return;
+  if (out->tokens.empty()) return false;
   const int32_t expected = s.first_position + draft_.length(s.seq);
-  ARBOR_CHECK(first_row_position == expected, "draft row position " +
-                                                  std::to_string(first_row_position) +
-                                                  ", expected " + std::to_string(expected));
-  // The last row's top-k (the next tree's root children) comes from the same device step.
-  TopKRows top;
-  const std::vector<float> out =
-      draft_.append(s.seq, tokens, features, first_row_position, top_k(), &top);
+  ARBOR_CHECK(out->position == expected, "draft row position " + std::to_string(out->position) +
+                                             ", expected " + std::to_string(expected));
+  return true;
+}
+
+void EagleProposer::observe(const TargetFeedback& f) {
+  observe_batch(std::span<const TargetFeedback>(&f, 1));
+}
+
+void EagleProposer::observe_batch(std::span<const TargetFeedback> feedbacks) {
+  std::vector<Staged> staged(feedbacks.size());
+  std::vector<EagleDraftModel::AppendItem> items;
+  std::vector<RequestState*> states;
+  for (size_t i = 0; i < feedbacks.size(); ++i) {
+    if (!stage(feedbacks[i], &staged[i])) continue;
+    const Staged& st = staged[i];
+    items.push_back({st.state->seq, st.tokens, st.features, st.position});
+    states.push_back(st.state);
+  }
+  if (items.empty()) return;
+  // Every request's rows in one draft forward; each one's last row's top-k (the next tree's
+  // root children) comes from the same device step.
+  std::vector<TopKRows> tops;
+  const std::vector<float> out = draft_.append_batch(items, top_k(), &tops);
   const int64_t h = draft_.hidden_size();
-  s.last_output.assign(out.end() - h, out.end());
-  s.last_top = std::move(top);
+  int64_t row = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    row += static_cast<int64_t>(items[i].tokens.size());
+    states[i]->last_output.assign(out.begin() + (row - 1) * h, out.begin() + row * h);
+    states[i]->last_top = std::move(tops[i]);
+  }
 }
 
 int32_t EagleProposer::top_k() const {

@@ -36,6 +36,8 @@ class EagleProposer final : public Proposer {
   std::vector<int32_t> capture_layers() const override { return capture_layers_; }
   void begin(RequestId request, std::span<const int32_t> prompt) override;
   void observe(const TargetFeedback& feedback) override;
+  // Every request's committed rows in one draft forward.
+  void observe_batch(std::span<const TargetFeedback> feedbacks) override;
   // At most min(total_tokens, budget.max_nodes) nodes and min(depth, budget.max_depth - 1) draft
   // steps after the first (so depth <= budget.max_depth).
   DraftTree propose(RequestId request, const TreeBudget& budget) override;
@@ -60,6 +62,15 @@ class EagleProposer final : public Proposer {
   };
   // Children per node read from the draft (the tree's top_k, at most the draft vocabulary).
   int32_t top_k() const;
+  // One feedback's new draft rows, before they run.
+  struct Staged {
+    RequestState* state = nullptr;
+    std::vector<int32_t> tokens;  // token_{t+1} per row
+    std::vector<float> features;  // [rows, feature_width()]
+    int32_t position = 0;         // position of the first row
+  };
+  // Folds f into the tracker and the request's pending feature; false when no row is ready.
+  bool stage(const TargetFeedback& f, Staged* out);
 
   EagleOptions options_;
   EagleDraftModel draft_;

@@ -54,6 +54,11 @@ class Proposer {
   // request are contiguous: start == previous start + previous n. On preemption the runner
   // calls end() and begin() again and replays.
   virtual void observe(const TargetFeedback& feedback) = 0;
+  // observe() for several requests' feedback of one step, in order (one per request). Proposers
+  // with a draft model override it to run one draft forward for all of them.
+  virtual void observe_batch(std::span<const TargetFeedback> feedbacks) {
+    for (const TargetFeedback& f : feedbacks) observe(f);
+  }
   // Draft tree rooted at the last feedback's next_token (tree.token[0] == that token).
   virtual DraftTree propose(RequestId request, const TreeBudget& budget) = 0;
   // Trees for several requests of one step, in order (each as propose() would return it).
