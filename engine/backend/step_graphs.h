@@ -43,9 +43,12 @@ StepInputs with_block_table_width(const StepInputs& step, int32_t width);
 class StepGraphCache {
  public:
   struct Options {
-    int32_t max_graphs = 64;                // live recordings (LRU beyond)
-    int32_t eager_runs_before_capture = 2;  // eager runs of a key before it is recorded
-    size_t max_tracked_keys = 4096;         // sighting counts kept (all forgotten beyond)
+    int32_t max_graphs = 64;  // live recordings (LRU beyond)
+    // Eager runs of a key before it is recorded: the first builds what ops make lazily and
+    // grows the scratch arena, which the next step's reset merges, so the second sighting
+    // records in an arena that does not move.
+    int32_t eager_runs_before_capture = 1;
+    size_t max_tracked_keys = 4096;  // sighting counts kept (all forgotten beyond)
   };
   enum class Action { kEager, kCapture, kReplay };
   struct Decision {

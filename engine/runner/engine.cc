@@ -315,7 +315,7 @@ std::vector<EngineEvent> Engine::step() {
     if (proposer_->varying_tree_sizes() &&
         (config_.pad_trees == 1 || (config_.pad_trees == -1 && model_.step_graphs()))) {
       // A step graph's key holds the step's token count, not each request's tree size: the
-      // trees' total is padded up to a bucket (the next power of two for one tree, 4 buckets
+      // trees' total is padded up to a bucket (the next power of two for one tree, 2 buckets
       // per power of two for several), the extra nodes dealt out one at a time to the smallest
       // trees that may still grow.
       std::vector<size_t> open;  // trees that may grow (no tree, or cut to its budget later: no)
@@ -325,7 +325,7 @@ std::vector<EngineEvent> Engine::step() {
         if (n[i] >= 2 && choices_.at(wanted[i].first)->draft.size() <= n[i]) open.push_back(i);
       }
       std::vector<int32_t> size = n;
-      int64_t extra = graph_bucket(total, wanted.size() > 1 ? 4 : 1) - total;
+      int64_t extra = graph_bucket(total, wanted.size() > 1 ? 2 : 1) - total;
       while (extra > 0) {
         size_t pick = wanted.size();
         for (size_t i : open)

@@ -1446,9 +1446,11 @@ void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int
   std::vector<kernels::AttentionWorkItem> padded;
   const std::vector<kernels::AttentionWorkItem>* work = &plan.work;
   if (for_graph && plan.tensor_core) {
-    // Empty items (request -1) make the grid a bucket (at least 16 CTAs apart at small grids,
-    // where empty CTAs cost nothing); the merge skips unsplit requests.
-    plan_num_work = static_cast<int32_t>(graph_bucket((plan_num_work + 15) / 16 * 16));
+    // Empty items (request -1: the CTA exits at once) make the grid a bucket: a multiple of 16
+    // CTAs, then 2 buckets per power of two, since the item count follows how the planner
+    // groups each tree's nodes and splits each context, which changes from step to step; the
+    // merge skips unsplit requests.
+    plan_num_work = static_cast<int32_t>(graph_bucket((plan_num_work + 15) / 16 * 16, 2));
     padded = plan.work;
     padded.resize(static_cast<size_t>(plan_num_work),
                   kernels::AttentionWorkItem{-1, 0, 0, 0, 1, 0, 0});
