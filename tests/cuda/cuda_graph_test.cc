@@ -216,21 +216,35 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaGraphs,
 // Op-level: one decode step recorded, then replayed with new metadata (next tokens, one more
 // committed key, a request crossing a split boundary) gives the logits of the same steps run
 // op by op, bit for bit (same kernels, same launch values read from device memory).
+// The op-level tests' pair: random_d128 without and with step graphs, each with a KV cache of
+// 256 blocks of 16.
+struct ModelPair {
+  GpuModel off, on;
+};
+ModelPair op_level_pair(const ModelWeights& w) {
+  ModelPair p{make_model(w, false), make_model(w, true)};
+  for (GpuModel* m : {&p.off, &p.on}) m->backend->allocate_kv(m->model->kv_shape(256, 16));
+  return p;
+}
+
+// Request r's block table: blocks [r * width, (r + 1) * width) in a scrambled order (stride
+// coprime to width).
+std::vector<int32_t> scrambled_table(int r, int width, int stride) {
+  std::vector<int32_t> t;
+  for (int b = 0; b < width; ++b) t.push_back(r * width + (b * stride) % width);
+  return t;
+}
+
 TEST(CudaGraphsModel, ReplayWithChangingMetadataIsBitwiseEager) {
   ARBOR_REQUIRE_GPU();
   const ModelWeights& w = weights_of("random_d128");
-  GpuModel off = make_model(w, false), on = make_model(w, true);
-  const int64_t block = 16, blocks = 256;
-  for (GpuModel* m : {&off, &on}) m->backend->allocate_kv(m->model->kv_shape(blocks, block));
+  auto [off, on] = op_level_pair(w);
+  const int64_t block = 16;
   // Two requests: contexts 500 and 40, prefilled identically on both.
   std::mt19937 rng(5);
   std::uniform_int_distribution<int32_t> tok(3, 511);
   const std::vector<int32_t> lens = {500, 40};
-  auto table_of = [&](int r) {
-    std::vector<int32_t> t;
-    for (int b = 0; b < 48; ++b) t.push_back(r * 48 + (b * 7) % 48);  // scrambled, in range
-    return t;
-  };
+  auto table_of = [](int r) { return scrambled_table(r, 48, 7); };
   auto make_step = [&](const std::vector<int32_t>& committed, const std::vector<int32_t>& t_new,
                        bool prefill) {
     StepInputs s;
@@ -286,17 +300,12 @@ TEST(CudaGraphsModel, ReplayWithChangingMetadataIsBitwiseEager) {
 TEST(CudaGraphsModel, TreesSplittingOneTotalDifferentlyReplayOneGraph) {
   ARBOR_REQUIRE_GPU();
   const ModelWeights& w = weights_of("random_d128");
-  GpuModel off = make_model(w, false), on = make_model(w, true);
-  const int64_t block = 16, blocks = 256;
-  for (GpuModel* m : {&off, &on}) m->backend->allocate_kv(m->model->kv_shape(blocks, block));
+  auto [off, on] = op_level_pair(w);
+  const int64_t block = 16;
   std::mt19937 rng(9);
   std::uniform_int_distribution<int32_t> tok(3, 511);
   const int32_t width = 48;
-  auto table_of = [&](int r) {
-    std::vector<int32_t> t;
-    for (int b = 0; b < width; ++b) t.push_back(r * width + (b * 5) % width);
-    return t;
-  };
+  auto table_of = [&](int r) { return scrambled_table(r, width, 5); };
   // Prefill 300 and 90 committed keys, identically on both models.
   const std::vector<int32_t> committed = {300, 90};
   {
