@@ -26,6 +26,13 @@ int64_t graph_bucket(int64_t n, int64_t steps) {
   return (n + unit - 1) / unit * unit;
 }
 
+const StepInputs& with_graph_table_width(const StepInputs& step, StepInputs* storage) {
+  const auto width = static_cast<int32_t>(graph_bucket(step.max_blocks_per_request, 1));
+  if (width == step.max_blocks_per_request) return step;
+  *storage = with_block_table_width(step, width);
+  return *storage;
+}
+
 StepInputs with_block_table_width(const StepInputs& step, int32_t width) {
   ARBOR_CHECK(width >= step.max_blocks_per_request,
               "block table width " + std::to_string(width) + " < " +

@@ -40,6 +40,12 @@ int64_t graph_bucket(int64_t n, int64_t steps = 8);
 // step.max_blocks_per_request.
 StepInputs with_block_table_width(const StepInputs& step, int32_t width);
 
+// The step a recordable step runs as: `step` itself when its block-table width is a power of
+// two, else its copy in *storage with the width rounded up to one (so the graph key, which
+// holds the width, changes only when the longest request's blocks double). The padding is -1
+// entries that no kernel reads.
+const StepInputs& with_graph_table_width(const StepInputs& step, StepInputs* storage);
+
 class StepGraphCache {
  public:
   struct Options {

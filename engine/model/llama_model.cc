@@ -272,21 +272,12 @@ void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
                                                    " outside [0, " +
                                                    std::to_string(config_.num_layers) + "]");
   out->captured.assign(want.capture_layers.size(), {});
-  // Decode / verify steps get a block table width rounded up to a power of two, so that the
-  // graph key (which holds it) changes only when the longest request's blocks double, not
-  // every block. (Four buckets per power of two, as before, made SmolLM2's n-gram verify steps
-  // at batch 1 see ~100 keys over 16 prompts: a fifth of the steps ran eagerly.) The padding
-  // is -1 entries that no kernel reads; it only lengthens the metadata upload.
+  // Decode / verify steps get a power-of-two block-table width (with_graph_table_width). (Four
+  // buckets per power of two, as before, made SmolLM2's n-gram verify steps at batch 1 see ~100
+  // keys over 16 prompts: a fifth of the steps ran eagerly.)
   StepInputs padded;
-  const StepInputs* chosen = &step_in;
-  if (graphs_ && graph_eligible(step_in, want)) {
-    const auto width = static_cast<int32_t>(graph_bucket(step_in.max_blocks_per_request, 1));
-    if (width != step_in.max_blocks_per_request) {
-      padded = with_block_table_width(step_in, width);
-      chosen = &padded;
-    }
-  }
-  const StepInputs& step = *chosen;
+  const StepInputs& step =
+      graphs_ && graph_eligible(step_in, want) ? with_graph_table_width(step_in, &padded) : step_in;
   b.set_step(step);
   b.reset_scratch();  // before the key: a scratch arena merged here moves the memory epoch
 

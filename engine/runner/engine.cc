@@ -221,42 +221,43 @@ bool Engine::cancel_choice(ReqId id, int32_t choice) {
   return true;
 }
 
+TargetFeedback Engine::PendingFeedback::view() const {
+  TargetFeedback fb;
+  fb.request = static_cast<RequestId>(sid);
+  fb.start = start;
+  fb.tokens = tokens;
+  fb.hidden = hidden;
+  for (const auto& x : captured) fb.captured.emplace_back(x);
+  fb.next_token = next;
+  return fb;
+}
+
 void Engine::feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
                   const std::vector<int32_t>& rows, int32_t first_row, int32_t next,
                   PendingFeedback* defer) {
   if (!c.speculate) return;
+  PendingFeedback now;
+  PendingFeedback& p = defer != nullptr ? *defer : now;
+  p.sid = c.sid;
+  p.start = start;
+  p.tokens = tokens;
+  p.next = next;
   const int64_t hs = model_.config().hidden_size;
-  std::vector<float> h;
+  p.hidden.clear();
   if (want_.final_hidden) {
-    h.reserve(rows.size() * hs);
+    p.hidden.reserve(rows.size() * hs);
     for (int32_t r : rows) {
       const float* src = out_.hidden.data() + (first_row + r) * hs;
-      h.insert(h.end(), src, src + hs);
+      p.hidden.insert(p.hidden.end(), src, src + hs);
     }
   }
-  std::vector<std::vector<float>> cap(out_.captured.size());
+  p.captured.assign(out_.captured.size(), {});
   for (size_t l = 0; l < out_.captured.size(); ++l)
     for (int32_t r : rows) {
       const float* src = out_.captured[l].data() + (first_row + r) * hs;
-      cap[l].insert(cap[l].end(), src, src + hs);
+      p.captured[l].insert(p.captured[l].end(), src, src + hs);
     }
-  if (defer != nullptr) {
-    defer->sid = c.sid;
-    defer->start = start;
-    defer->tokens = tokens;
-    defer->hidden = std::move(h);
-    defer->captured = std::move(cap);
-    defer->next = next;
-    return;
-  }
-  TargetFeedback fb;
-  fb.request = static_cast<RequestId>(c.sid);
-  fb.start = start;
-  fb.tokens = tokens;
-  fb.hidden = h;
-  for (const auto& x : cap) fb.captured.emplace_back(x);
-  fb.next_token = next;
-  proposer_->observe(fb);
+  if (defer == nullptr) proposer_->observe(now.view());
 }
 
 namespace {
@@ -604,17 +605,8 @@ std::vector<EngineEvent> Engine::step() {
     emit(c, emitted, rows, v.num_accepted(), sample_item[k]);
   }
   if (!pending.empty()) {
-    std::vector<TargetFeedback> fbs(pending.size());
-    for (size_t i = 0; i < pending.size(); ++i) {
-      const PendingFeedback& p = pending[i];
-      TargetFeedback& fb = fbs[i];
-      fb.request = static_cast<RequestId>(p.sid);
-      fb.start = p.start;
-      fb.tokens = p.tokens;
-      fb.hidden = p.hidden;
-      for (const auto& x : p.captured) fb.captured.emplace_back(x);
-      fb.next_token = p.next;
-    }
+    std::vector<TargetFeedback> fbs;
+    for (const PendingFeedback& p : pending) fbs.push_back(p.view());
     const auto f0 = std::chrono::steady_clock::now();
     proposer_->observe_batch(fbs);
     const double observe_ms =

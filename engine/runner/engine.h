@@ -71,12 +71,13 @@ struct EngineConfig {
   // (no logprobs; rejection mode or greedy): only ids cross to the host, never [M, vocab]
   // logits. Off: logits are downloaded and verified on the host (same tokens for a seed).
   bool backend_sampling = true;
-  // Pad each drafted tree to its size rounded up to a power of two (within its budget) with
-  // extra candidate children of the root, so that verify steps repeat the few shapes that
-  // recorded step graphs replay (a graph key holds every
-  // request's tree size; n-gram trees vary from step to step: Proposer::varying_tree_sizes).
-  // Lossless: the extra children are deterministic candidates like any other. -1: when the
-  // model records step graphs (CUDA); 0: never; 1: always (for such proposers).
+  // Pad drafted trees (within their budgets) with extra candidate children of the root, so
+  // that verify steps repeat the few token counts that recorded step graphs replay (a graph key
+  // holds the step's token count; n-gram trees vary from step to step:
+  // Proposer::varying_tree_sizes): one tree to its size rounded up to a power of two, several
+  // to a total in 2 buckets per power of two. Lossless: the extra children are deterministic
+  // candidates like any other. -1: when the model records step graphs (CUDA); 0: never; 1:
+  // always (for such proposers).
   int32_t pad_trees = -1;
   void validate() const;
 };
@@ -130,9 +131,11 @@ class Engine {
   struct Choice;
   struct Request;
   void drop(uint64_t sid);  // removes a choice from the scheduler and proposer
-  // A verify step's feedback for one request, kept until the step's loop has verified every
-  // request, so that all of them reach the proposer in one Proposer::observe_batch call.
+  // One request's feedback with its own storage: a verify step's is kept until the step's loop
+  // has verified every request, so that all of them reach the proposer in one
+  // Proposer::observe_batch call.
   struct PendingFeedback {
+    TargetFeedback view() const;  // spans into this object
     uint64_t sid = 0;
     int32_t start = 0;
     std::vector<int32_t> tokens;

@@ -154,16 +154,8 @@ std::vector<float> EagleDraftModel::append_batch(std::span<const AppendItem> ite
     TopKRows top;
     out = forward(rows, features, /*input_is_feature=*/true, top_k > 0 ? Head::kLast : Head::kNone,
                   top_k, &top);
-    if (top_k > 0) {
-      const auto k = static_cast<size_t>(top_k);
-      for (size_t i = 0; i < items.size(); ++i) {
-        TopKRows row;
-        row.k = top_k;
-        row.ids.assign(top.ids.begin() + i * k, top.ids.begin() + (i + 1) * k);
-        row.values.assign(top.values.begin() + i * k, top.values.begin() + (i + 1) * k);
-        last_tops->push_back(std::move(row));
-      }
-    }
+    if (top_k > 0)
+      for (size_t i = 0; i < items.size(); ++i) last_tops->push_back(top.slice(i, i + 1));
   } catch (...) {
     for (size_t i = 0; i < reserved; ++i)  // cancel the reservations
       kv_.apply(kv_.plan_commit(items[i].seq, {}, {}));
@@ -247,15 +239,8 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   // positions, slots and context lengths are read from device memory.
   const bool graph_ok = graphs_ != nullptr && !input_is_feature;
   StepInputs padded;
-  const StepInputs* chosen = &step;
-  if (graph_ok) {
-    const auto width = static_cast<int32_t>(graph_bucket(step.max_blocks_per_request, 1));
-    if (width != step.max_blocks_per_request) {
-      padded = with_block_table_width(step, width);
-      chosen = &padded;
-    }
-  }
-  b.set_step(*chosen);
+  const StepInputs& chosen = graph_ok ? with_graph_table_width(step, &padded) : step;
+  b.set_step(chosen);
   b.reset_scratch();
   // The input is uploaded before the recorded ops, into the step's first scratch tensor.
   Tensor in = b.scratch(n, in_width);
@@ -280,7 +265,7 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   std::vector<Tensor> outs;
   bool done = false;
   if (graph_ok) {
-    StepGraphKey key = {2, n, in_width, chosen->max_blocks_per_request, head_rows};
+    StepGraphKey key = {2, n, in_width, chosen.max_blocks_per_request, head_rows};
     if (b.prepare_step_graph(c.num_heads, &key)) {
       const auto check_ids = [&] {  // the recorded embedding does not check them
         for (int32_t id : step.token_ids)
@@ -402,14 +387,6 @@ std::vector<float> EagleDraftModel::logits(std::span<const float> hidden, int64_
   std::vector<float> out(static_cast<size_t>(rows * draft_vocab()));
   if (rows == 0) return out;
   backend_->download(device_logits(hidden, rows), out.data());
-  return out;
-}
-
-TopKRows EagleDraftModel::top_log_probs(std::span<const float> hidden, int64_t rows, int32_t k) {
-  TopKRows out;
-  out.k = k;
-  if (rows == 0) return out;
-  backend_->top_k_log_softmax(device_logits(hidden, rows), k, &out.ids, &out.values);
   return out;
 }
 

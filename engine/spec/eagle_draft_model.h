@@ -47,8 +47,9 @@ class EagleDraftModel {
   // Appends n committed rows to `seq` at RoPE positions position0 + i: row i reads tokens[i]
   // (token_{t+1}) and features [n, feature_width()] row i (feature_t). Returns the layer outputs
   // [n, hidden] host fp32 (the next features). kResourceExhausted when the KV pool is full.
-  // With last_top, also the top_k best draft entries of the last row (top_log_probs of it),
-  // computed in the same device step (no second round trip).
+  // With last_top, also the top_k best draft entries of the last row (the k best entries of its
+  // log_probs(), computed where the logits are: Backend::top_k_log_softmax), in the same device
+  // step.
   std::vector<float> append(SeqId seq, std::span<const int32_t> tokens,
                             std::span<const float> features, int32_t position0, int32_t top_k = 0,
                             TopKRows* last_top = nullptr);
@@ -68,7 +69,7 @@ class EagleDraftModel {
   // RoPE position `position`, where hidden [B, hidden] are earlier layer outputs (EAGLE-3 skips
   // fc for them, as the official code does). children receives the B new sequences (the caller
   // frees them). Returns the outputs [B, hidden]; with top, also every row's top_k best draft
-  // entries (top_log_probs of the outputs), computed in the same device step (the LM head is
+  // entries (as for append()'s last_top), computed in the same device step (the LM head is
   // part of the step's recording, and only one wait for the device per step).
   std::vector<float> expand(std::span<const SeqId> parents, std::span<const int32_t> tokens,
                             std::span<const float> hidden, int32_t position,
@@ -85,9 +86,6 @@ class EagleDraftModel {
   std::vector<float> logits(std::span<const float> hidden, int64_t rows);
   // log_softmax of logits(), per row.
   std::vector<float> log_probs(std::span<const float> hidden, int64_t rows);
-  // The k best entries of each row of log_probs(), computed where the logits are
-  // (Backend::top_k_log_softmax): only [rows, k] ids and values reach the host.
-  TopKRows top_log_probs(std::span<const float> hidden, int64_t rows, int32_t k);
 
  private:
   struct Row {

@@ -221,10 +221,9 @@ DraftTree EagleProposer::propose(RequestId request, const TreeBudget& budget) {
     prev_out = std::move(out);
     return top;
   };
-  const TopKRows root_top =
-      s.last_top.k == top_k ? s.last_top : draft_.top_log_probs(s.last_output, 1, top_k);
+  ARBOR_CHECK(s.last_top.k == top_k);  // observe() leaves it with last_output
   return grow_dynamic_tree_top_k(
-      root, root_top, params, [this](int32_t id) { return draft_.to_target(id); }, expand);
+      root, s.last_top, params, [this](int32_t id) { return draft_.to_target(id); }, expand);
 }
 
 std::vector<DraftTree> EagleProposer::propose_batch(
@@ -253,10 +252,8 @@ std::vector<DraftTree> EagleProposer::propose_batch(
   const int64_t h = draft_.hidden_size();
   auto to_target = [this](int32_t id) { return draft_.to_target(id); };
 
-  std::vector<size_t> roots;  // requests whose tree grows
   std::vector<DynamicTreeParams> params(requests.size());
-  std::vector<float> root_rows;  // outputs of the roots whose top-k observe() did not leave
-  std::vector<size_t> root_row;  // per root: its row in root_rows, or -1 (observe()'s top-k)
+  growing.reserve(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& [request, budget] = requests[i];
     tracker_.check_budget(request, budget);
@@ -267,41 +264,16 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     params[i].top_k = options_.tree.top_k;
     trees[i] = DraftTree::root_only(root);
     if (s.last_output.empty() || params[i].total_tokens <= 1 || budget.max_depth < 1) continue;
-    roots.push_back(i);
-    if (s.last_top.k == top_k) {
-      root_row.push_back(static_cast<size_t>(-1));
-    } else {
-      root_row.push_back(root_rows.size() / static_cast<size_t>(h));
-      root_rows.insert(root_rows.end(), s.last_output.begin(), s.last_output.end());
-    }
+    // The root's children: the top-k of its row, from observe()'s step.
+    ARBOR_CHECK(s.last_top.k == top_k);
+    growing.push_back({i,
+                       DynamicTreeGrower(root, s.last_top, params[i], to_target),
+                       {s.seq},
+                       s.last_output,
+                       {},
+                       s.first_position + draft_.length(s.seq)});
   }
-  if (roots.empty()) return trees;
-  growing.reserve(roots.size());
-  {
-    const TopKRows top =
-        root_rows.empty()
-            ? TopKRows{}
-            : draft_.top_log_probs(root_rows, static_cast<int64_t>(root_rows.size()) / h, top_k);
-    for (size_t r = 0; r < roots.size(); ++r) {
-      const size_t i = roots[r];
-      const RequestState& s = requests_.at(requests[i].first);
-      TopKRows row;
-      if (root_row[r] == static_cast<size_t>(-1)) {
-        row = s.last_top;
-      } else {
-        const size_t k = static_cast<size_t>(top_k), at = root_row[r];
-        row.k = top_k;
-        row.ids.assign(top.ids.begin() + at * k, top.ids.begin() + (at + 1) * k);
-        row.values.assign(top.values.begin() + at * k, top.values.begin() + (at + 1) * k);
-      }
-      growing.push_back({i,
-                         DynamicTreeGrower(trees[i].token[0], row, params[i], to_target),
-                         {s.seq},
-                         s.last_output,
-                         {},
-                         s.first_position + draft_.length(s.seq)});
-    }
-  }
+  if (growing.empty()) return trees;
   while (true) {
     std::vector<SeqId> parents;
     std::vector<int32_t> tokens, positions;
@@ -336,11 +308,7 @@ std::vector<DraftTree> EagleProposer::propose_batch(
       g.prev_seqs = g.temporary;
       g.prev_out.assign(out.begin() + static_cast<int64_t>(begin) * h,
                         out.begin() + static_cast<int64_t>(end) * h);
-      TopKRows rows;
-      rows.k = top_k;
-      rows.ids.assign(top.ids.begin() + begin * top_k, top.ids.begin() + end * top_k);
-      rows.values.assign(top.values.begin() + begin * top_k, top.values.begin() + end * top_k);
-      g.grower.absorb(rows);
+      g.grower.absorb(top.slice(begin, end));
     }
   }
   for (Growing& g : growing) trees[g.index] = g.grower.tree();

@@ -51,6 +51,13 @@ struct TopKRows {
   std::vector<int32_t> ids;   // [rows, k]
   std::vector<float> values;  // [rows, k]
   int32_t rows() const { return k ? static_cast<int32_t>(ids.size()) / k : 0; }
+  // Rows [begin, end).
+  TopKRows slice(size_t begin, size_t end) const {
+    const auto kk = static_cast<size_t>(k);
+    return {k,
+            {ids.begin() + begin * kk, ids.begin() + end * kk},
+            {values.begin() + begin * kk, values.begin() + end * kk}};
+  }
 };
 using FrontierExpandTopK =
     std::function<TopKRows(int32_t step, const std::vector<FrontierNode>& frontier)>;

@@ -105,15 +105,15 @@ struct DeviceBuffer {
   }
 };
 
-// Host -> device metadata upload through pinned memory: the host side is rewritten only after
-// the previous copy from it has finished (event), the copy itself is ordered on the stream.
-struct StagedUpload {
+// Pinned host memory for host -> device copies on a stream: rewritten only after the previous
+// copy from it has finished (event), the copy itself ordered on the stream.
+struct PinnedStaging {
   void* host = nullptr;
   size_t host_bytes = 0;
-  DeviceBuffer device;
   cudaEvent_t done = nullptr;
 
-  uint8_t* begin(size_t bytes, const char* what) {
+  // Waits for the previous copy out of it; grows it to `bytes`.
+  uint8_t* acquire(size_t bytes, const char* what) {
     if (done == nullptr) cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
     cuda_check(cudaEventSynchronize(done), what);
     if (bytes > host_bytes) {
@@ -123,15 +123,14 @@ struct StagedUpload {
       cuda_check(cudaMallocHost(&host, bytes), what);
       host_bytes = bytes;
     }
-    device.ensure(bytes, what);
     return static_cast<uint8_t*>(host);
   }
-  void commit(size_t bytes, cudaStream_t stream, const char* what) {
+  void copy_to(void* dst, size_t bytes, cudaStream_t stream, const char* what) {
     if (bytes > 0)
-      cuda_check(cudaMemcpyAsync(device.ptr, host, bytes, cudaMemcpyHostToDevice, stream), what);
+      cuda_check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream), what);
     cuda_check(cudaEventRecord(done, stream), what);
   }
-  ~StagedUpload() {
+  ~PinnedStaging() {
     if (done != nullptr) {
       cudaEventSynchronize(done);
       cudaEventDestroy(done);
@@ -140,42 +139,31 @@ struct StagedUpload {
   }
 };
 
-// upload(): caller memory -> device without waiting for the device. The data is copied into one
-// of a few pinned buffers (each rewritten only after its previous copy finished, by event) and
-// from there on the stream, ordered with the kernels around it.
+// Host -> device metadata upload into a device buffer of its own, through pinned staging.
+struct StagedUpload {
+  DeviceBuffer device;
+  PinnedStaging staging;  // after device: its copies are waited for before device is freed
+
+  uint8_t* begin(size_t bytes, const char* what) {
+    uint8_t* host = staging.acquire(bytes, what);
+    device.ensure(bytes, what);
+    return host;
+  }
+  void commit(size_t bytes, cudaStream_t stream, const char* what) {
+    staging.copy_to(device.ptr, bytes, stream, what);
+  }
+};
+
+// upload(): caller memory -> device without waiting for the device: copied into one of a few
+// pinned stagings (round robin), from there on the stream, ordered with the kernels around it.
 struct PinnedRing {
-  struct Slot {
-    void* host = nullptr;
-    size_t bytes = 0;
-    cudaEvent_t done = nullptr;
-  };
-  std::array<Slot, 4> slots;
+  std::array<PinnedStaging, 4> slots;
   size_t next = 0;
   void copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, const char* what) {
-    Slot& sl = slots[next];
+    PinnedStaging& sl = slots[next];
     next = (next + 1) % slots.size();
-    if (sl.done == nullptr)
-      cuda_check(cudaEventCreateWithFlags(&sl.done, cudaEventDisableTiming), what);
-    cuda_check(cudaEventSynchronize(sl.done), what);
-    if (bytes > sl.bytes) {
-      if (sl.host != nullptr) cuda_check(cudaFreeHost(sl.host), what);
-      sl.host = nullptr;
-      sl.bytes = 0;
-      cuda_check(cudaMallocHost(&sl.host, bytes), what);
-      sl.bytes = bytes;
-    }
-    std::memcpy(sl.host, src, bytes);
-    cuda_check(cudaMemcpyAsync(dst, sl.host, bytes, cudaMemcpyHostToDevice, stream), what);
-    cuda_check(cudaEventRecord(sl.done, stream), what);
-  }
-  ~PinnedRing() {
-    for (Slot& sl : slots) {
-      if (sl.done != nullptr) {
-        cudaEventSynchronize(sl.done);
-        cudaEventDestroy(sl.done);
-      }
-      if (sl.host != nullptr) cudaFreeHost(sl.host);
-    }
+    std::memcpy(sl.acquire(bytes, what), src, bytes);
+    sl.copy_to(dst, bytes, stream, what);
   }
 };
 
