@@ -374,6 +374,12 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   const char* k_thread = reinterpret_cast<const char*>(k_cache + head_off);
   const char* v_thread = reinterpret_cast<const char*>(v_cache + head_off);
   const int slot_bytes = p.num_kv_heads * D * static_cast<int>(sizeof(KvT));
+  // wgmma loads (load_tile): thread tid copies chunk tid % 8 of both 64-element halves of key
+  // rows tid / 8 + 16 i, i < 4; their swizzle term is the same (16 i is a multiple of 8).
+  const int wg_row0 = tid / 8;
+  const int wg_dst0 = wg_row0 * 64 + (((tid % 8) ^ (wg_row0 & 7)) << 3);
+  const char* wg_k = reinterpret_cast<const char*>(k_cache + kvh * D + (tid % 8) * 8);
+  const char* wg_v = reinterpret_cast<const char*>(v_cache + kvh * D + (tid % 8) * 8);
 
   // Page-table lookups, off the critical path: lane l of every warp resolves logical keys
   // n0 + l and n0 + 32 + l of a tile (path remap, then the block-table entry) one tile before
@@ -407,6 +413,25 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       lane_slot[h] = ts.entry[h] < 0 ? -1 : ts.entry[h] * bs + ts.in_page[h];
+    if constexpr (kWgmma) {
+      // Eight threads per key row, each the same 16-byte chunk of both 128-byte halves: 4 rows
+      // per thread (half the slot shuffles and addresses of one column of 8 rows), each warp
+      // instruction still 4 rows x 128 contiguous bytes (4 cache lines).
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int slot = __shfl_sync(0xffffffffu, lane_slot[i / 2], wg_row0 + 16 * (i % 2));
+        const bool valid = slot >= 0;
+        const int64_t off = static_cast<int64_t>(valid ? slot : 0) * slot_bytes;
+        const int bytes = valid ? 16 : 0;
+#pragma unroll
+        for (int blk = 0; blk < D / 64; ++blk) {
+          const int dst = wg_dst0 + i * 16 * 64 + blk * 64 * 64;
+          cp_async_16(smem_addr(ks + dst), wg_k + off + blk * 128, bytes);
+          cp_async_16(smem_addr(vs + dst), wg_v + off + blk * 128, bytes);
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       // Key load_row0 + i * kRowStep of the tile; kRowStep divides 32, so which half it is in
