@@ -59,6 +59,7 @@ struct SpecBenchOptions {
   int32_t threads = 0;
   bool no_bos = false;
   bool skip_plain = false;      // acceptance only: no plain-decoding baseline run
+  int32_t warmup_tokens = 16;   // untimed runs of both modes first (GEMM tuning, step graphs)
   bool host_sampling = false;   // download logits and verify on the host (EngineConfig)
   int32_t pad_trees = -1;       // EngineConfig::pad_trees
   bool adaptive_trees = false;  // EngineConfig::adaptive_trees
