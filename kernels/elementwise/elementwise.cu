@@ -25,8 +25,12 @@ __global__ void silu_mul_kernel(const SiluMulParams p) {
   pdl_wait_then_trigger();  // programmatic dependent launch (pdl_launch.cuh)
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = load_elem(p.gate, p.gate_type, i);
-    const float v = (g / (1.0f + expf(-g))) * load_elem(p.up, p.up_type, i);
+    const int64_t src = p.in_stride != 0 ? (i / p.cols) * p.in_stride + i % p.cols : i;
+    const float g = load_elem(p.gate, p.gate_type, src);
+    const float u = load_elem(p.up, p.up_type, src);
+    if (p.gate_copy != nullptr) p.gate_copy[i] = g;
+    if (p.up_copy != nullptr) p.up_copy[i] = u;
+    const float v = (g / (1.0f + expf(-g))) * u;
     store_elem(p.out, p.out_type, i, v);
     if (p.out_bf16 != nullptr) store_elem(p.out_bf16, ElemType::kBF16, i, v);
   }

@@ -29,6 +29,13 @@ struct SiluMulParams {
   ElemType gate_type = ElemType::kF32, up_type = ElemType::kF32, out_type = ElemType::kF32;
   int64_t n = 0;
   void* out_bf16 = nullptr;  // optional bf16 copy of out (the next linear's GEMM input)
+  // Optional strided inputs (a fused gate | up projection's output not split first): element i
+  // of gate / up is at (i / cols) * in_stride + i % cols; in_stride 0: contiguous. gate_copy /
+  // up_copy (fp32, contiguous, optional) receive the inputs unchanged, as a split would.
+  int64_t in_stride = 0;
+  int64_t cols = 0;
+  float* gate_copy = nullptr;
+  float* up_copy = nullptr;
 };
 cudaError_t launch_silu_mul(const SiluMulParams& p, cudaStream_t stream);
 

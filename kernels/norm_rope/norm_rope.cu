@@ -224,18 +224,29 @@ __global__ void rope_kernel(const RopeParams p) {
   const float angle = static_cast<float>(p.positions[n]) * p.inv_freq[i];
   float s, c;
   sincosf(angle, &s, &c);
-  float* x = h < p.num_q_heads ? p.q + (n * p.num_q_heads + h) * p.head_dim
-                               : p.k + (n * p.num_k_heads + (h - p.num_q_heads)) * p.head_dim;
-  const float x0 = x[i];
-  const float x1 = x[i + half];
+  const bool is_q = h < p.num_q_heads;
+  float* x = is_q ? p.q + (n * p.num_q_heads + h) * p.head_dim
+                  : p.k + (n * p.num_k_heads + (h - p.num_q_heads)) * p.head_dim;
+  const float* xin = x;
+  if (p.q_in != nullptr)  // strided input: the fused projection's row n
+    xin = is_q ? p.q_in + n * p.in_stride + static_cast<int64_t>(h) * p.head_dim
+               : p.k_in + n * p.in_stride + static_cast<int64_t>(h - p.num_q_heads) * p.head_dim;
+  const float x0 = xin[i];
+  const float x1 = xin[i + half];
   const float r0 = x0 * c - x1 * s;
   const float r1 = x1 * c + x0 * s;
   x[i] = r0;
   x[i + half] = r1;
-  if (p.k_plane != nullptr && h >= p.num_q_heads) {  // fused write_kv of this K / V pair
-    const int64_t width = static_cast<int64_t>(p.num_k_heads) * p.head_dim;
-    const int64_t col = static_cast<int64_t>(h - p.num_q_heads) * p.head_dim + i;
-    const int64_t dst = p.slots[n] * width + col, src = n * width + col;
+  if (is_q) return;
+  const int64_t width = static_cast<int64_t>(p.num_k_heads) * p.head_dim;
+  const int64_t col = static_cast<int64_t>(h - p.num_q_heads) * p.head_dim + i;
+  if (p.v_out != nullptr) {  // the V columns of the unsplit projection, as a split would
+    p.v_out[n * width + col] = p.v_in[n * p.in_stride + col];
+    p.v_out[n * width + col + half] = p.v_in[n * p.in_stride + col + half];
+  }
+  if (p.k_plane != nullptr) {  // fused write_kv of this K / V pair
+    const int64_t dst = p.slots[n] * width + col;
+    const int64_t src = n * (p.v_stride != 0 ? p.v_stride : width) + col;
     store_elem(p.k_plane, p.cache_type, dst, r0);
     store_elem(p.k_plane, p.cache_type, dst + half, r1);
     store_elem(p.v_plane, p.cache_type, dst, load_elem(p.v, p.v_type, src));

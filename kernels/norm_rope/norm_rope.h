@@ -45,8 +45,16 @@ cudaError_t launch_add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream);
 // angle = float(positions[n]) * inv_freq[i] (fp32, as transformers computes it) and
 // (x[i], x[i + half]) <- (x[i] cos - x[i + half] sin, x[i + half] cos + x[i] sin).
 struct RopeParams {
-  float* q = nullptr;                  // [num_tokens, num_q_heads * head_dim] fp32
-  float* k = nullptr;                  // [num_tokens, num_k_heads * head_dim] fp32
+  float* q = nullptr;  // [num_tokens, num_q_heads * head_dim] fp32
+  float* k = nullptr;  // [num_tokens, num_k_heads * head_dim] fp32
+  // Optional strided inputs (a fused q | k | v projection's output not split first): q and k
+  // are read from q_in / k_in (rows in_stride floats apart) and the rotated values written to
+  // q / k; v_in is copied to v_out unchanged. nullptr: q and k rotate in place.
+  const float* q_in = nullptr;
+  const float* k_in = nullptr;
+  const float* v_in = nullptr;
+  float* v_out = nullptr;
+  int64_t in_stride = 0;
   const int32_t* positions = nullptr;  // [num_tokens]
   const float* inv_freq = nullptr;     // [head_dim / 2] (llama3 / linear scaling applied)
   int32_t num_tokens = 0;
@@ -56,6 +64,7 @@ struct RopeParams {
   // Optional, fused KV write (launch_write_kv's semantics, one launch instead of two): the
   // rotated K and V go to their cache slots in the same pass. k_plane == nullptr: no write.
   const void* v = nullptr;         // [num_tokens, num_k_heads * head_dim] v_type
+  int64_t v_stride = 0;            // floats between v's rows (0: num_k_heads * head_dim)
   void* k_plane = nullptr;         // [num_slots, num_k_heads * head_dim] cache_type
   void* v_plane = nullptr;         // [num_slots, num_k_heads * head_dim] cache_type
   const int64_t* slots = nullptr;  // [num_tokens] device, validated by the caller

@@ -493,6 +493,68 @@ TEST(CudaOps, SplitColsMatchesCpu) {
   }
 }
 
+// A split whose next op is RoPE (+ KV write) of its q | k | v outputs, or SiLU * up of its
+// gate | up outputs, is not launched: that op reads the fused projection in place and writes the
+// split's outputs itself. Every output (q, k, v, gate, up, the cache slots) must still hold
+// what the split and the op would have written, as on the CPU.
+TEST(CudaOps, SplitColsConsumedInPlaceByRopeAndSiluMul) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  for (int64_t d : {16, 64}) {
+    const int n = 37, hq = 4, hk = 2;
+    const KvCacheShape kv = small_kv(hk, d, 2, 64);
+    CpuGpu b(kv);
+    b.gpu().poison_kv();
+    const StepInputs s = flat_step(rng, n, 100, 64);
+    b.set_step(s);
+    RopeParams rp;
+    rp.head_dim = d;
+    const int64_t qw = hq * d, kw = hk * d;
+    Both x = b.input(random_vector(rng, static_cast<size_t>(n * (qw + 2 * kw))), n, qw + 2 * kw);
+    Both q = b.output(n, qw), k = b.output(n, kw), v = b.output(n, kw);
+    b.cpu().split_cols(x.c, {q.c, k.c, v.c});
+    b.gpu().split_cols(x.g, {q.g, k.g, v.g});
+    b.cpu().rope(q.c, k.c, rp);
+    b.gpu().rope(q.g, k.g, rp);
+    b.cpu().write_kv(1, k.c, v.c);
+    b.gpu().write_kv(1, k.g, v.g);
+    const std::string dn = " d=" + std::to_string(d);
+    expect_close(b.get(q), 2e-5, "q (split + rope in place)" + dn);
+    expect_close(b.get(k), 2e-5, "k (split + rope in place)" + dn);
+    expect_close(b.get(v), 0, "v (split + rope in place)" + dn);
+    std::vector<float> gk, gv, ck, cv, gk_written, gv_written;  // the step's slots only
+    b.gpu().download_kv(1, &gk, &gv);
+    for (int64_t slot : s.slot_mapping)
+      for (int64_t c = 0; c < kw; ++c) {
+        const size_t i = static_cast<size_t>(slot * kw + c);
+        // The CPU cache holds fp32, the GPU's bf16 (round to nearest even).
+        ck.push_back(testing::round_bf16(b.cpu().k_cache(1)[i]));
+        cv.push_back(testing::round_bf16(b.cpu().v_cache(1)[i]));
+        gk_written.push_back(gk[i]);
+        gv_written.push_back(gv[i]);
+      }
+    // K: CPU and GPU rotations differ in the last fp32 ulps, which can flip a bf16 rounding.
+    expect_close({ck, gk_written}, 8e-3, "K cache (bf16)" + dn);
+    expect_close({cv, gv_written}, 0, "V cache (bf16)" + dn);
+
+    // gate | up, SiLU * up in place (as the model runs it) and into a third tensor.
+    const int64_t iw = 3 * d + 5;
+    for (bool in_place : {true, false}) {
+      Both gu = b.input(random_vector(rng, static_cast<size_t>(n * 2 * iw), 4.f), n, 2 * iw);
+      Both gate = b.output(n, iw), up = b.output(n, iw), out = b.output(n, iw);
+      b.cpu().split_cols(gu.c, {gate.c, up.c});
+      b.gpu().split_cols(gu.g, {gate.g, up.g});
+      const Both& o = in_place ? gate : out;
+      b.cpu().silu_mul(gate.c, up.c, o.c);
+      b.gpu().silu_mul(gate.g, up.g, o.g);
+      const std::string what = in_place ? " (in place)" : " (third tensor)";
+      expect_close(b.get(o), 1e-6, "silu_mul of split" + what + dn);
+      expect_close(b.get(up), 0, "up (split consumed)" + what + dn);
+      if (!in_place) expect_close(b.get(gate), 0, "gate (split consumed)" + what + dn);
+    }
+  }
+}
+
 TEST(CudaOps, RopeAtExplicitPositions) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(7);

@@ -286,6 +286,24 @@ struct CudaBackend::State {
   bool rope_pending = false;
   kernels::RopeParams pending_rope;
 
+  // split_cols waits for the next op: RoPE of its q | k | v outputs, or SiLU * up of its
+  // gate | up outputs, reads the fused projection in place and writes the outputs itself (no
+  // split launch); any other op launches the split first.
+  bool split_pending = false;
+  kernels::SplitColsParams pending_split;
+  // The pending split, if it has `count` outputs starting with tensors a and b (their rows and
+  // widths as split); it is then no longer pending and the caller writes its outputs.
+  bool take_split(int count, const Tensor& a, const Tensor& b) {
+    const kernels::SplitColsParams& p = pending_split;
+    const int have = p.width[2] != 0 ? 3 : p.width[1] != 0 ? 2 : 1;
+    if (!split_pending || have != count || p.out[0] != a.data || p.out[1] != b.data ||
+        a.rows != p.rows || b.rows != p.rows || a.cols != p.width[0] || b.cols != p.width[1] ||
+        a.dtype != DType::kF32 || b.dtype != DType::kF32)
+      return false;
+    split_pending = false;
+    return true;
+  }
+
   // The bf16 GEMM input written by the op before (RMSNorm, SiLU * up, attention write a bf16
   // copy of their fp32 output into gemm_input): valid for the very next op only (every op's
   // flush() ends it), which uses it when it is a linear() reading that output.
@@ -307,6 +325,10 @@ struct CudaBackend::State {
 
   void flush() {
     bf16_copy_of = nullptr;
+    if (split_pending) {
+      split_pending = false;
+      cuda_check(kernels::launch_split_cols(pending_split, stream), "split_cols");
+    }
     if (rope_pending) {
       rope_pending = false;
       cuda_check(kernels::launch_rope(pending_rope, stream), "rope");
@@ -1266,7 +1288,18 @@ void CudaBackend::split_cols(const Tensor& x, const std::vector<Tensor>& outs) {
   if (total != x.cols)
     throw_error(ErrorCode::kInvalidArgument,
                 "split_cols: output widths sum to " + std::to_string(total) + ", x " + shape(x));
-  cuda_check(kernels::launch_split_cols(p, s.stream), "split_cols");
+  // Launched by the next op unless that is RoPE / SiLU * up of the outputs (ARBOR_DEFER_SPLIT=0:
+  // at once, for A/B measurements).
+  static const bool defer = [] {
+    const char* e = std::getenv("ARBOR_DEFER_SPLIT");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  if (!defer) {
+    cuda_check(kernels::launch_split_cols(p, s.stream), "split_cols");
+    return;
+  }
+  s.pending_split = p;
+  s.split_pending = true;
 }
 
 void CudaBackend::gather_values(const Tensor& x, const std::vector<int64_t>& index,
@@ -1315,17 +1348,28 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
-  s_->flush();
+  State& s = *s_;
   check_same_shape(gate, up, "silu_mul");
   check_same_shape(gate, out, "silu_mul");
+  // gate and up just split from one gate | up projection: read them from it in place.
+  const bool from_split = s.take_split(2, gate, up);
+  const kernels::SplitColsParams split = s.pending_split;
+  s.flush();
   kernels::SiluMulParams p{gate.data,      up.data,         out.data,    elem(gate.dtype),
                            elem(up.dtype), elem(out.dtype), gate.numel()};
+  if (from_split) {
+    p.gate = split.x;
+    p.up = split.x + split.width[0];
+    p.in_stride = split.width[0] + split.width[1];
+    p.cols = split.width[0];
+    p.up_copy = split.out[1];
+    if (out.data != gate.data) p.gate_copy = split.out[0];
+  }
   if (out.dtype == DType::kF32) p.out_bf16 = s_->bf16_copy_for(out.data, out.numel());
   cuda_check(kernels::launch_silu_mul(p, s_->stream), "silu_mul");
 }
 
 void CudaBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& rp) {
-  s_->flush();
   State& s = *s_;
   require_step(s.has_step, "rope");
   const int64_t d = rp.head_dim;
@@ -1335,6 +1379,12 @@ void CudaBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& rp) {
                                                  ", head_dim " + std::to_string(d) + " for " +
                                                  std::to_string(s.step.num_tokens()) +
                                                  " tokens (f32, even head_dim expected)");
+  // q and k just split from one q | k | v projection (v as wide as k): read them, and copy v,
+  // from it in place.
+  const bool from_split =
+      s.split_pending && s.pending_split.width[2] == k.cols && s.take_split(3, q, k);
+  const kernels::SplitColsParams split = s.pending_split;
+  s.flush();
   const std::vector<double> inv_d = rope_inv_freq(rp);
   std::vector<float> inv(inv_d.begin(), inv_d.end());
   if (inv != s.inv_freq_host) {
@@ -1357,6 +1407,13 @@ void CudaBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& rp) {
   p.num_q_heads = static_cast<int32_t>(q.cols / d);
   p.num_k_heads = static_cast<int32_t>(k.cols / d);
   p.head_dim = static_cast<int32_t>(d);
+  if (from_split) {
+    p.q_in = split.x;
+    p.k_in = split.x + split.width[0];
+    p.v_in = split.x + split.width[0] + split.width[1];
+    p.v_out = split.out[2];
+    p.in_stride = split.width[0] + split.width[1] + split.width[2];
+  }
   s.pending_rope = p;  // launched by the next op, fused when that is write_kv of this K
   s.rope_pending = true;
 }
@@ -1393,6 +1450,11 @@ void CudaBackend::write_kv(int64_t layer, const Tensor& k, const Tensor& v) {
     kernels::RopeParams& r = s.pending_rope;
     r.v = v.data;
     r.v_type = elem(v.dtype);
+    if (r.v_out != nullptr && r.v_out == v.data) {  // V not split yet: read it in place
+      r.v = r.v_in;
+      r.v_type = kernels::ElemType::kF32;
+      r.v_stride = r.in_stride;
+    }
     r.k_plane = p.k_plane;
     r.v_plane = p.v_plane;
     r.slots = p.slots;
