@@ -152,7 +152,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
   if (o.warmup_tokens > 0) {
     std::vector<GenerationRequest> warm(
         reqs.begin(), reqs.begin() + std::min<size_t>(reqs.size(), static_cast<size_t>(o.batch)));
-    for (auto& r : warm) r.max_tokens = o.warmup_tokens;
+    for (auto& r : warm) r.max_tokens = std::min(o.warmup_tokens, o.max_tokens);  // fits the KV
     Generator(*model, gc, proposer.get()).run(warm);
     if (!o.skip_plain) Generator(*model, gc, nullptr).run(warm);
   }

@@ -426,8 +426,9 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
 #pragma unroll
         for (int blk = 0; blk < D / 64; ++blk) {
           const int dst = wg_dst0 + i * 16 * 64 + blk * 64 * 64;
-          cp_async_16(smem_addr(ks + dst), wg_k + off + blk * 128, bytes);
-          cp_async_16(smem_addr(vs + dst), wg_v + off + blk * 128, bytes);
+          const int64_t half = off + blk * 64 * static_cast<int64_t>(sizeof(KvT));
+          cp_async_16(smem_addr(ks + dst), wg_k + half, bytes);
+          cp_async_16(smem_addr(vs + dst), wg_v + half, bytes);
         }
       }
       return;

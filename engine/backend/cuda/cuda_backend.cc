@@ -1660,7 +1660,7 @@ int64_t CudaBackend::end_step_capture() {
   } catch (const std::exception&) {
     flushed = false;
   }
-  s.gemm_pending = s.add_pending = false;
+  s.gemm_pending = s.add_pending = s.rope_pending = s.split_pending = false;
   s.capturing = false;
   cudaGraph_t graph = nullptr;
   cudaError_t e = cudaStreamEndCapture(s.stream, &graph);
