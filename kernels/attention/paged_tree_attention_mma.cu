@@ -431,19 +431,19 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
           cp_async_16(smem_addr(vs + dst), wg_v + half, bytes);
         }
       }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      // Key load_row0 + i * kRowStep of the tile; kRowStep divides 32, so which half it is in
-      // is known at compile time.
-      const int slot =
-          __shfl_sync(0xffffffffu, lane_slot[(i * kRowStep) / 32], (load_row0 + i * kRowStep) % 32);
-      const bool valid = slot >= 0;
-      const int64_t off = static_cast<int64_t>(valid ? slot : 0) * slot_bytes;
-      const int dst = load_dst0 + i * kRowStep * (kWgmma ? 64 : D);
-      cp_async_16(smem_addr(ks + dst), k_thread + off, valid ? 16 : 0);
-      cp_async_16(smem_addr(vs + dst), v_thread + off, valid ? 16 : 0);
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        // Key load_row0 + i * kRowStep of the tile; kRowStep divides 32, so which half it is in
+        // is known at compile time.
+        const int slot = __shfl_sync(0xffffffffu, lane_slot[(i * kRowStep) / 32],
+                                     (load_row0 + i * kRowStep) % 32);
+        const bool valid = slot >= 0;
+        const int64_t off = static_cast<int64_t>(valid ? slot : 0) * slot_bytes;
+        const int dst = load_dst0 + i * kRowStep * D;
+        cp_async_16(smem_addr(ks + dst), k_thread + off, valid ? 16 : 0);
+        cp_async_16(smem_addr(vs + dst), v_thread + off, valid ? 16 : 0);
+      }
     }
   };
 
