@@ -515,7 +515,9 @@ TEST(CudaOps, SplitColsConsumedInPlaceByRopeAndSiluMul) {
     b.cpu().split_cols(x.c, {q.c, k.c, v.c});
     b.gpu().split_cols(x.g, {q.g, k.g, v.g});
     b.cpu().rope(q.c, k.c, rp);
+    const int64_t taken = b.gpu().splits_consumed_in_place();
     b.gpu().rope(q.g, k.g, rp);
+    EXPECT_EQ(b.gpu().splits_consumed_in_place(), taken + 1) << "rope did not take the split";
     b.cpu().write_kv(1, k.c, v.c);
     b.gpu().write_kv(1, k.g, v.g);
     const std::string dn = " d=" + std::to_string(d);
@@ -537,20 +539,22 @@ TEST(CudaOps, SplitColsConsumedInPlaceByRopeAndSiluMul) {
     expect_close({ck, gk_written}, 8e-3, "K cache (bf16)" + dn);
     expect_close({cv, gv_written}, 0, "V cache (bf16)" + dn);
 
-    // gate | up, SiLU * up in place (as the model runs it) and into a third tensor.
+    // gate | up, SiLU * up into gate (as the model runs it), into up, and into a third tensor.
     const int64_t iw = 3 * d + 5;
-    for (bool in_place : {true, false}) {
+    for (const std::string into : {"gate", "up", "third tensor"}) {
       Both gu = b.input(random_vector(rng, static_cast<size_t>(n * 2 * iw), 4.f), n, 2 * iw);
       Both gate = b.output(n, iw), up = b.output(n, iw), out = b.output(n, iw);
       b.cpu().split_cols(gu.c, {gate.c, up.c});
       b.gpu().split_cols(gu.g, {gate.g, up.g});
-      const Both& o = in_place ? gate : out;
+      const Both& o = into == "gate" ? gate : into == "up" ? up : out;
       b.cpu().silu_mul(gate.c, up.c, o.c);
+      const int64_t before = b.gpu().splits_consumed_in_place();
       b.gpu().silu_mul(gate.g, up.g, o.g);
-      const std::string what = in_place ? " (in place)" : " (third tensor)";
+      EXPECT_EQ(b.gpu().splits_consumed_in_place(), before + 1) << "silu_mul did not take it";
+      const std::string what = " (into " + into + ")";
       expect_close(b.get(o), 1e-6, "silu_mul of split" + what + dn);
-      expect_close(b.get(up), 0, "up (split consumed)" + what + dn);
-      if (!in_place) expect_close(b.get(gate), 0, "gate (split consumed)" + what + dn);
+      if (into != "up") expect_close(b.get(up), 0, "up (split consumed)" + what + dn);
+      if (into != "gate") expect_close(b.get(gate), 0, "gate (split consumed)" + what + dn);
     }
   }
 }

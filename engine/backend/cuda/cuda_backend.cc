@@ -301,8 +301,10 @@ struct CudaBackend::State {
         a.dtype != DType::kF32 || b.dtype != DType::kF32)
       return false;
     split_pending = false;
+    ++splits_in_place;
     return true;
   }
+  int64_t splits_in_place = 0;
 
   // The bf16 GEMM input written by the op before (RMSNorm, SiLU * up, attention write a bf16
   // copy of their fp32 output into gemm_input): valid for the very next op only (every op's
@@ -1037,6 +1039,10 @@ int32_t CudaBackend::last_attention_splits() const {
 bool CudaBackend::last_attention_tensor_core() const {
   return s_->last_tensor_core;
 }
+int64_t CudaBackend::splits_consumed_in_place() const {
+  return s_->splits_in_place;
+}
+
 bool CudaBackend::last_attention_wgmma() const {
   return s_->last_wgmma;
 }

@@ -146,6 +146,8 @@ class CudaBackend final : public Backend {
   bool last_attention_wgmma() const;
   // Work items of the last attention call that were tree groups (attention_tree_groups).
   int last_attention_tree_groups() const;
+  // split_cols calls whose outputs RoPE or SiLU * up consumed in place (no split launch).
+  int64_t splits_consumed_in_place() const;
   // The cuBLASLt algorithm batch-invariant linear() uses for an (out, in) shape, in words
   // (selected on first use; "" if none yet).
   std::string batch_invariant_gemm_algo(int64_t out_features, int64_t in_features) const;
