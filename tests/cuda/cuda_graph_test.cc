@@ -235,40 +235,42 @@ std::vector<int32_t> scrambled_table(int r, int width, int stride) {
   return t;
 }
 
+// A causal step: request r appends t_new[r] random tokens (ids 3..511) after committed[r] keys,
+// its block table scrambled_table(r, width, stride); one logits row per request (its last token).
+StepInputs causal_step(const std::vector<int32_t>& committed, const std::vector<int32_t>& t_new,
+                       int width, int stride, std::mt19937& rng) {
+  constexpr int64_t kBlock = 16;
+  std::uniform_int_distribution<int32_t> tok(3, 511);
+  StepInputs s;
+  s.qo_indptr = {0};
+  s.mask_indptr = {0};
+  s.max_blocks_per_request = width;
+  for (size_t r = 0; r < committed.size(); ++r) {
+    const auto table = scrambled_table(static_cast<int>(r), width, stride);
+    for (int32_t i = 0; i < t_new[r]; ++i) {
+      const int32_t pos = committed[r] + i;
+      s.token_ids.push_back(tok(rng));
+      s.positions.push_back(pos);
+      s.slot_mapping.push_back(int64_t{table[static_cast<size_t>(pos / kBlock)]} * kBlock +
+                               pos % kBlock);
+    }
+    s.logits_rows.push_back(static_cast<int32_t>(s.token_ids.size()) - 1);
+    s.qo_indptr.push_back(static_cast<int32_t>(s.token_ids.size()));
+    s.mask_indptr.push_back(0);
+    s.committed_len.push_back(committed[r]);
+    s.block_tables.insert(s.block_tables.end(), table.begin(), table.end());
+  }
+  return s;
+}
+
 TEST(CudaGraphsModel, ReplayWithChangingMetadataIsBitwiseEager) {
   ARBOR_REQUIRE_GPU();
   const ModelWeights& w = weights_of("random_d128");
   auto [off, on] = op_level_pair(w);
-  const int64_t block = 16;
   // Two requests: contexts 500 and 40, prefilled identically on both.
   std::mt19937 rng(5);
-  std::uniform_int_distribution<int32_t> tok(3, 511);
   const std::vector<int32_t> lens = {500, 40};
-  auto table_of = [](int r) { return scrambled_table(r, 48, 7); };
-  auto make_step = [&](const std::vector<int32_t>& committed, const std::vector<int32_t>& t_new,
-                       bool prefill) {
-    StepInputs s;
-    s.qo_indptr = {0};
-    s.mask_indptr = {0};
-    s.max_blocks_per_request = 48;
-    for (size_t r = 0; r < committed.size(); ++r) {
-      const auto table = table_of(static_cast<int>(r));
-      for (int32_t i = 0; i < t_new[r]; ++i) {
-        const int32_t pos = committed[r] + i;
-        s.token_ids.push_back(tok(rng));
-        s.positions.push_back(pos);
-        s.slot_mapping.push_back(int64_t{table[pos / block]} * block + pos % block);
-      }
-      s.logits_rows.push_back(static_cast<int32_t>(s.token_ids.size()) - 1);
-      s.qo_indptr.push_back(static_cast<int32_t>(s.token_ids.size()));
-      s.mask_indptr.push_back(0);
-      s.committed_len.push_back(committed[r]);
-      s.block_tables.insert(s.block_tables.end(), table.begin(), table.end());
-    }
-    (void)prefill;
-    return s;
-  };
-  const StepInputs prefill = make_step({0, 0}, lens, true);
+  const StepInputs prefill = causal_step({0, 0}, lens, 48, 7, rng);
   for (GpuModel* m : {&off, &on}) {
     ForwardOutput o;
     m->model->forward(prefill, &o);
@@ -276,7 +278,7 @@ TEST(CudaGraphsModel, ReplayWithChangingMetadataIsBitwiseEager) {
   std::vector<int32_t> committed = lens;
   int compared = 0;
   for (int step = 0; step < 24; ++step) {  // request 0 crosses 512 keys at step 12
-    const StepInputs s = make_step(committed, {1, 1}, false);
+    const StepInputs s = causal_step(committed, {1, 1}, 48, 7, rng);
     ForwardOutput a, b;
     off.model->forward(s, &a);
     on.model->forward(s, &b);
@@ -309,24 +311,7 @@ TEST(CudaGraphsModel, TreesSplittingOneTotalDifferentlyReplayOneGraph) {
   // Prefill 300 and 90 committed keys, identically on both models.
   const std::vector<int32_t> committed = {300, 90};
   {
-    StepInputs s;
-    s.qo_indptr = {0};
-    s.mask_indptr = {0};
-    s.max_blocks_per_request = width;
-    for (int r = 0; r < 2; ++r) {
-      const auto table = table_of(r);
-      for (int32_t pos = 0; pos < committed[static_cast<size_t>(r)]; ++pos) {
-        s.token_ids.push_back(tok(rng));
-        s.positions.push_back(pos);
-        s.slot_mapping.push_back(int64_t{table[static_cast<size_t>(pos / block)]} * block +
-                                 pos % block);
-      }
-      s.logits_rows.push_back(static_cast<int32_t>(s.token_ids.size()) - 1);
-      s.qo_indptr.push_back(static_cast<int32_t>(s.token_ids.size()));
-      s.mask_indptr.push_back(0);
-      s.committed_len.push_back(committed[static_cast<size_t>(r)]);
-      s.block_tables.insert(s.block_tables.end(), table.begin(), table.end());
-    }
+    const StepInputs s = causal_step({0, 0}, committed, width, 5, rng);
     for (GpuModel* m : {&off, &on}) {
       ForwardOutput o;
       m->model->forward(s, &o);
