@@ -10,8 +10,10 @@
 namespace arbor::kernels {
 
 namespace {
-constexpr int32_t kMinTilesPerSplit = 4;  // 256 keys: below that the merge costs more than it saves
-}
+// Shortest split (KV tiles). Short contexts at batch 1 are latency-bound: 2-tile splits beat 4
+// (docs/benchmarks.md "Thirteenth session").
+constexpr int32_t kMinTilesPerSplit = 2;
+}  // namespace
 
 std::string attention_unsupported_reason(int32_t num_q_heads, int32_t num_kv_heads,
                                          int32_t head_dim) {
@@ -103,7 +105,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
 
   // Rows per tile and tiles per (request, kv head).
   std::vector<int32_t> warps_m(r_count), row_tiles(r_count), kv_tiles(r_count);
-  int64_t units = 0, work_tiles = 0;
+  int64_t units = 0;
   for (int32_t r = 0; r < r_count; ++r) {
     const int32_t t = in.qo_indptr[r + 1] - in.qo_indptr[r];
     const int32_t rows = t * group;
@@ -116,17 +118,40 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     const int32_t kv_len = in.committed_len[r] + t;
     kv_tiles[r] = (kv_len + kAttnKvTile - 1) / kAttnKvTile;
     units += static_cast<int64_t>(in.num_kv_heads) * row_tiles[r];
-    work_tiles += static_cast<int64_t>(in.num_kv_heads) * row_tiles[r] * kv_tiles[r];
   }
 
-  // Split-KV: aim for about one full wave of resident CTAs. Each CTA should stream at least
-  // `tiles_per_cta` KV tiles; requests longer than that are cut, shorter ones are not, so a
-  // long request beside many short ones is split while the short ones are left alone.
+  // Split-KV: the shortest chunk (in KV tiles, at least kMinTilesPerSplit) whose CTAs all fit
+  // in one wave of num_sms * ctas_per_sm resident CTAs; requests longer than the chunk are cut
+  // into about equal splits, shorter ones are not, so a long request beside many short ones is
+  // split while the short ones are left alone. When the unsplit units fill the wave already,
+  // nothing is split. A second wave costs more than the shorter splits save: on the H200 the
+  // old rule (chunk = ceil(total tiles / wave)) rounded (8, 2048, 64) into 2 splits and 512
+  // CTAs, 72 us against 54 us unsplit (docs/benchmarks.md "Thirteenth session").
   // Resident CTAs per SM of the tensor-core kernel: 2 at head_dim 128 (243 registers), else 3.
   const int32_t ctas_per_sm = in.ctas_per_sm > 0 ? in.ctas_per_sm : in.head_dim == 128 ? 2 : 3;
-  const int64_t target = static_cast<int64_t>(in.num_sms) * ctas_per_sm;
-  int64_t tiles_per_cta = std::max<int64_t>(kMinTilesPerSplit, (work_tiles + target - 1) / target);
-  if (in.max_splits == 1) tiles_per_cta = INT32_MAX;
+  const int64_t wave = static_cast<int64_t>(in.num_sms) * ctas_per_sm;
+  int32_t max_kv_tiles = 1;
+  for (int32_t r = 0; r < r_count; ++r) max_kv_tiles = std::max(max_kv_tiles, kv_tiles[r]);
+  auto ctas_at = [&](int64_t chunk) {  // CTAs when every request is cut into `chunk`-tile splits
+    int64_t n = 0;
+    for (int32_t r = 0; r < r_count; ++r)
+      n += static_cast<int64_t>(in.num_kv_heads) * row_tiles[r] *
+           std::min<int64_t>(kAttnMaxSplits, (kv_tiles[r] + chunk - 1) / chunk);
+    return n;
+  };
+  int64_t tiles_per_cta = max_kv_tiles;  // no split
+  if (!in.batch_invariant && in.max_splits != 1 && units < wave &&
+      max_kv_tiles > kMinTilesPerSplit) {
+    int64_t lo = kMinTilesPerSplit, hi = max_kv_tiles;  // ctas_at(hi) = units < wave
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (ctas_at(mid) <= wave)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    tiles_per_cta = lo;
+  }
   for (int32_t r = 0; r < r_count; ++r) {
     int64_t splits = 0;
     int32_t chunk_tiles = 0;
@@ -138,7 +163,8 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
       while ((kv_tiles[r] + chunk_tiles - 1) / chunk_tiles > kAttnMaxSplits) chunk_tiles *= 2;
       splits = std::max<int64_t>(1, (kv_tiles[r] + chunk_tiles - 1) / chunk_tiles);
     } else {
-      splits = (kv_tiles[r] + tiles_per_cta - 1) / tiles_per_cta;
+      splits =
+          in.fixed_splits > 0 ? in.fixed_splits : (kv_tiles[r] + tiles_per_cta - 1) / tiles_per_cta;
       if (in.max_splits > 1) splits = std::min<int64_t>(splits, in.max_splits);
       splits = std::min<int64_t>(splits, kAttnMaxSplits);
       splits = std::max<int64_t>(1, splits);
@@ -171,7 +197,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
       node_items += static_cast<int64_t>(plan.request_splits[v]) * in.num_kv_heads;
     const int64_t fill = in.tree_groups >= 2
                              ? int64_t{kAttnMaxGroupNodes}
-                             : std::max<int64_t>(1, (node_items + target - 1) / target);
+                             : std::max<int64_t>(1, (node_items + wave - 1) / wave);
     const int32_t max_nodes =
         static_cast<int32_t>(std::min<int64_t>({kAttnMaxGroupNodes, tile_rows / group, fill}));
     auto eligible = [&](int32_t v) {

@@ -62,9 +62,11 @@ struct AttentionPlanInputs {
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t num_sms = 132;
-  int32_t ctas_per_sm = 0;  // resident CTAs per SM of the tensor-core kernel (0: its own)
-  int32_t max_splits = 0;   // 0: chosen from the shape; 1 disables split-KV; > 1 caps it
-  bool wgmma = false;       // plan for the wgmma kernel (head_dim 128: every tile 64 rows)
+  int32_t ctas_per_sm = 0;   // resident CTAs per SM of the tensor-core kernel (0: its own)
+  int32_t max_splits = 0;    // 0: chosen from the shape; 1 disables split-KV; > 1 caps it
+  int32_t fixed_splits = 0;  // > 0: every request in that many splits (at most one per KV tile;
+                             // benchmarks sweep it; not with batch_invariant)
+  bool wgmma = false;        // plan for the wgmma kernel (head_dim 128: every tile 64 rows)
   // Batch-invariant plan (docs/kernels.md "Batch invariance"): every query row's result is a
   // function of its own query and visible keys only. Fixed KV split chunk
   // (kAttnInvariantChunkTiles), fixed warp layout, and each tree node scored as its own T = 1

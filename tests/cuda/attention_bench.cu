@@ -8,7 +8,8 @@
 // read/written once and FLOPs = 4 * D * sum over query rows of visible keys.
 //
 //   attention_bench [--batch 1,8,16,32,64] [--context 1024,2048,8192,32768]
-//                   [--tree 16,32,64,128] [--iters 30] [--max-splits 0] [--kernel wgmma|mma]
+//                   [--tree 16,32,64,128] [--iters 30] [--max-splits 0] [--splits 0,1,2,4]
+//                   [--kernel wgmma|mma]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 16, 32, 64}, contexts = {1024, 2048, 8192, 32768},
                    trees = {16, 32, 64, 128};
   int iters = 30, max_splits = 0;
+  std::vector<int> fixed_splits = {0};  // --splits: 0 = the planner's choice, N = N splits
   bool wgmma = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -90,6 +92,8 @@ int main(int argc, char** argv) {
       iters = std::atoi(argv[i + 1]);
     else if (a == "--max-splits")
       max_splits = std::atoi(argv[i + 1]);
+    else if (a == "--splits")
+      fixed_splits = parse_list(argv[i + 1]);
     else if (a == "--kernel")
       wgmma = std::string(argv[i + 1]) != "mma";
   }
@@ -182,104 +186,110 @@ int main(int argc, char** argv) {
           for (int i = 0; i < t; ++i) token_request.push_back(r);
         }
         const int n = qo[b];
-        arbor::kernels::AttentionPlanInputs in;
-        in.qo_indptr = qo.data();
-        in.committed_len = committed.data();
-        in.num_requests = b;
-        in.num_q_heads = kHq;
-        in.num_kv_heads = kHkv;
-        in.head_dim = kD;
-        in.num_sms = prop.multiProcessorCount;
-        in.max_splits = max_splits;
-        in.wgmma = wgmma;
-        const arbor::kernels::AttentionPlan plan = arbor::kernels::plan_paged_tree_attention(in);
+        for (const int fs : fixed_splits) {
+          arbor::kernels::AttentionPlanInputs in;
+          in.qo_indptr = qo.data();
+          in.committed_len = committed.data();
+          in.num_requests = b;
+          in.num_q_heads = kHq;
+          in.num_kv_heads = kHkv;
+          in.head_dim = kD;
+          in.num_sms = prop.multiProcessorCount;
+          in.max_splits = max_splits;
+          in.fixed_splits = fs;
+          in.wgmma = wgmma;
+          const arbor::kernels::AttentionPlan plan = arbor::kernels::plan_paged_tree_attention(in);
 
-        auto upload = [&](const auto& v) {
-          void* d = nullptr;
-          const size_t bytes = std::max<size_t>(v.size() * sizeof(v[0]), 16);
-          check(cudaMalloc(&d, bytes), "malloc meta");
-          if (!v.empty())
-            check(cudaMemcpy(d, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice), "meta");
-          return d;
-        };
-        std::vector<void*> owned;
-        auto up = [&](const auto& v) {
-          owned.push_back(upload(v));
-          return owned.back();
-        };
-        arbor::kernels::PagedTreeAttentionParams p;
-        std::vector<uint16_t> qh(static_cast<size_t>(n) * kHq * kD);
-        std::uniform_real_distribution<float> d(-2.f, 2.f);
-        for (auto& x : qh) x = bf16_bits(d(rng));
-        p.q = up(qh);
-        void* out = nullptr;
-        check(cudaMalloc(&out, qh.size() * 2), "malloc out");
-        owned.push_back(out);
-        p.out = out;
-        p.k_cache = k_cache;
-        p.v_cache = v_cache;
-        p.io_type = arbor::kernels::ElemType::kBF16;
-        p.kv_type = arbor::kernels::ElemType::kBF16;
-        p.qo_indptr = static_cast<const int32_t*>(up(qo));
-        p.committed_len = static_cast<const int32_t*>(up(committed));
-        p.block_tables = static_cast<const int32_t*>(up(tables));
-        p.tree_mask = static_cast<const uint32_t*>(up(mask));
-        p.mask_indptr = static_cast<const int32_t*>(up(mask_indptr));
-        p.token_request = static_cast<const int32_t*>(up(token_request));
-        p.max_blocks_per_request = blocks_per_req;
-        p.num_requests = b;
-        p.num_tokens = n;
-        p.num_q_heads = kHq;
-        p.num_kv_heads = kHkv;
-        p.head_dim = kD;
-        p.block_size = kBlock;
-        p.sm_scale = 1.f / std::sqrt(static_cast<float>(kD));
-        p.tensor_core = plan.tensor_core;
-        p.wgmma = plan.wgmma;
-        p.work = static_cast<const arbor::kernels::AttentionWorkItem*>(up(plan.work));
-        p.num_work = static_cast<int32_t>(plan.work.size());
-        p.request_splits = static_cast<const int32_t*>(up(plan.request_splits));
-        p.request_kv_chunk = static_cast<const int32_t*>(up(plan.request_kv_chunk));
-        p.request_partial_row = static_cast<const int32_t*>(up(plan.request_partial_row));
-        p.needs_merge = plan.needs_merge;
-        if (plan.needs_merge) {
-          void* po = nullptr;
-          void* pl = nullptr;
-          check(cudaMalloc(&po, static_cast<size_t>(plan.num_partial_rows) * kHq * kD * 4),
-                "partials");
-          check(cudaMalloc(&pl, static_cast<size_t>(plan.num_partial_rows) * kHq * 4), "partials");
-          owned.push_back(po);
-          owned.push_back(pl);
-          p.partial_out = static_cast<float*>(po);
-          p.partial_lse = static_cast<float*>(pl);
+          auto upload = [&](const auto& v) {
+            void* d = nullptr;
+            const size_t bytes = std::max<size_t>(v.size() * sizeof(v[0]), 16);
+            check(cudaMalloc(&d, bytes), "malloc meta");
+            if (!v.empty())
+              check(cudaMemcpy(d, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice),
+                    "meta");
+            return d;
+          };
+          std::vector<void*> owned;
+          auto up = [&](const auto& v) {
+            owned.push_back(upload(v));
+            return owned.back();
+          };
+          arbor::kernels::PagedTreeAttentionParams p;
+          std::vector<uint16_t> qh(static_cast<size_t>(n) * kHq * kD);
+          std::uniform_real_distribution<float> d(-2.f, 2.f);
+          for (auto& x : qh) x = bf16_bits(d(rng));
+          p.q = up(qh);
+          void* out = nullptr;
+          check(cudaMalloc(&out, qh.size() * 2), "malloc out");
+          owned.push_back(out);
+          p.out = out;
+          p.k_cache = k_cache;
+          p.v_cache = v_cache;
+          p.io_type = arbor::kernels::ElemType::kBF16;
+          p.kv_type = arbor::kernels::ElemType::kBF16;
+          p.qo_indptr = static_cast<const int32_t*>(up(qo));
+          p.committed_len = static_cast<const int32_t*>(up(committed));
+          p.block_tables = static_cast<const int32_t*>(up(tables));
+          p.tree_mask = static_cast<const uint32_t*>(up(mask));
+          p.mask_indptr = static_cast<const int32_t*>(up(mask_indptr));
+          p.token_request = static_cast<const int32_t*>(up(token_request));
+          p.max_blocks_per_request = blocks_per_req;
+          p.num_requests = b;
+          p.num_tokens = n;
+          p.num_q_heads = kHq;
+          p.num_kv_heads = kHkv;
+          p.head_dim = kD;
+          p.block_size = kBlock;
+          p.sm_scale = 1.f / std::sqrt(static_cast<float>(kD));
+          p.tensor_core = plan.tensor_core;
+          p.wgmma = plan.wgmma;
+          p.work = static_cast<const arbor::kernels::AttentionWorkItem*>(up(plan.work));
+          p.num_work = static_cast<int32_t>(plan.work.size());
+          p.request_splits = static_cast<const int32_t*>(up(plan.request_splits));
+          p.request_kv_chunk = static_cast<const int32_t*>(up(plan.request_kv_chunk));
+          p.request_partial_row = static_cast<const int32_t*>(up(plan.request_partial_row));
+          p.needs_merge = plan.needs_merge;
+          if (plan.needs_merge) {
+            void* po = nullptr;
+            void* pl = nullptr;
+            check(cudaMalloc(&po, static_cast<size_t>(plan.num_partial_rows) * kHq * kD * 4),
+                  "partials");
+            check(cudaMalloc(&pl, static_cast<size_t>(plan.num_partial_rows) * kHq * 4),
+                  "partials");
+            owned.push_back(po);
+            owned.push_back(pl);
+            p.partial_out = static_cast<float*>(po);
+            p.partial_lse = static_cast<float*>(pl);
+          }
+          for (int w = 0; w < 3; ++w)
+            check(arbor::kernels::launch_paged_tree_attention(p, stream), "warmup");
+          std::vector<float> times;
+          for (int it = 0; it < iters; ++it) {
+            l2_flush_read<<<4 * prop.multiProcessorCount, 512, 0, stream>>>(
+                static_cast<const int4*>(flush), flush_bytes / sizeof(int4), sink);
+            cudaEventRecord(e0, stream);
+            check(arbor::kernels::launch_paged_tree_attention(p, stream), "launch");
+            cudaEventRecord(e1, stream);
+            check(cudaEventSynchronize(e1), "sync");
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            times.push_back(ms * 1000.f);
+          }
+          std::sort(times.begin(), times.end());
+          const double med = times[times.size() / 2];
+          const double kv_bytes = static_cast<double>(b) * (l + t) * kHkv * kD * 2 * 2;
+          const double qo_bytes = static_cast<double>(n) * kHq * kD * 2 * 2;
+          const double flops = 4.0 * kD * visible;
+          const double t_mem = (kv_bytes + qo_bytes) / copy_bw * 1e6;
+          const double t_math = flops / gemm_rate * 1e6;
+          const double floor_us = std::max(t_mem, t_math);
+          std::printf("| %d | %d | %d | %d | %d | %.1f | %.1f | %.2f | %s | %.2f |\n", b, l, t,
+                      plan.max_splits_used, p.num_work, med, floor_us, med / floor_us,
+                      t_mem >= t_math ? "mem" : "math",
+                      (kv_bytes + qo_bytes) / (med * 1e-6) / 1e12);
+          std::fflush(stdout);
+          for (void* ptr : owned) cudaFree(ptr);
         }
-        for (int w = 0; w < 3; ++w)
-          check(arbor::kernels::launch_paged_tree_attention(p, stream), "warmup");
-        std::vector<float> times;
-        for (int it = 0; it < iters; ++it) {
-          l2_flush_read<<<4 * prop.multiProcessorCount, 512, 0, stream>>>(
-              static_cast<const int4*>(flush), flush_bytes / sizeof(int4), sink);
-          cudaEventRecord(e0, stream);
-          check(arbor::kernels::launch_paged_tree_attention(p, stream), "launch");
-          cudaEventRecord(e1, stream);
-          check(cudaEventSynchronize(e1), "sync");
-          float ms = 0;
-          cudaEventElapsedTime(&ms, e0, e1);
-          times.push_back(ms * 1000.f);
-        }
-        std::sort(times.begin(), times.end());
-        const double med = times[times.size() / 2];
-        const double kv_bytes = static_cast<double>(b) * (l + t) * kHkv * kD * 2 * 2;
-        const double qo_bytes = static_cast<double>(n) * kHq * kD * 2 * 2;
-        const double flops = 4.0 * kD * visible;
-        const double t_mem = (kv_bytes + qo_bytes) / copy_bw * 1e6;
-        const double t_math = flops / gemm_rate * 1e6;
-        const double floor_us = std::max(t_mem, t_math);
-        std::printf("| %d | %d | %d | %d | %d | %.1f | %.1f | %.2f | %s | %.2f |\n", b, l, t,
-                    plan.max_splits_used, p.num_work, med, floor_us, med / floor_us,
-                    t_mem >= t_math ? "mem" : "math", (kv_bytes + qo_bytes) / (med * 1e-6) / 1e12);
-        std::fflush(stdout);
-        for (void* ptr : owned) cudaFree(ptr);
       }
   check(cudaGetLastError(), "end");
   return 0;
