@@ -18,6 +18,7 @@
 //
 //   model_bench [--batch 1,8,32,64] [--context 512] [--decode-steps 32]
 //               [--verify-batch 1,8,32] [--tree 1,2,4,...,256] [--verify-iters 10]
+//               [--profile-tree 64]
 //               [--skinny-max-rows 0] [--max-splits 0] [--linear | --linear-only] [--no-graphs]
 //               [--json out.json]
 //               [--verify-json curve.json] [--batch-invariant 0|1|both] [--graph-compare]
@@ -468,6 +469,7 @@ struct Args {
   std::vector<int> verify_batches = {1, 8, 32};
   std::vector<int> trees = {1, 2, 4, 8, 16, 32, 64, 128, 256};
   int verify_iters = 10;
+  int profile_tree = 64;  // the verify breakdown's T (first verify batch)
   int skinny_max_rows = 0;
   int layers = 32;
   int max_splits = 0;
@@ -834,12 +836,13 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
       std::printf("| %d | %d | %d | %.2f | %.4f |\n", b, t, b * t, ms, ms / (b * t));
       std::fflush(stdout);
       points.push_back({t, ms});
-      if (b == a.verify_batches.front() && t == 64) {
+      if (b == a.verify_batches.front() && t == a.profile_tree) {
         backend.set_step(step);
         OpProfiler prof(backend, stream);
         forward_ops(backend, bm, step, &prof);
         backend.synchronize();
-        breakdown["verify_batch_" + std::to_string(b) + "_tree_64"] = prof.totals_ms();
+        breakdown["verify_batch_" + std::to_string(b) + "_tree_" + std::to_string(t)] =
+            prof.totals_ms();
       }
     }
     curve[std::to_string(b)] = points;
@@ -912,6 +915,8 @@ int main(int argc, char** argv) {
       a.trees = arbor::parse_list(next());
     else if (k == "--verify-iters")
       a.verify_iters = std::atoi(next().c_str());
+    else if (k == "--profile-tree")
+      a.profile_tree = std::atoi(next().c_str());
     else if (k == "--skinny-max-rows")
       a.skinny_max_rows = std::atoi(next().c_str());
     else if (k == "--max-splits")
