@@ -211,12 +211,14 @@ int run_spec_bench(const SpecBenchOptions& o) {
     const double fwd = st.decode_seconds + st.mixed_seconds + st.prefill_seconds;
     std::printf(
         "%s: %lld steps, per step %.3f ms = forward %.3f + draft %.3f + feedback %.3f + other "
-        "%.3f; step graphs: %lld replayed, %lld recorded, %lld eager, %lld evicted\n",
+        "%.3f; step graphs: %lld replayed, %lld recorded, %lld eager, %lld evicted, %lld "
+        "invalidated, %lld failed\n",
         what, static_cast<long long>(st.steps), secs / steps * 1e3, fwd / steps * 1e3,
         st.draft_seconds / steps * 1e3, st.feedback_seconds / steps * 1e3,
         (secs - fwd - st.draft_seconds - st.feedback_seconds) / steps * 1e3,
         static_cast<long long>(g.replays), static_cast<long long>(g.captures),
-        static_cast<long long>(g.eager), static_cast<long long>(g.evictions));
+        static_cast<long long>(g.eager), static_cast<long long>(g.evictions),
+        static_cast<long long>(g.invalidations), static_cast<long long>(g.capture_failures));
   };
   breakdown("spec", spec_stats, spec_secs, spec_graphs);
   if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs, plain_graphs);

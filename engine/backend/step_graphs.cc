@@ -1,6 +1,8 @@
 #include "engine/backend/step_graphs.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -27,7 +29,8 @@ int64_t graph_bucket(int64_t n, int64_t steps) {
 }
 
 const StepInputs& with_graph_table_width(const StepInputs& step, StepInputs* storage) {
-  const auto width = static_cast<int32_t>(graph_bucket(step.max_blocks_per_request, 1));
+  const auto width = static_cast<int32_t>(
+      std::max<int64_t>(kGraphMinTableWidth, graph_bucket(step.max_blocks_per_request, 1)));
   if (width == step.max_blocks_per_request) return step;
   *storage = with_block_table_width(step, width);
   return *storage;
@@ -68,10 +71,30 @@ void StepGraphCache::clear() {
   seen_.clear();
 }
 
+namespace {
+// ARBOR_STEP_GRAPH_TRACE=1: one stderr line per lookup (action, sightings, key), to see which
+// key fields keep a workload from replaying.
+bool trace_lookups() {
+  static const bool on = [] {
+    const char* e = std::getenv("ARBOR_STEP_GRAPH_TRACE");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
+void trace(const char* action, const StepGraphKey& key, int32_t eager_runs) {
+  if (!trace_lookups()) return;
+  std::string line =
+      std::string("step graph ") + action + " (eager runs " + std::to_string(eager_runs) + "):";
+  for (const int64_t v : key) line += " " + std::to_string(v);
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+}  // namespace
+
 StepGraphCache::Decision StepGraphCache::lookup(const StepGraphKey& key, uint64_t epoch) {
   if (have_epoch_ && epoch != epoch_ && !graphs_.empty()) {
     drop_all_graphs();
     stats_.invalidations++;
+    if (trace_lookups()) std::fprintf(stderr, "step graph invalidate (memory epoch moved)\n");
   }
   epoch_ = epoch;
   have_epoch_ = true;
@@ -83,16 +106,19 @@ StepGraphCache::Decision StepGraphCache::lookup(const StepGraphKey& key, uint64_
     d.graph = it->second.graph;
     d.outputs = &it->second.outputs;
     stats_.replays++;
+    trace("replay", key, -1);
     return d;
   }
   if (seen_.size() >= options_.max_tracked_keys && seen_.find(key) == seen_.end()) seen_.clear();
   Sightings& s = seen_[key];
   if (!s.failed && s.eager_runs >= options_.eager_runs_before_capture) {
     d.action = Action::kCapture;
+    trace("capture", key, s.eager_runs);
     return d;
   }
   s.eager_runs++;
   stats_.eager++;
+  trace(s.failed ? "eager (failed before)" : "eager", key, s.eager_runs);
   return d;
 }
 

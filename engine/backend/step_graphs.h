@@ -41,9 +41,12 @@ int64_t graph_bucket(int64_t n, int64_t steps = 8);
 StepInputs with_block_table_width(const StepInputs& step, int32_t width);
 
 // The step a recordable step runs as: `step` itself when its block-table width is a power of
-// two, else its copy in *storage with the width rounded up to one (so the graph key, which
-// holds the width, changes only when the longest request's blocks double). The padding is -1
-// entries that no kernel reads.
+// two and at least kGraphMinTableWidth, else its copy in *storage with the width rounded up to
+// one (so the graph key, which holds the width, changes only when the longest request's blocks
+// double past the minimum). The padding is -1 entries that no kernel reads. The minimum (64
+// blocks, 1024 tokens at block size 16; 256 bytes of table per request and step) keeps short
+// requests from re-recording every step shape at 16, 32 and 64 blocks as they grow.
+constexpr int64_t kGraphMinTableWidth = 64;
 const StepInputs& with_graph_table_width(const StepInputs& step, StepInputs* storage);
 
 class StepGraphCache {

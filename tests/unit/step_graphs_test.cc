@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 namespace arbor {
@@ -184,6 +185,37 @@ TEST(GraphBucket, BlockTablesPaddedWithMinusOne) {
   kv.head_dim = 8;
   EXPECT_NO_THROW(p.validate(kv));
   EXPECT_EQ(with_block_table_width(s, 2).block_tables, s.block_tables);
+}
+
+TEST(GraphBucket, GraphTableWidthIsAPowerOfTwoNoSmallerThanTheMinimum) {
+  auto step_of_width = [](int32_t w) {
+    StepInputs s;
+    s.token_ids = {5};
+    s.positions = {3};
+    s.slot_mapping = {3};
+    s.qo_indptr = {0, 1};
+    s.committed_len = {3};
+    s.mask_indptr = {0, 0};
+    s.logits_rows = {0};
+    s.max_blocks_per_request = w;
+    s.block_tables.assign(static_cast<size_t>(w), -1);
+    s.block_tables[0] = 7;
+    return s;
+  };
+  for (const int32_t w : {1, 2, 3, 16, 33, 64, 65, 100, 128, 300}) {
+    const StepInputs s = step_of_width(w);
+    StepInputs storage;
+    const StepInputs& g = with_graph_table_width(s, &storage);
+    int32_t want = 1;
+    while (want < w) want *= 2;
+    want = std::max<int32_t>(want, static_cast<int32_t>(kGraphMinTableWidth));
+    EXPECT_EQ(g.max_blocks_per_request, want) << w;
+    ASSERT_EQ(g.block_tables.size(), static_cast<size_t>(want)) << w;
+    EXPECT_EQ(g.block_tables[0], 7) << w;
+    for (int32_t b = 1; b < want; ++b) EXPECT_EQ(g.block_tables[static_cast<size_t>(b)], -1);
+    // A width that is already a bucket is used as is (no copy).
+    EXPECT_EQ(&g == &s, want == w) << w;
+  }
 }
 
 }  // namespace

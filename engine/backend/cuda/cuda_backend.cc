@@ -1503,10 +1503,11 @@ void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int
   const std::vector<kernels::AttentionWorkItem>* work = &plan.work;
   if (for_graph && plan.tensor_core) {
     // Empty items (request -1: the CTA exits at once) make the grid a bucket: a multiple of 16
-    // CTAs, then 2 buckets per power of two, since the item count follows how the planner
-    // groups each tree's nodes and splits each context, which changes from step to step; the
+    // CTAs, then a power of two, since the item count follows how the planner groups each
+    // tree's nodes and splits each context, which changes from step to step (2 buckets per
+    // power of two gave SmolLM2's n-gram steps at batch 8 up to 3 grids per token count); the
     // merge skips unsplit requests.
-    plan_num_work = static_cast<int32_t>(graph_bucket((plan_num_work + 15) / 16 * 16, 2));
+    plan_num_work = static_cast<int32_t>(graph_bucket((plan_num_work + 15) / 16 * 16, 1));
     padded = plan.work;
     padded.resize(static_cast<size_t>(plan_num_work),
                   kernels::AttentionWorkItem{-1, 0, 0, 0, 1, 0, 0});
