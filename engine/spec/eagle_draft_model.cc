@@ -1,7 +1,12 @@
 #include "engine/spec/eagle_draft_model.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "engine/core/error.h"
 #include "engine/spec/proposer_math.h"
@@ -9,6 +14,50 @@
 namespace arbor {
 
 namespace {
+
+// ARBOR_EAGLE_PROFILE=1: host wall time of each phase of the draft's steps, summed over the
+// process and printed to stderr at exit (where an expansion step's milliseconds go).
+enum Phase { kFork, kCopyKv, kBuild, kSetStep, kUpload, kPrepare, kRun, kTopK, kDownload, kPhases };
+struct PhaseClock {
+  bool on = false;
+  std::array<double, kPhases> secs{};
+  std::array<int64_t, kPhases> calls{};
+  PhaseClock() {
+    const char* e = std::getenv("ARBOR_EAGLE_PROFILE");
+    on = e != nullptr && std::string(e) == "1";
+  }
+  ~PhaseClock() {
+    if (!on) return;
+    static const char* names[kPhases] = {"fork+reserve",  "copy_kv",      "build step",
+                                         "set_step",      "upload",       "prepare graph",
+                                         "run ops/graph", "top-k (wait)", "download"};
+    for (int i = 0; i < kPhases; ++i)
+      std::fprintf(stderr, "eagle draft phase %-14s %9.3f ms total, %7lld calls, %.1f us/call\n",
+                   names[i], secs[i] * 1e3, static_cast<long long>(calls[i]),
+                   calls[i] > 0 ? secs[i] / static_cast<double>(calls[i]) * 1e6 : 0.0);
+  }
+};
+PhaseClock g_phase_clock;
+struct PhaseTimer {
+  Phase phase;
+  std::chrono::steady_clock::time_point t0;
+  explicit PhaseTimer(Phase p) : phase(p) {
+    if (g_phase_clock.on) t0 = std::chrono::steady_clock::now();
+  }
+  void next(Phase p) {
+    stop();
+    phase = p;
+    if (g_phase_clock.on) t0 = std::chrono::steady_clock::now();
+  }
+  void stop() {
+    if (!g_phase_clock.on || phase == kPhases) return;
+    g_phase_clock.secs[phase] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    g_phase_clock.calls[phase]++;
+    phase = kPhases;
+  }
+  ~PhaseTimer() { stop(); }
+};
 
 // Columns [begin, begin + width) of a [rows, cols] matrix.
 HostTensor columns(const HostTensor& w, int64_t begin, int64_t width) {
@@ -188,12 +237,15 @@ std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
   std::vector<Row> rows;
   SlotCopies copies;
   try {
+    PhaseTimer timer(kFork);
     for (size_t i = 0; i < count; ++i) {
       const SeqId child = kv_.fork(parents[i]);
       children->push_back(child);
       rows.push_back({child, {tokens[i]}, positions[i], reserve(child, 1, &copies)});
     }
+    timer.next(kCopyKv);
     if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
+    timer.stop();
     std::vector<float> out = forward(rows, hidden, /*input_is_feature=*/false,
                                      top != nullptr ? Head::kAll : Head::kNone, top_k, top);
     for (const Row& r : rows) kv_.commit_all(r.seq, r.tokens);
@@ -208,6 +260,7 @@ std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
 std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
                                             std::span<const float> input, bool input_is_feature,
                                             Head head_rows_of, int32_t top_k, TopKRows* top) {
+  PhaseTimer timer(kBuild);
   StepInputs step;
   step.qo_indptr.push_back(0);
   step.mask_indptr.push_back(0);
@@ -240,11 +293,14 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   const bool graph_ok = graphs_ != nullptr && !input_is_feature;
   StepInputs padded;
   const StepInputs& chosen = graph_ok ? with_graph_table_width(step, &padded) : step;
+  timer.next(kSetStep);
   b.set_step(chosen);
   b.reset_scratch();
+  timer.next(kUpload);
   // The input is uploaded before the recorded ops, into the step's first scratch tensor.
   Tensor in = b.scratch(n, in_width);
   b.upload(input.data(), in);
+  timer.next(kPrepare);
   // The LM head over every row or over each Row's last (the step's logits rows), in the same
   // step (recorded with the layer).
   ARBOR_CHECK(head_rows_of == Head::kNone || (top != nullptr && top_k > 0));
@@ -266,7 +322,9 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   bool done = false;
   if (graph_ok) {
     StepGraphKey key = {2, n, in_width, chosen.max_blocks_per_request, head_rows};
-    if (b.prepare_step_graph(c.num_heads, &key)) {
+    const bool prepared = b.prepare_step_graph(c.num_heads, &key);
+    timer.next(kRun);
+    if (prepared) {
       const auto check_ids = [&] {  // the recorded embedding does not check them
         for (int32_t id : step.token_ids)
           if (id < 0 || id >= embed_.rows)
@@ -284,11 +342,14 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
       }
     }
   }
+  timer.next(kRun);
   if (!done) outs = ops();
+  timer.next(kTopK);
   if (head_rows > 0) {
     top->k = top_k;
     b.top_k_log_softmax(outs[1], top_k, &top->ids, &top->values);  // the step's one wait
   }
+  timer.next(kDownload);
   const Tensor& x = outs[0];
   std::vector<float> out(static_cast<size_t>(n * c.hidden_size));
   b.download(x, out.data());

@@ -10,7 +10,9 @@ namespace arbor::kernels {
 
 // Per row: lse = max + log(sum exp(x - max)) (the sum in double), v_i = min(x_i - lse, 0) in
 // fp32 (spec_math::log_softmax_inplace), then the k largest v, best first, the lower index
-// first among equal values (spec_math::top_k). One block per row, k selection passes.
+// first among equal values (spec_math::top_k). k <= 16: a cluster of 8 blocks per row (float
+// exponentials summed in double, per-thread candidate lists); larger k: one block per row, k
+// selection passes.
 struct TopKRowsParams {
   const float* x = nullptr;  // [rows, cols] device
   int32_t* ids = nullptr;    // [rows, k] device
