@@ -195,9 +195,8 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     int64_t node_items = 0;
     for (int32_t v = 0; v < r_count; ++v)
       node_items += static_cast<int64_t>(plan.request_splits[v]) * in.num_kv_heads;
-    const int64_t fill = in.tree_groups >= 2
-                             ? int64_t{kAttnMaxGroupNodes}
-                             : std::max<int64_t>(1, (node_items + wave - 1) / wave);
+    const int64_t fill = in.tree_groups >= 2 ? int64_t{kAttnMaxGroupNodes}
+                                             : std::max<int64_t>(1, (node_items + wave - 1) / wave);
     const int32_t max_nodes =
         static_cast<int32_t>(std::min<int64_t>({kAttnMaxGroupNodes, tile_rows / group, fill}));
     auto eligible = [&](int32_t v) {
