@@ -83,8 +83,8 @@ bool trace_lookups() {
 }
 void trace(const char* action, const StepGraphKey& key, int32_t eager_runs) {
   if (!trace_lookups()) return;
-  std::string line =
-      std::string("step graph ") + action + " (eager runs " + std::to_string(eager_runs) + "):";
+  std::string line = std::string("step graph ") + action + " (eager runs before " +
+                     std::to_string(eager_runs) + "):";
   for (const int64_t v : key) line += " " + std::to_string(v);
   std::fprintf(stderr, "%s\n", line.c_str());
 }
@@ -116,9 +116,9 @@ StepGraphCache::Decision StepGraphCache::lookup(const StepGraphKey& key, uint64_
     trace("capture", key, s.eager_runs);
     return d;
   }
+  trace(s.failed ? "eager (failed before)" : "eager", key, s.eager_runs);
   s.eager_runs++;
   stats_.eager++;
-  trace(s.failed ? "eager (failed before)" : "eager", key, s.eager_runs);
   return d;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,8 +21,9 @@ namespace {
 enum Phase { kFork, kCopyKv, kBuild, kSetStep, kUpload, kPrepare, kRun, kTopK, kDownload, kPhases };
 struct PhaseClock {
   bool on = false;
-  std::array<double, kPhases> secs{};
-  std::array<int64_t, kPhases> calls{};
+  // Atomics: draft models may run on several threads.
+  std::array<std::atomic<int64_t>, kPhases> nanos{};
+  std::array<std::atomic<int64_t>, kPhases> calls{};
   PhaseClock() {
     const char* e = std::getenv("ARBOR_EAGLE_PROFILE");
     on = e != nullptr && std::string(e) == "1";
@@ -31,10 +33,12 @@ struct PhaseClock {
     static const char* names[kPhases] = {"fork+reserve",  "copy_kv",      "build step",
                                          "set_step",      "upload",       "prepare graph",
                                          "run ops/graph", "top-k (wait)", "download"};
-    for (int i = 0; i < kPhases; ++i)
+    for (int i = 0; i < kPhases; ++i) {
+      const double ms = static_cast<double>(nanos[i].load()) * 1e-6;
+      const long long n = static_cast<long long>(calls[i].load());
       std::fprintf(stderr, "eagle draft phase %-14s %9.3f ms total, %7lld calls, %.1f us/call\n",
-                   names[i], secs[i] * 1e3, static_cast<long long>(calls[i]),
-                   calls[i] > 0 ? secs[i] / static_cast<double>(calls[i]) * 1e6 : 0.0);
+                   names[i], ms, n, n > 0 ? ms * 1e3 / static_cast<double>(n) : 0.0);
+    }
   }
 };
 PhaseClock g_phase_clock;
@@ -51,8 +55,9 @@ struct PhaseTimer {
   }
   void stop() {
     if (!g_phase_clock.on || phase == kPhases) return;
-    g_phase_clock.secs[phase] +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    g_phase_clock.nanos[phase] +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     g_phase_clock.calls[phase]++;
     phase = kPhases;
   }
@@ -342,7 +347,7 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
       }
     }
   }
-  timer.next(kRun);
+  if (timer.phase != kRun) timer.next(kRun);  // the graph path is in kRun already
   if (!done) outs = ops();
   timer.next(kTopK);
   if (head_rows > 0) {

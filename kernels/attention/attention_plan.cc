@@ -165,7 +165,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     } else {
       splits =
           in.fixed_splits > 0 ? in.fixed_splits : (kv_tiles[r] + tiles_per_cta - 1) / tiles_per_cta;
-      if (in.max_splits > 1) splits = std::min<int64_t>(splits, in.max_splits);
+      if (in.max_splits >= 1) splits = std::min<int64_t>(splits, in.max_splits);
       splits = std::min<int64_t>(splits, kAttnMaxSplits);
       splits = std::max<int64_t>(1, splits);
       chunk_tiles = static_cast<int32_t>((kv_tiles[r] + splits - 1) / splits);

@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) top_k_kernel(const TopKRowsParams p)
 }
 
 // k <= KMAX (the EAGLE tree's top_k): one row per cluster of kClusterRows blocks, each block
-// reading 1 / kClusterRows of the row twice. One block per row was bound by the bytes one SM
+// reading 1 / kClusterRows of the row three times. One block per row was bound by the bytes one SM
 // keeps in flight (~190 us for a 49152-wide row, whatever the row count). Phases, with cluster
 // barriers between them and partials exchanged through distributed shared memory:
 //   1. each block's max; the row max is the max over the blocks (in rank order);
@@ -263,15 +263,21 @@ cudaError_t launch_cluster(const TopKRowsParams& p, cudaStream_t stream) {
   return cudaLaunchKernelEx(&config, top_k_cluster_kernel<KMAX>, p);
 }
 
-// Whether the current device launches thread block clusters (sm_90+), asked once per device.
+// Whether the current device launches thread block clusters and the cluster kernel was built
+// for sm_90+ (a build for an older target, JIT-compiled on a Hopper, would reach its __trap):
+// asked once per device.
 bool clusters_supported() {
   static std::atomic<int> cached[64];  // 0 unknown, 1 yes, 2 no
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
   if (cached[dev] == 0) {
     int v = 0;
-    cached[dev] =
-        cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev) == cudaSuccess && v ? 1 : 2;
+    cudaFuncAttributes attr{};
+    const bool ok = cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev) == cudaSuccess &&
+                    v != 0 &&
+                    cudaFuncGetAttributes(&attr, top_k_cluster_kernel<4>) == cudaSuccess &&
+                    attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
+    cached[dev] = ok ? 1 : 2;
   }
   return cached[dev] == 1;
 }
@@ -285,9 +291,13 @@ cudaError_t launch_top_k_log_softmax(const TopKRowsParams& p, cudaStream_t strea
     return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>(p.rows);
   if (p.k <= 16 && p.rows <= 0x7fffffff / kClusterRows && clusters_supported()) {
-    if (p.k <= 4) return launch_cluster<4>(p, stream);
-    if (p.k <= 8) return launch_cluster<8>(p, stream);
-    return launch_cluster<16>(p, stream);
+    const cudaError_t e = p.k <= 4   ? launch_cluster<4>(p, stream)
+                          : p.k <= 8 ? launch_cluster<8>(p, stream)
+                                     : launch_cluster<16>(p, stream);
+    if (e == cudaSuccess) return e;
+    // A refused cluster launch (e.g. no 8 co-resident blocks on a partitioned GPU) is not
+    // sticky: clear it and take the one-block-per-row kernel.
+    (void)cudaGetLastError();
   }
   top_k_kernel<<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();

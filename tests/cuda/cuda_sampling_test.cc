@@ -329,8 +329,10 @@ TEST(CudaSampleTrees, TopKLogSoftmaxMatchesCpu) {
   auto cpu = make_cpu_backend(1);
   std::mt19937 rng(3);
   int checked = 0;
-  for (int64_t cols : {7, 1000, 49152, 151936}) {
-    for (int32_t k : {1, 3, 10, 64}) {
+  // k 1..16: the cluster kernel (lists of 4, 8, 16); 64: one block per row. 49151: a row
+  // without 16-byte loads.
+  for (int64_t cols : {7, 1000, 49151, 49152, 151936}) {
+    for (int32_t k : {1, 3, 6, 10, 16, 64}) {
       if (k > cols) continue;
       const int64_t rows = 5;
       std::vector<float> x(static_cast<size_t>(rows * cols));
