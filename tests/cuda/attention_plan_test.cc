@@ -1,0 +1,151 @@
+// The shape-tuned attention plan's split-KV rule (kernels/attention/attention_plan.cc), host
+// only (no GPU needed): splits never start a second wave of CTAs, a shorter chunk would, every
+// split is non-empty, and fixed_splits / max_splits are honoured. docs/kernels.md "Work
+// decomposition"; the sweep behind the rule is in docs/benchmarks.md "Thirteenth session".
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "kernels/attention/paged_tree_attention.h"
+
+namespace arbor {
+namespace {
+
+using kernels::AttentionPlan;
+using kernels::AttentionPlanInputs;
+using kernels::kAttnKvTile;
+
+struct Batch {
+  std::vector<int32_t> qo{0}, committed;
+  void add(int32_t t, int32_t c) {
+    qo.push_back(qo.back() + t);
+    committed.push_back(c);
+  }
+};
+
+AttentionPlan plan_for(const Batch& b, bool wgmma, int32_t fixed = 0, int32_t max_splits = 0) {
+  AttentionPlanInputs in;
+  in.qo_indptr = b.qo.data();
+  in.committed_len = b.committed.data();
+  in.num_requests = static_cast<int32_t>(b.committed.size());
+  in.num_q_heads = 32;
+  in.num_kv_heads = 8;
+  in.head_dim = 128;
+  in.num_sms = 132;
+  in.wgmma = wgmma;
+  in.fixed_splits = fixed;
+  in.max_splits = max_splits;
+  return kernels::plan_paged_tree_attention(in);
+}
+
+int32_t kv_tiles(const Batch& b, size_t r) {
+  const int32_t t = b.qo[r + 1] - b.qo[r];
+  return (b.committed[r] + t + kAttnKvTile - 1) / kAttnKvTile;
+}
+
+// Every (request, kv head, row tile, split) appears exactly once, every split is non-empty, and
+// (the automatic rule) a split is at least 2 tiles long; returns the item count.
+int64_t check_items(const Batch& b, const AttentionPlan& p, bool automatic = true) {
+  std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, int> seen;
+  for (const auto& w : p.work) {
+    EXPECT_GE(w.request, 0);
+    EXPECT_LT(w.split, p.request_splits[w.request]);
+    ++seen[{w.request, w.kv_head, w.row_begin, w.split}];
+  }
+  for (const auto& [key, n] : seen) EXPECT_EQ(n, 1);
+  for (size_t r = 0; r < b.committed.size(); ++r) {
+    const int32_t splits = p.request_splits[r], chunk = p.request_kv_chunk[r] / kAttnKvTile;
+    EXPECT_GE(static_cast<int64_t>(splits) * chunk, kv_tiles(b, r)) << r;      // covers the keys
+    EXPECT_LT(static_cast<int64_t>(splits - 1) * chunk, kv_tiles(b, r)) << r;  // none empty
+    if (automatic && splits > 1) {
+      EXPECT_GE(chunk, 2) << r;
+    }
+  }
+  return static_cast<int64_t>(p.work.size());
+}
+
+TEST(AttentionPlan, SplitsFillOneWaveAndNoMore) {
+  std::mt19937 rng(5);
+  const int64_t wave = 132 * 2;  // head_dim 128: 2 resident CTAs per SM
+  int split_plans = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const bool wgmma = trial % 2 == 0;
+    Batch b;
+    const int r_count = std::uniform_int_distribution<int>(1, 48)(rng);
+    const int t_choice[] = {1, 4, 16, 32, 64, 128};
+    for (int r = 0; r < r_count; ++r)
+      b.add(t_choice[std::uniform_int_distribution<int>(0, 5)(rng)],
+            std::uniform_int_distribution<int>(0, trial % 3 == 0 ? 40000 : 3000)(rng));
+    const AttentionPlan p = plan_for(b, wgmma);
+    const int64_t items = check_items(b, p);
+    // Units: items without splits.
+    int64_t units = 0;
+    for (const auto& w : p.work) units += w.split == 0;
+    if (units >= wave) {
+      EXPECT_EQ(p.max_splits_used, 1) << trial;
+      continue;
+    }
+    if (p.max_splits_used == 1) continue;
+    ++split_plans;
+    EXPECT_LE(items, wave) << trial << ": a split started a second wave";
+    // The chunk is the shortest that fits: one tile less would need more than a wave (or the
+    // chunk is the minimum, 2 tiles, or a request is at the 256-split limit).
+    int32_t chunk = 0;
+    for (size_t r = 0; r < b.committed.size(); ++r)
+      if (p.request_splits[r] > 1) chunk = std::max(chunk, p.request_kv_chunk[r] / kAttnKvTile);
+    if (chunk <= 2) continue;
+    std::vector<int64_t> request_units(b.committed.size(), 0);
+    for (const auto& w : p.work)
+      if (w.split == 0) ++request_units[static_cast<size_t>(w.request)];
+    int64_t shorter = 0;
+    for (size_t r = 0; r < b.committed.size(); ++r)
+      shorter += request_units[r] * std::min<int64_t>(kernels::kAttnMaxSplits,
+                                                      (kv_tiles(b, r) + chunk - 2) / (chunk - 1));
+    EXPECT_GT(shorter, wave) << trial << ": chunk " << chunk << " is not the shortest";
+  }
+  EXPECT_GT(split_plans, 50);  // the random batches do exercise the split rule
+}
+
+TEST(AttentionPlan, IssuePointsAndExamples) {
+  // (8, 2048, 64): 256 units of 33 tiles fill the wave; no split (the old rule made 2).
+  Batch a;
+  for (int r = 0; r < 8; ++r) a.add(64, 2048);
+  EXPECT_EQ(plan_for(a, true).max_splits_used, 1);
+  // (1, 32768, 64): 32 units; 8 splits of 65 tiles give 256 CTAs.
+  Batch c;
+  c.add(64, 32768);
+  const AttentionPlan pc = plan_for(c, true);
+  EXPECT_EQ(pc.request_splits[0], 8);
+  EXPECT_EQ(check_items(c, pc), 256);
+  // One long request beside many short ones: only the long one is split.
+  Batch d;
+  d.add(1, 30000);
+  for (int r = 0; r < 20; ++r) d.add(1, 100);
+  const AttentionPlan pd = plan_for(d, false);
+  EXPECT_GT(pd.request_splits[0], 1);
+  for (int r = 1; r <= 20; ++r) EXPECT_EQ(pd.request_splits[r], 1) << r;
+  check_items(d, pd);
+}
+
+TEST(AttentionPlan, FixedAndMaxSplits) {
+  Batch b;
+  b.add(16, 5000);
+  b.add(1, 100);  // 2 tiles: at most 2 splits
+  const AttentionPlan fixed = plan_for(b, true, /*fixed=*/3);
+  EXPECT_EQ(fixed.request_splits[0], 3);
+  EXPECT_EQ(fixed.request_splits[1], 2);
+  check_items(b, fixed, /*automatic=*/false);
+  EXPECT_EQ(plan_for(b, true, /*fixed=*/3, /*max_splits=*/1).max_splits_used, 1);
+  EXPECT_EQ(plan_for(b, true, 0, 1).max_splits_used, 1);
+  const AttentionPlan capped = plan_for(b, true, 0, 4);
+  EXPECT_LE(capped.max_splits_used, 4);
+  check_items(b, capped);
+}
+
+}  // namespace
+}  // namespace arbor
