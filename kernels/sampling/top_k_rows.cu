@@ -107,6 +107,24 @@ __device__ __forceinline__ Pick warp_argmax(Pick best, int& from, int lane) {
   return best;
 }
 
+// Worse than every entry of a row.
+__device__ __forceinline__ Pick no_pick() {
+  return Pick{-INFINITY, 0x7fffffff};
+}
+
+// k rounds of a warp argmax over sorted lists, one per lane (nullptr: none); the lane that wins
+// a round advances its head, and lane 0 hands the picks, best first, to emit(j, pick).
+template <typename Emit>
+__device__ __forceinline__ void merge_sorted_lists(const Pick* list, int k, int lane, Emit emit) {
+  int head = 0;
+  for (int j = 0; j < k; ++j) {
+    int from = 0;
+    const Pick best = warp_argmax(list != nullptr && head < k ? list[head] : no_pick(), from, lane);
+    if (lane == from) ++head;
+    if (lane == 0) emit(j, best);
+  }
+}
+
 // Launched with a cluster dimension of kClusterRows (launch_cluster); sm_90+ only.
 template <int KMAX>
 __global__ void __launch_bounds__(kThreads) top_k_cluster_kernel(const TopKRowsParams p) {
@@ -175,7 +193,7 @@ __global__ void __launch_bounds__(kThreads) top_k_cluster_kernel(const TopKRowsP
 
   Pick list[KMAX];
 #pragma unroll
-  for (int j = 0; j < KMAX; ++j) list[j] = Pick{-INFINITY, 0x7fffffff};
+  for (int j = 0; j < KMAX; ++j) list[j] = no_pick();
   auto visit = [&](float xv, int i) {
     const Pick c{fminf(xv - lse, 0.0f), i};
     if (better(c, list[KMAX - 1])) {
@@ -207,40 +225,24 @@ __global__ void __launch_bounds__(kThreads) top_k_cluster_kernel(const TopKRowsP
     if (lane == from) {
 #pragma unroll
       for (int q = 0; q + 1 < KMAX; ++q) list[q] = list[q + 1];
-      list[KMAX - 1] = Pick{-INFINITY, 0x7fffffff};
+      list[KMAX - 1] = no_pick();
     }
     if (lane == 0) warp_best[warp][j] = best;
   }
   __syncthreads();
   // The block's k best from the warps' sorted lists (lane w < kWarps reads list w).
-  if (warp == 0) {
-    int head = 0;
-    for (int j = 0; j < p.k; ++j) {
-      int from = 0;
-      const Pick best = warp_argmax(
-          lane < kWarps && head < p.k ? warp_best[lane][head] : Pick{-INFINITY, 0x7fffffff}, from,
-          lane);
-      if (lane == from) ++head;
-      if (lane == 0) block_best[j] = best;
-    }
-  }
+  if (warp == 0)
+    merge_sorted_lists(lane < kWarps ? warp_best[lane] : nullptr, p.k, lane,
+                       [&](int j, const Pick& best) { block_best[j] = best; });
   cluster.sync();
   // The row's k best: block 0 merges the blocks' sorted lists (lane r < kClusterRows reads
   // block r's), then the cluster waits until block 0 is done reading the others' shared memory.
-  if (rank == 0 && warp == 0) {
-    const Pick* mine = lane < kClusterRows ? cluster.map_shared_rank(block_best, lane) : nullptr;
-    int head = 0;
-    for (int j = 0; j < p.k; ++j) {
-      int from = 0;
-      const Pick best = warp_argmax(
-          mine != nullptr && head < p.k ? mine[head] : Pick{-INFINITY, 0x7fffffff}, from, lane);
-      if (lane == from) ++head;
-      if (lane == 0) {
-        p.ids[row * p.k + j] = best.i;
-        p.values[row * p.k + j] = best.v;
-      }
-    }
-  }
+  if (rank == 0 && warp == 0)
+    merge_sorted_lists(lane < kClusterRows ? cluster.map_shared_rank(block_best, lane) : nullptr,
+                       p.k, lane, [&](int j, const Pick& best) {
+                         p.ids[row * p.k + j] = best.i;
+                         p.values[row * p.k + j] = best.v;
+                       });
   cluster.sync();
 #else
   __trap();  // launch_cluster checks the device first
