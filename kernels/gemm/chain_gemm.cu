@@ -18,6 +18,7 @@
 // scheduler, 0.21 instructions issued per cycle, 43% of the stalls on fixed-latency
 // dependencies; SMs active 78% of the launch (ramp and tail), DRAM at 56% of peak.
 #include <cuda_bf16.h>
+#include <cstdlib>
 
 #include "kernels/common/device_utils.cuh"
 #include "kernels/common/pdl_launch.cuh"
@@ -186,6 +187,12 @@ cudaError_t launch_chain_gemm_config(const ChainGemmParams& p, int warps, int st
       return launch_rows<4, 8, 64>(p, stream);
     case 44256:
       return launch_rows<4, 4, 256>(p, stream);
+    case 43256:
+      return launch_rows<4, 3, 256>(p, stream);
+    case 48128:
+      return launch_rows<4, 8, 128>(p, stream);
+    case 46256:
+      return launch_rows<4, 6, 256>(p, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -197,6 +204,21 @@ cudaError_t launch_chain_gemm(const ChainGemmParams& p, cudaStream_t stream) {
   // 4 warps (32 weight rows), 4 stages of 128 k: 55 KiB of shared memory at <= 8 tokens. In a
   // decode step (graph replay) it beat 4 x 256 k, 3 and 6 stages, 2 warps and 8 x 64 k
   // (model_bench, docs/benchmarks.md); alone (chain_gemm_probe) they are within a few percent.
+  // Except for matrices of at most 8192 rows and 4096 inputs (Llama-3-8B's q|k|v and o: one CTA
+  // per SM): stages of 256 k, 16.7 vs 19.2 us (q|k|v) and 14.2 vs 17.3 us (o) per launch in a
+  // replayed step (ncu), 199 vs 197 tok/s at batch 1. The down projection (14336 inputs) is 12 us
+  // faster alone with them but makes the step 4% slower: its CTAs, resident early as a programmatic
+  // dependent, take the SMs that the gate|up GEMM's later waves need (docs/benchmarks.md
+  // "Fourteenth session"). Same bits at every tiling (chain_gemm_probe).
+  // ARBOR_CHAIN_SMALL=<warps><stages><stage k> (e.g. 44128, the old choice) overrides the tiling of
+  // those shapes for A/B runs.
+  static const int small_config = [] {
+    const char* e = std::getenv("ARBOR_CHAIN_SMALL");
+    return e != nullptr ? std::atoi(e) : 44256;
+  }();
+  if (p.out_features <= 8192 && p.in_features <= 4096)
+    return detail::launch_chain_gemm_config(p, small_config / 10000, small_config / 1000 % 10,
+                                            small_config % 1000, stream);
   return launch_rows<4, 4, 128>(p, stream);
 }
 

@@ -23,8 +23,12 @@
 //               [--json out.json]
 //               [--verify-json curve.json] [--batch-invariant 0|1|both] [--graph-compare]
 //               [--engine] [--no-verify] [--no-plain] [--gemm 0|1|2] [--gemm-tune 0|1]
+//               [--ncu-step]
+//   --ncu-step: one replayed decode step per batch between cudaProfilerStart / Stop, for
+//   `ncu --profile-from-start off --graph-profiling node` (per-kernel times of a step).
 //   --batch-invariant both: two passes in one process (CudaBackendOptions::batch_invariant off,
 //   then on), a JSON file per pass (.bi0 / .bi1 appended) and a decode cost table at the end.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -476,10 +480,11 @@ struct Args {
   bool linear = false;
   bool linear_only = false;
   bool graphs = true;
-  bool graph_compare = false;              // LlamaModel::forward decode with step graphs off vs on
-  bool engine = false;                     // the same through Engine::step
-  bool verify = true;                      // the verify-step curve
-  bool plain = true;                       // the plain-decode table
+  bool ncu_step = false;       // cudaProfilerStart/Stop around one replayed decode step per batch
+  bool graph_compare = false;  // LlamaModel::forward decode with step graphs off vs on
+  bool engine = false;         // the same through Engine::step
+  bool verify = true;          // the verify-step curve
+  bool plain = true;           // the plain-decode table
   std::vector<int> batch_invariant = {1};  // CudaBackendOptions::batch_invariant per pass
   std::vector<int> split_keys = {512};     // CudaBackendOptions::invariant_split_keys per pass
   int gemm_tune = 1;                       // CudaBackendOptions::tune_invariant_gemm
@@ -784,10 +789,14 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
       check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
       std::vector<double> t;
       for (int s = 0; s < a.decode_steps + 3; ++s) {
+        // --ncu-step: the fourth replay alone is profiled (ncu --profile-from-start off), so
+        // Nsight Compute lists every kernel of one steady-state decode step.
+        if (a.ncu_step && s == 3) check(cudaProfilerStart(), "profiler start");
         const double t0 = now_s();
         check(cudaGraphLaunch(exec, stream), "graph launch");
         backend.synchronize();
         if (s >= 3) t.push_back(now_s() - t0);
+        if (a.ncu_step && s == 3) check(cudaProfilerStop(), "profiler stop");
       }
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
@@ -944,6 +953,8 @@ int main(int argc, char** argv) {
       a.graphs = false;
     else if (k == "--graph-compare")
       a.graph_compare = true;
+    else if (k == "--ncu-step")
+      a.ncu_step = true;
     else if (k == "--engine")
       a.engine = true;
     else if (k == "--no-verify")
