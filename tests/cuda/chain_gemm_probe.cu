@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
                                      {"lm_head", 128256, 4096}, {"ragged", 1000, 4640},
                                      {"smollm2", 1536, 576}};
   // warps (8 weight rows each), ring stages, k per stage
-  const int configs[][3] = {{4, 4, 128}, {4, 3, 128}, {4, 6, 128}, {2, 4, 128},
-                            {4, 8, 64},  {4, 4, 256}, {4, 8, 128}, {4, 6, 256}};
+  const int configs[][3] = {{4, 4, 128}, {4, 3, 128}, {4, 6, 128}, {2, 4, 128}, {4, 8, 64},
+                            {4, 4, 256}, {4, 8, 128}, {4, 6, 256}, {4, 3, 256}};
   CudaBackendOptions o;
   o.batch_invariant = true;
   CudaBackend b(o);
