@@ -109,7 +109,6 @@ struct Engine::Choice {
   bool speculate = false;
   bool begun = false;  // open in the proposer
   DraftTree draft;
-  double draft_ms = 0;  // this step's propose time
   GenerationResult result;
 
   Choice(uint64_t s, std::shared_ptr<Request> r, int32_t i, bool spec)
@@ -290,7 +289,9 @@ std::vector<EngineEvent> Engine::step() {
   const int32_t eos = model_.config().eos_token_id;
 
   // Every speculating request's tree in one proposer call (a draft model batches its forwards
-  // across requests); each request is charged an equal share of the drafting time.
+  // across requests). The drafting time is the step's, recorded against its deepest budget.
+  double drafted_ms = 0;
+  int32_t drafted_depth = 0;
   auto draft = [&](const std::vector<std::pair<ReqId, TreeBudget>>& wanted) {
     std::vector<std::pair<RequestId, TreeBudget>> requests;
     for (const auto& [sid, budget] : wanted)
@@ -300,6 +301,8 @@ std::vector<EngineEvent> Engine::step() {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     stats_.draft_seconds += ms * 1e-3;
+    drafted_ms += ms;
+    for (const auto& w : wanted) drafted_depth = std::max(drafted_depth, w.second.max_depth);
     ARBOR_CHECK(trees.size() == wanted.size(), "proposer returned " + std::to_string(trees.size()) +
                                                    " trees for " + std::to_string(wanted.size()) +
                                                    " requests");
@@ -308,7 +311,6 @@ std::vector<EngineEvent> Engine::step() {
       const auto& [sid, budget] = wanted[i];
       Choice& c = *choices_.at(sid);
       c.draft = std::move(trees[i]);
-      c.draft_ms = ms / static_cast<double>(wanted.size());
       ARBOR_CHECK(!c.draft.token.empty() && c.draft.token[0] == sched_.context(sid).back(),
                   "proposer tree root differs from the request's newest token");
       n.push_back(std::min<int32_t>(c.draft.size(), budget.max_nodes));
@@ -612,14 +614,9 @@ std::vector<EngineEvent> Engine::step() {
     const double observe_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - f0).count();
     stats_.feedback_seconds += observe_ms * 1e-3;
-    // What a tree costs beyond verification: drafting it and folding the accepted path into the
-    // proposer's state, an equal share of the batch's (steps without a tree do not tell it).
-    const double share = observe_ms / static_cast<double>(pending.size());
-    for (const PendingFeedback& p : pending) {
-      Choice& c = *choices_.at(p.sid);
-      if (p.tree) sched_.record_draft_ms(p.sid, share + c.draft_ms);
-      c.draft_ms = 0;
-    }
+    // What trees cost beyond verification: drafting them and folding the accepted paths into
+    // the proposer's state (steps without a tree do not tell it).
+    if (drafted_depth > 0) sched_.record_draft_step(drafted_depth, drafted_ms + observe_ms);
   }
   for (uint64_t sid : finished) drop(sid);
   return events;

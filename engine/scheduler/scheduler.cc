@@ -158,13 +158,23 @@ void Scheduler::admit(StepPlan* plan) {
     if (r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0) {
       // Would a tree pay for this request at the load it joins? If not, it never starts
       // speculating (no drafting, no feature bookkeeping). It starts from what other requests
-      // measured.
+      // measured, and shares the step's drafting cost with the running requests that speculate.
       r.acceptance = global_acceptance_;
-      r.draft_ms = global_draft_ms_;
+      std::vector<TreeCandidate> cands;
+      int32_t plain = 0;
+      for (ReqId id : running_) {
+        const Req& o = get(id);
+        if (o.speculate) {
+          cands.push_back({&o.acceptance});
+        } else {
+          plain++;
+        }
+      }
+      cands.push_back({&r.acceptance});
       const int32_t batch = static_cast<int32_t>(running_.size()) + 1;
-      const auto b = choose_tree_budgets({TreeCandidate{&r.acceptance, r.draft_ms}}, batch - 1,
-                                         batch - 1, batch, cost_, config_.tree);
-      if (b[0].max_nodes <= 1) r.speculate = false;
+      const auto b =
+          choose_tree_budgets(cands, plain, plain, batch, cost_, draft_cost_.cost(), config_.tree);
+      if (b.back().max_nodes <= 1) r.speculate = false;
     }
     const auto created = r.speculate ? kv_.create_sequence() : kv_.create_sequence(r.context);
     r.seq = created.seq;
@@ -221,15 +231,15 @@ StepPlan Scheduler::schedule(const BatchDraftFn& draft) {
     const Req& r = get(decodes[k]);
     if (r.speculate) {
       cand_of[k] = cands.size();
-      cands.push_back({&r.acceptance, r.draft_ms});
+      cands.push_back({&r.acceptance});
     } else {
       fixed += 1;
       fixed_emitted += 1;
     }
   }
   const int32_t batch = static_cast<int32_t>(decodes.size() + chunks.size());
-  const std::vector<TreeBudget> budgets =
-      choose_tree_budgets(cands, fixed, fixed_emitted, batch, cost_, config_.tree);
+  const std::vector<TreeBudget> budgets = choose_tree_budgets(
+      cands, fixed, fixed_emitted, batch, cost_, draft_cost_.cost(), config_.tree);
 
   // Reserve: decodes, then chunks. Out of blocks: a tree falls back to its root, then the newest
   // running request is preempted (possibly the one being planned) until the item fits.
@@ -350,10 +360,8 @@ void Scheduler::record_acceptance(ReqId id, const VerifyResult& result, int32_t 
   global_acceptance_.update(one.offered, one.accepted);
 }
 
-void Scheduler::record_draft_ms(ReqId id, double ms) {
-  Req& r = get(id);
-  r.draft_ms = r.draft_ms == 0 ? ms : 0.8 * r.draft_ms + 0.2 * ms;
-  global_draft_ms_ = global_draft_ms_ == 0 ? ms : 0.9 * global_draft_ms_ + 0.1 * ms;
+void Scheduler::record_draft_step(int32_t depth, double ms) {
+  draft_cost_.observe(depth, ms);
 }
 
 }  // namespace arbor

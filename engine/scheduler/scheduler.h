@@ -80,8 +80,10 @@ class Scheduler {
   // Generated tokens join the request's context (the last one is the next tree's root).
   void append(ReqId id, std::span<const int32_t> tokens);
   void record_acceptance(ReqId id, const VerifyResult& result, int32_t tree_nodes);
-  // Drafting cost of one step for a speculating request: propose + observe time.
-  void record_draft_ms(ReqId id, double ms);
+  // Drafting cost of one step that drafted trees: the deepest budget drafted and the proposer's
+  // time (propose + observe), for the whole batch.
+  void record_draft_step(int32_t depth, double ms);
+  const DraftCostEstimate& draft_cost() const { return draft_cost_; }
   void observe_step(int32_t batch, int32_t tokens, double ms) { cost_.observe(batch, tokens, ms); }
   // A new running request `child` sharing every KV block of `parent` (n > 1 samples of one
   // prompt): parent must have finished its prefill; child's context is parent's committed
@@ -118,7 +120,6 @@ class Scheduler {
     bool prefilled = false;  // computed reached the end of the context once since admission
     int32_t preemptions = 0;
     AcceptanceEstimate acceptance;
-    double draft_ms = 0;
     int32_t steps_without_tree = 0;
   };
   Req& get(ReqId id);
@@ -134,9 +135,10 @@ class Scheduler {
   KvCacheManager& kv_;
   SchedulerConfig config_;
   CostModel cost_;
-  // Across requests: the prior a new request starts from (acceptance, drafting cost).
+  // Across requests: the acceptance prior a new request starts from.
   AcceptanceEstimate global_acceptance_;
-  double global_draft_ms_ = 0;
+  // What drafting costs a step (per step, not per request: drafts are batched).
+  DraftCostEstimate draft_cost_;
   std::unordered_map<ReqId, Req> reqs_;
   std::deque<ReqId> waiting_;
   std::vector<ReqId> running_;  // admission order (newest last: preempted first)

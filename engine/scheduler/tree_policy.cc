@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/core/error.h"
+
 namespace arbor {
 
 void AcceptanceEstimate::update(const std::vector<int64_t>& offered,
@@ -45,9 +47,130 @@ int32_t budget_depth(int32_t nodes, int32_t max_depth) {
   return std::min(depth, max_depth);
 }
 
+void DraftCostEstimate::observe(int32_t depth, double ms) {
+  if (depth <= 0 || !(ms >= 0)) return;
+  const double x = static_cast<double>(depth - 1);
+  const double k = samples_ == 0 ? 1.0 : ema_;
+  auto mix = [k](double& m, double v) { m = (1 - k) * m + k * v; };
+  mix(x_, x);
+  mix(y_, ms);
+  mix(xx_, x * x);
+  mix(xy_, x * ms);
+  samples_++;
+  const double var = xx_ - x_ * x_;
+  if (var < 0.25) {
+    // One depth (or nearly): the line is not determined; every level costs the same.
+    cost_.fixed_ms = cost_.per_level_ms = y_ / (x_ + 1);
+    return;
+  }
+  double slope = (xy_ - x_ * y_) / var;
+  double intercept = y_ - slope * x_;
+  if (slope < 0) {
+    slope = 0;
+    intercept = y_;
+  } else if (intercept < 0) {
+    intercept = 0;
+    slope = xy_ / xx_;
+  }
+  cost_.fixed_ms = intercept;
+  cost_.per_level_ms = slope;
+}
+
+namespace {
+
+// One assignment of budgets and what it predicts.
+struct Assignment {
+  std::vector<int32_t> nodes;
+  int32_t tokens = 0;
+  double emitted = 0;
+  int32_t depth = 0;  // deepest budget (0: nobody drafts)
+  double value = 0;   // predicted throughput
+};
+
+class BudgetSearch {
+ public:
+  BudgetSearch(const std::vector<TreeCandidate>& candidates, int32_t fixed_tokens,
+               int32_t fixed_emitted, int32_t batch, const CostModel& cost, const DraftCost& draft,
+               const TreePolicyConfig& config)
+      : c_(candidates),
+        fixed_tokens_(fixed_tokens),
+        fixed_emitted_(fixed_emitted),
+        batch_(batch),
+        cost_(cost),
+        draft_(draft),
+        config_(config) {}
+
+  int32_t depth_of(int32_t nodes) const {
+    return nodes <= 1 ? 0 : budget_depth(nodes, config_.max_tree.max_depth);
+  }
+  double emitted(size_t i, int32_t nodes) const {
+    return nodes <= 1 ? 1.0 : c_[i].acceptance->expected_emitted(depth_of(nodes));
+  }
+  double value(double emitted, int32_t tokens, int32_t depth) const {
+    return emitted / (cost_.step_ms(batch_, tokens) + draft_.ms(depth));
+  }
+  // The next budget after `nodes`: doubled, capped at max_nodes (nodes itself when at the cap).
+  int32_t next(int32_t nodes) const {
+    return std::max(nodes, std::min(nodes * 2, config_.max_tree.max_nodes));
+  }
+
+  Assignment uniform(int32_t nodes) const {
+    Assignment a;
+    a.nodes.assign(c_.size(), nodes);
+    a.tokens = fixed_tokens_ + static_cast<int32_t>(c_.size()) * nodes;
+    a.emitted = fixed_emitted_;
+    for (size_t i = 0; i < c_.size(); ++i) a.emitted += emitted(i, nodes);
+    a.depth = depth_of(nodes);
+    a.value = value(a.emitted, a.tokens, a.depth);
+    return a;
+  }
+
+  // Grows one budget at a time (to any larger power of two: a fixed drafting cost can make a
+  // 2-node tree a loss where an 8-node tree is a gain) while throughput rises by min_gain.
+  void grow(Assignment* a) const {
+    const size_t n = c_.size();
+    while (true) {
+      size_t pick = n;
+      double pick_value = a->value * (1 + config_.min_gain);
+      int32_t pick_nodes = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const int32_t cur = a->nodes[i];
+        for (int32_t nn = next(cur); nn > cur; nn = next(nn)) {
+          const int32_t t = a->tokens + nn - cur;
+          if (t > config_.max_step_tokens) break;
+          const double e = a->emitted - emitted(i, cur) + emitted(i, nn);
+          const double v = value(e, t, std::max(a->depth, depth_of(nn)));
+          if (v > pick_value) {
+            pick = i;
+            pick_value = v;
+            pick_nodes = nn;
+          }
+          if (nn == next(nn)) break;  // at max_nodes
+        }
+      }
+      if (pick == n) return;
+      a->emitted += emitted(pick, pick_nodes) - emitted(pick, a->nodes[pick]);
+      a->tokens += pick_nodes - a->nodes[pick];
+      a->depth = std::max(a->depth, depth_of(pick_nodes));
+      a->nodes[pick] = pick_nodes;
+      a->value = pick_value;
+    }
+  }
+
+ private:
+  const std::vector<TreeCandidate>& c_;
+  int32_t fixed_tokens_, fixed_emitted_, batch_;
+  const CostModel& cost_;
+  const DraftCost& draft_;
+  const TreePolicyConfig& config_;
+};
+
+}  // namespace
+
 std::vector<TreeBudget> choose_tree_budgets(const std::vector<TreeCandidate>& candidates,
                                             int32_t fixed_tokens, int32_t fixed_emitted,
                                             int32_t batch, const CostModel& cost,
+                                            const DraftCost& draft,
                                             const TreePolicyConfig& config) {
   const size_t n = candidates.size();
   std::vector<TreeBudget> out(n, TreeBudget{1, 0});
@@ -61,47 +184,39 @@ std::vector<TreeBudget> choose_tree_budgets(const std::vector<TreeCandidate>& ca
     }
     return out;
   }
-  std::vector<int32_t> nodes(n, 1);
-  auto emitted = [&](size_t i, int32_t nn) {
-    if (nn <= 1) return 1.0;
-    return candidates[i].acceptance->expected_emitted(budget_depth(nn, config.max_tree.max_depth));
-  };
-  int32_t tokens = fixed_tokens + static_cast<int32_t>(n);
-  double sum_emitted = static_cast<double>(n + fixed_emitted), draft_ms = 0;
-  auto throughput = [&](double e, int32_t t, double d) { return e / (cost.step_ms(batch, t) + d); };
-  double best = throughput(sum_emitted, tokens, draft_ms);
-  while (true) {
-    size_t pick = n;
-    double pick_value = best * (1 + config.min_gain);
-    int32_t pick_nodes = 0;
-    for (size_t i = 0; i < n; ++i) {
-      // Every larger power-of-two budget, not just the next: a fixed drafting cost can make a
-      // 2-node tree a loss where an 8-node tree is a gain.
-      for (int32_t next = std::min(nodes[i] * 2, config.max_tree.max_nodes); next > nodes[i];
-           next = std::min(next * 2, config.max_tree.max_nodes)) {
-        const int32_t t = tokens + next - nodes[i];
-        if (t > config.max_step_tokens) break;
-        const double e = sum_emitted - emitted(i, nodes[i]) + emitted(i, next);
-        const double d = draft_ms + (nodes[i] == 1 ? candidates[i].draft_ms : 0.0);
-        const double v = throughput(e, t, d);
-        if (v > pick_value) {
-          pick = i;
-          pick_value = v;
-          pick_nodes = next;
-        }
-        if (next == config.max_tree.max_nodes) break;
-      }
-    }
-    if (pick == n) break;
-    sum_emitted += emitted(pick, pick_nodes) - emitted(pick, nodes[pick]);
-    if (nodes[pick] == 1) draft_ms += candidates[pick].draft_ms;
-    tokens += pick_nodes - nodes[pick];
-    nodes[pick] = pick_nodes;
-    best = throughput(sum_emitted, tokens, draft_ms);
+  const BudgetSearch search(candidates, fixed_tokens, fixed_emitted, batch, cost, draft, config);
+  Assignment best = search.uniform(1);
+  // The best budget common to every request, if it beats plain decoding by min_gain.
+  Assignment common = best;
+  for (int32_t u = search.next(1); u > 1; u = search.next(u)) {
+    if (fixed_tokens + static_cast<int64_t>(n) * u > config.max_step_tokens) break;
+    Assignment a = search.uniform(u);
+    if (a.value > common.value) common = std::move(a);
+    if (u == search.next(u)) break;
   }
-  for (size_t i = 0; i < n; ++i)
-    out[i] = TreeBudget{nodes[i], budget_depth(nodes[i], config.max_tree.max_depth)};
+  search.grow(&best);
+  if (common.value > search.uniform(1).value * (1 + config.min_gain)) {
+    search.grow(&common);
+    if (common.value > best.value) best = std::move(common);
+  }
+  for (size_t i = 0; i < n; ++i) out[i] = TreeBudget{best.nodes[i], search.depth_of(best.nodes[i])};
   return out;
+}
+
+double predicted_throughput(const std::vector<TreeCandidate>& candidates,
+                            const std::vector<int32_t>& nodes, int32_t fixed_tokens,
+                            int32_t fixed_emitted, int32_t batch, const CostModel& cost,
+                            const DraftCost& draft, const TreePolicyConfig& config) {
+  ARBOR_CHECK(nodes.size() == candidates.size(), "one budget per candidate");
+  const BudgetSearch search(candidates, fixed_tokens, fixed_emitted, batch, cost, draft, config);
+  double e = fixed_emitted;
+  int32_t t = fixed_tokens, d = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    e += search.emitted(i, nodes[i]);
+    t += nodes[i];
+    d = std::max(d, search.depth_of(nodes[i]));
+  }
+  return search.value(e, t, d);
 }
 
 }  // namespace arbor

@@ -1,11 +1,14 @@
 // The tree-budget policy: how many draft nodes each speculating request may score this step.
 // It maximises predicted throughput, (tokens the step is expected to emit) / (predicted step
-// time + drafting time), using the cost model (step time vs total tokens at this batch size)
-// and each request's running acceptance by tree depth. Every request starts at a plain decode
-// (one node); budgets grow by doubling, one request at a time, while the objective improves.
-// So speculation shrinks, then turns off, as the batch grows and verification stops being free,
-// and with all budgets at one node the step is exactly plain decoding: enabling speculation
-// never predicts a slower step than disabling it.
+// time + drafting time), using the cost model (step time vs total tokens at this batch size),
+// the drafting cost (per step, growing with the deepest tree: a draft model batches every
+// request's tree into one forward per level) and each request's running acceptance by tree
+// depth. Budgets grow by doubling, one request at a time, while the objective improves, from
+// two starts: every request at a plain decode (one node), and every request at the best common
+// budget (a shared drafting cost one tree alone cannot pay may pay for eight). So speculation
+// shrinks, then turns off, as the batch grows and verification stops being free, and with all
+// budgets at one node the step is exactly plain decoding: enabling speculation never predicts a
+// slower step than disabling it.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +49,37 @@ struct TreePolicyConfig {
 
 struct TreeCandidate {
   const AcceptanceEstimate* acceptance = nullptr;
-  double draft_ms = 0;  // drafting time when it speculates (0 for n-gram lookup)
+};
+
+// Drafting time of one step as a function of the deepest tree budget drafted in it:
+// fixed_ms + per_level_ms * (depth - 1), nothing when no request drafts (depth 0). fixed_ms
+// covers what any drafting step pays once (the proposer's feedback forward, the root top-k),
+// per_level_ms one more draft forward over every request's frontier. It is per step, not per
+// request: eight requests drafting in one batched forward cost about what one does.
+struct DraftCost {
+  double fixed_ms = 0;
+  double per_level_ms = 0;
+  double ms(int32_t depth) const {
+    return depth <= 0 ? 0.0 : fixed_ms + per_level_ms * static_cast<double>(depth - 1);
+  }
+};
+
+// DraftCost measured online: an exponentially weighted least-squares line through (depth - 1,
+// measured ms) of the steps that drafted. While every sample has the same depth the line is not
+// determined, and the cost is taken as proportional to depth (each level, the first included,
+// costs the same), the shape of a draft model's lockstep expansion.
+class DraftCostEstimate {
+ public:
+  explicit DraftCostEstimate(double ema = 0.1) : ema_(ema) {}
+  void observe(int32_t depth, double ms);
+  DraftCost cost() const { return cost_; }
+  int64_t samples() const { return samples_; }
+
+ private:
+  double ema_;
+  double w_ = 0, x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;  // weighted moments of (depth - 1, ms)
+  DraftCost cost_;
+  int64_t samples_ = 0;
 };
 
 // The depth a budget of `nodes` is expected to reach: trees double in width and grow one level
@@ -60,6 +93,13 @@ int32_t budget_depth(int32_t nodes, int32_t max_depth);
 std::vector<TreeBudget> choose_tree_budgets(const std::vector<TreeCandidate>& candidates,
                                             int32_t fixed_tokens, int32_t fixed_emitted,
                                             int32_t batch, const CostModel& cost,
-                                            const TreePolicyConfig& config);
+                                            const DraftCost& draft, const TreePolicyConfig& config);
+
+// The throughput choose_tree_budgets predicts for `nodes` (one per candidate): expected emitted
+// tokens per ms of verification plus drafting.
+double predicted_throughput(const std::vector<TreeCandidate>& candidates,
+                            const std::vector<int32_t>& nodes, int32_t fixed_tokens,
+                            int32_t fixed_emitted, int32_t batch, const CostModel& cost,
+                            const DraftCost& draft, const TreePolicyConfig& config);
 
 }  // namespace arbor

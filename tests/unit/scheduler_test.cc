@@ -167,7 +167,8 @@ TEST(SchedulerTicks, ForkSharesThePromptBlocks) {
 
 // --- the tree-budget policy --------------------------------------------------------------------
 
-// An H100-like verify curve: flat (weight-bandwidth bound) up to ~64 tokens, then linear.
+// An H100-like verify curve: flat (weight-bandwidth bound) up to 64 tokens, then compute-bound
+// (proportional to the tokens).
 CostModelConfig gpu_curve() {
   CostModelConfig c;
   for (int32_t b : {1, 8, 32, 64}) {
@@ -175,7 +176,8 @@ CostModelConfig gpu_curve() {
     for (int32_t t : {1, 16, 64, 128, 256, 512, 1024, 4096}) {
       const int32_t tokens = std::max(t, b);
       if (!pts.empty() && pts.back().tokens >= tokens) continue;
-      pts.push_back({tokens, 5.0 + 0.02 * b + (tokens > 64 ? 0.03 * (tokens - 64) : 0.0)});
+      const double flat = 5.0 + 0.02 * b;
+      pts.push_back({tokens, tokens > 64 ? flat * tokens / 64.0 : flat});
     }
     c.curves[b] = pts;
   }
@@ -183,32 +185,44 @@ CostModelConfig gpu_curve() {
   return c;
 }
 
-std::vector<int32_t> budgets(int32_t batch, double acceptance, const CostModelConfig& cc,
-                             double draft_ms = 0.0) {
-  AcceptanceEstimate est(acceptance);
-  std::vector<TreeCandidate> cands(static_cast<size_t>(batch), TreeCandidate{&est, draft_ms});
+TreePolicyConfig policy() {
   TreePolicyConfig tp;
   tp.max_tree = {64, 8};
   tp.max_step_tokens = 8192;
+  return tp;
+}
+
+std::vector<int32_t> budgets(int32_t batch, double acceptance, const CostModelConfig& cc,
+                             const DraftCost& draft = {}) {
+  AcceptanceEstimate est(acceptance);
+  std::vector<TreeCandidate> cands(static_cast<size_t>(batch), TreeCandidate{&est});
   CostModel cost(cc);
   std::vector<int32_t> out;
-  for (const TreeBudget& b : choose_tree_budgets(cands, 0, 0, batch, cost, tp))
+  for (const TreeBudget& b : choose_tree_budgets(cands, 0, 0, batch, cost, draft, policy()))
     out.push_back(b.max_nodes);
   return out;
 }
 
+// Expected emitted tokens per ms, written out here from the definitions (tree depth of a budget,
+// acceptance by depth, the cost curve, drafting cost per step by the deepest budget).
 double predicted_throughput(const std::vector<int32_t>& nodes, double acceptance,
-                            const CostModelConfig& cc, double draft_ms) {
-  AcceptanceEstimate est(acceptance);
+                            const CostModelConfig& cc, const DraftCost& draft) {
   CostModel cost(cc);
-  double e = 0, d = 0;
-  int32_t t = 0;
+  double e = 0;
+  int32_t t = 0, depth = 0;
   for (int32_t n : nodes) {
-    e += n > 1 ? est.expected_emitted(budget_depth(n, 8)) : 1.0;
-    d += n > 1 ? draft_ms : 0.0;
+    int32_t d = 0;
+    while ((2 << d) <= n) ++d;
+    d = std::min(d, 8);
+    double p = 1;
+    e += 1;
+    for (int32_t k = 1; k <= d; ++k) e += (p *= acceptance);
     t += n;
+    depth = std::max(depth, d);
   }
-  return e / (cost.step_ms(static_cast<int32_t>(nodes.size()), t) + d);
+  const double draft_ms =
+      depth == 0 ? 0.0 : draft.fixed_ms + draft.per_level_ms * static_cast<double>(depth - 1);
+  return e / (cost.step_ms(static_cast<int32_t>(nodes.size()), t) + draft_ms);
 }
 
 TEST(TreePolicy, SpeculationShrinksThenTurnsOffAsTheBatchGrows) {
@@ -224,26 +238,101 @@ TEST(TreePolicy, SpeculationShrinksThenTurnsOffAsTheBatchGrows) {
 }
 
 TEST(TreePolicy, LowAcceptanceOrLinearCostMeansNoSpeculation) {
-  for (int32_t n : budgets(4, 0.02, gpu_curve())) EXPECT_EQ(n, 1);
+  // (Free drafting on a flat curve makes even 2% acceptance a hair faster; drafting is not free.)
+  for (int32_t n : budgets(4, 0.02, gpu_curve(), DraftCost{0.1, 0.05})) EXPECT_EQ(n, 1);
   CostModelConfig cpu;  // compute-bound: every token costs the same
   cpu.fixed_ms = 0.1;
   cpu.per_token_ms = 1.0;
   cpu.online = false;
   for (int32_t n : budgets(1, 0.7, cpu)) EXPECT_EQ(n, 1);
   // A large drafting cost turns speculation off where it would otherwise pay.
-  for (int32_t n : budgets(1, 0.8, gpu_curve(), /*draft_ms=*/100.0)) EXPECT_EQ(n, 1);
+  for (int32_t n : budgets(1, 0.8, gpu_curve(), DraftCost{100.0, 0.0})) EXPECT_EQ(n, 1);
+}
+
+TEST(TreePolicy, DraftingCostIsPerStepSoABatchSharesIt) {
+  // SmolLM2 + EAGLE at batch 8 on an H200, roughly: a 2.4 ms plain step, 0.45 ms for the
+  // feedback forward, 0.5 ms per further draft level.
+  CostModelConfig cc;
+  cc.fixed_ms = 2.4;
+  cc.per_token_ms = 0.002;
+  cc.online = false;
+  const DraftCost draft{0.45, 0.5};
+  const double a = 0.7;
+  const auto b8 = budgets(8, a, cc, draft);
+  const std::vector<int32_t> plain(8, 1);
+  const double chosen = predicted_throughput(b8, a, cc, draft);
+  EXPECT_GT(chosen, 1.2 * predicted_throughput(plain, a, cc, draft));
+  // No common budget beats the choice (by more than rounding).
+  for (int32_t u : {2, 4, 8, 16, 32, 64})
+    EXPECT_GE(chosen * (1 + 1e-9), predicted_throughput(std::vector<int32_t>(8, u), a, cc, draft))
+        << u;
+  // Each deeper level costs the whole step 0.5 ms, so the trees stay shallow: depth 8 would
+  // cost 3.95 ms of drafting for ~0.2 more tokens per request.
+  for (int32_t n : b8) EXPECT_LE(n, 16);
+
+  // A 3 ms drafting cost that no single request's tree pays in a batch of 8 (one tree adds at
+  // most ~2 tokens to the step's 8), but eight trees together do: growing one request at a time
+  // from plain decoding never gets there, starting from a common budget does.
+  const DraftCost big{3.0, 0.0};
+  const double plain_big = predicted_throughput(plain, a, cc, big);
+  for (int32_t u : {2, 4, 8, 16, 32, 64}) {
+    std::vector<int32_t> one = plain;
+    one[0] = u;
+    EXPECT_LT(predicted_throughput(one, a, cc, big), plain_big) << u;
+  }
+  const auto shared = budgets(8, a, cc, big);
+  EXPECT_GT(predicted_throughput(shared, a, cc, big), 1.1 * plain_big);
+  for (int32_t n : shared) EXPECT_GT(n, 1);
+}
+
+TEST(TreePolicy, PredictedThroughputMatchesTheWrittenOutModel) {
+  const CostModelConfig cc = gpu_curve();
+  const DraftCost draft{0.4, 0.3};
+  AcceptanceEstimate est(0.6);
+  CostModel cost(cc);
+  const std::vector<int32_t> nodes = {1, 2, 8, 64, 4};
+  const std::vector<TreeCandidate> cands(nodes.size(), TreeCandidate{&est});
+  EXPECT_NEAR(predicted_throughput(cands, nodes, 0, 0, 5, cost, draft, policy()),
+              predicted_throughput(nodes, 0.6, cc, draft), 1e-12);
+  EXPECT_THROW(predicted_throughput(cands, {1, 2}, 0, 0, 5, cost, draft, policy()), Error);
+}
+
+TEST(TreePolicy, DraftCostEstimateFitsTheMeasuredSteps) {
+  DraftCostEstimate one_depth;
+  for (int i = 0; i < 20; ++i) one_depth.observe(4, 2.0);
+  // Only depth 4 seen: proportional to depth.
+  EXPECT_NEAR(one_depth.cost().ms(4), 2.0, 1e-9);
+  EXPECT_NEAR(one_depth.cost().ms(1), 0.5, 1e-9);
+  EXPECT_NEAR(one_depth.cost().ms(8), 4.0, 1e-9);
+  EXPECT_EQ(one_depth.cost().ms(0), 0.0);
+
+  DraftCostEstimate line(0.2);
+  for (int i = 0; i < 200; ++i) {
+    const int32_t d = 1 + i % 6;
+    line.observe(d, 0.45 + 0.5 * (d - 1));
+  }
+  EXPECT_NEAR(line.cost().fixed_ms, 0.45, 1e-6);
+  EXPECT_NEAR(line.cost().per_level_ms, 0.5, 1e-6);
+  line.observe(0, 100.0);  // no tree drafted: ignored
+  line.observe(3, -1.0);   // not a time: ignored
+  EXPECT_EQ(line.samples(), 200);
+
+  DraftCostEstimate falling;  // noise that makes deeper trees look cheaper: never negative
+  for (int i = 0; i < 100; ++i) falling.observe(1 + i % 2, i % 2 == 0 ? 1.0 : 0.5);
+  EXPECT_GE(falling.cost().per_level_ms, 0.0);
+  EXPECT_GE(falling.cost().fixed_ms, 0.0);
 }
 
 TEST(TreePolicy, NeverPredictsSlowerThanPlainDecoding) {
   const CostModelConfig cc = gpu_curve();
   for (int32_t batch : {1, 2, 4, 8, 16, 32, 64, 100})
     for (double a : {0.01, 0.2, 0.5, 0.8, 0.95})
-      for (double draft : {0.0, 0.5, 3.0}) {
+      for (const DraftCost& draft : {DraftCost{0, 0}, DraftCost{0.5, 0.2}, DraftCost{3.0, 1.0}}) {
         const auto chosen = budgets(batch, a, cc, draft);
         const std::vector<int32_t> plain(static_cast<size_t>(batch), 1);
         EXPECT_GE(predicted_throughput(chosen, a, cc, draft),
                   predicted_throughput(plain, a, cc, draft) - 1e-12)
-            << "batch " << batch << " acceptance " << a << " draft " << draft;
+            << "batch " << batch << " acceptance " << a << " draft " << draft.fixed_ms;
       }
 }
 
