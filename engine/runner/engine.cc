@@ -290,8 +290,9 @@ std::vector<EngineEvent> Engine::step() {
 
   // Every speculating request's tree in one proposer call (a draft model batches its forwards
   // across requests). The drafting time is the step's, recorded against its deepest budget.
-  double drafted_ms = 0;
+  double drafted_ms = 0, observe_ms = 0;
   int32_t drafted_depth = 0;
+  const auto step_start = std::chrono::steady_clock::now();
   auto draft = [&](const std::vector<std::pair<ReqId, TreeBudget>>& wanted) {
     std::vector<std::pair<RequestId, TreeBudget>> requests;
     for (const auto& [sid, budget] : wanted)
@@ -453,7 +454,8 @@ std::vector<EngineEvent> Engine::step() {
   (any_prefill && any_decode ? stats_.mixed_seconds
    : any_prefill             ? stats_.prefill_seconds
                              : stats_.decode_seconds) += secs;
-  sched_.observe_step(static_cast<int32_t>(items.size()), step.num_tokens(), secs * 1e3);
+  const auto step_batch = static_cast<int32_t>(items.size());
+  const int32_t step_tokens = step.num_tokens();
 
   auto logits_row = [&](int32_t row) {
     return std::span<const float>(out_.logits.data() + static_cast<int64_t>(row) * vocab,
@@ -611,13 +613,20 @@ std::vector<EngineEvent> Engine::step() {
     for (const PendingFeedback& p : pending) fbs.push_back(p.view());
     const auto f0 = std::chrono::steady_clock::now();
     proposer_->observe_batch(fbs);
-    const double observe_ms =
+    observe_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - f0).count();
     stats_.feedback_seconds += observe_ms * 1e-3;
     // What trees cost beyond verification: drafting them and folding the accepted paths into
     // the proposer's state (steps without a tree do not tell it).
     if (drafted_depth > 0) sched_.record_draft_step(drafted_depth, drafted_ms + observe_ms);
   }
+  // The cost model learns the whole step but the proposer's part (which the draft cost model
+  // learns): the forward plus planning, tree building, verification and compaction, all of
+  // which grow with the tree tokens.
+  const double step_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start)
+          .count();
+  sched_.observe_step(step_batch, step_tokens, std::max(step_ms - drafted_ms - observe_ms, 1e-3));
   for (uint64_t sid : finished) drop(sid);
   return events;
 }

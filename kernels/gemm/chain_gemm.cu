@@ -219,6 +219,15 @@ cudaError_t launch_chain_gemm(const ChainGemmParams& p, cudaStream_t stream) {
   if (p.out_features <= 8192 && p.in_features <= 4096)
     return detail::launch_chain_gemm_config(p, small_config / 10000, small_config / 1000 % 10,
                                             small_config % 1000, stream);
+  // ARBOR_CHAIN_DEEP: the same override for matrices of at most 8192 rows and more inputs (the
+  // down projection), for A/B runs.
+  static const int deep_config = [] {
+    const char* e = std::getenv("ARBOR_CHAIN_DEEP");
+    return e != nullptr ? std::atoi(e) : 44128;
+  }();
+  if (p.out_features <= 8192)
+    return detail::launch_chain_gemm_config(p, deep_config / 10000, deep_config / 1000 % 10,
+                                            deep_config % 1000, stream);
   return launch_rows<4, 4, 128>(p, stream);
 }
 
