@@ -136,6 +136,12 @@ double CostModel::step_ms(int32_t batch, int32_t tokens) const {
   return best ? prior * best->ratio : prior;
 }
 
+bool CostModel::measured(int32_t batch, int32_t tokens) const {
+  if (!config_.online) return true;
+  const auto it = buckets_.find({bucket_of(std::max(batch, 1)), bucket_of(std::max(tokens, 1))});
+  return it != buckets_.end() && it->second.count >= config_.min_obs;
+}
+
 void CostModel::observe(int32_t batch, int32_t tokens, double ms) {
   if (!config_.online || !(ms > 0) || batch < 1 || tokens < 1) return;
   const double ratio = ms / prior_ms(batch, tokens);

@@ -40,6 +40,8 @@ class CostModel {
   double step_ms(int32_t batch, int32_t tokens) const;
   // A step that ran: corrects the prediction near (batch, tokens).
   void observe(int32_t batch, int32_t tokens, double ms);
+  // Whether (batch, tokens)'s own bucket has min_obs observations (always true offline).
+  bool measured(int32_t batch, int32_t tokens) const;
   const CostModelConfig& config() const { return config_; }
 
  private:

@@ -238,8 +238,17 @@ StepPlan Scheduler::schedule(const BatchDraftFn& draft) {
     }
   }
   const int32_t batch = static_cast<int32_t>(decodes.size() + chunks.size());
-  const std::vector<TreeBudget> budgets = choose_tree_budgets(
-      cands, fixed, fixed_emitted, batch, cost_, draft_cost_.cost(), config_.tree);
+  // Plain decoding's own step time anchors every tree decision. A prior curve measured on
+  // another model can be wrong in shape, not only in level, and while every request speculates
+  // no plain step runs to correct it. So a decode-only step at a batch whose plain step was not
+  // measured yet runs plain (min_obs such steps per batch bucket; they do not count towards
+  // detach_after).
+  const bool explore =
+      config_.tree.adaptive && !cands.empty() && chunks.empty() && !cost_.measured(batch, batch);
+  const std::vector<TreeBudget> budgets =
+      explore ? std::vector<TreeBudget>(cands.size(), TreeBudget{1, 0})
+              : choose_tree_budgets(cands, fixed, fixed_emitted, batch, cost_, draft_cost_.cost(),
+                                    config_.tree);
 
   // Reserve: decodes, then chunks. Out of blocks: a tree falls back to its root, then the newest
   // running request is preempted (possibly the one being planned) until the item fits.
@@ -256,7 +265,7 @@ StepPlan Scheduler::schedule(const BatchDraftFn& draft) {
     it.decode = true;
     it.start = r.computed;
     it.budget = cand_of[k] == SIZE_MAX ? TreeBudget{1, 0} : budgets[cand_of[k]];
-    if (r.speculate && config_.tree.adaptive) {
+    if (r.speculate && config_.tree.adaptive && !explore) {
       r.steps_without_tree = it.budget.max_nodes > 1 ? 0 : r.steps_without_tree + 1;
       if (r.steps_without_tree >= config_.detach_after) {
         r.speculate = false;

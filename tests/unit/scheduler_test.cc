@@ -101,6 +101,31 @@ TEST(SchedulerTicks, ChunkedPrefillSharesStepsWithSpeculativeDecode) {
   EXPECT_EQ(h.sched.context(h.ids["A"]).size(), 6u + 1 + 1 + 4 + 4);
 }
 
+TEST(SchedulerTicks, AdaptiveTreesFirstMeasureThePlainStep) {
+  SchedulerConfig c;
+  c.max_step_tokens = 64;
+  c.max_running = 4;
+  c.tree.max_tree = {8, 3};
+  c.cost.fixed_ms = 5.0;  // weight-bound: tree tokens are nearly free
+  c.cost.per_token_ms = 0.001;
+  Harness h(64, 4, c);
+  h.add("A", 6, /*spec=*/true);
+  h.accept = 3;
+  EXPECT_EQ(h.tick(), "+A A:P6*");
+  // No plain step at batch 1 measured yet: min_obs (3) plain steps first, then trees.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(h.tick(), "A:D1") << i;
+    h.sched.observe_step(1, 1, 5.0);
+  }
+  EXPECT_EQ(h.tick(), "A:D8");
+  EXPECT_TRUE(h.sched.speculating(h.ids["A"]));  // the plain steps did not detach it
+  // Offline (a fixed curve) nothing is explored.
+  CostModelConfig off = c.cost;
+  off.online = false;
+  EXPECT_TRUE(CostModel(off).measured(1, 1));
+  EXPECT_FALSE(CostModel(c.cost).measured(1, 1));
+}
+
 TEST(SchedulerTicks, AdmissionWaitsForBlocksAndRunningSlots) {
   // 6 blocks of 4 tokens; max_running 2.
   Harness h(6, 4, fixed_trees(64, 2, 1));
