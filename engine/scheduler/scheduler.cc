@@ -16,6 +16,9 @@ void SchedulerConfig::validate() const {
   if (tree.max_tree.max_nodes < 1)
     throw_error(ErrorCode::kInvalidArgument, "speculation max tree nodes must be >= 1, got " +
                                                  std::to_string(tree.max_tree.max_nodes));
+  if (probe_every < 0)
+    throw_error(ErrorCode::kInvalidArgument,
+                "probe_every must be >= 0, got " + std::to_string(probe_every));
   if (tree.max_tree.max_depth < 0)
     throw_error(ErrorCode::kInvalidArgument, "speculation max tree depth must be >= 0, got " +
                                                  std::to_string(tree.max_tree.max_depth));
@@ -155,10 +158,13 @@ void Scheduler::admit(StepPlan* plan) {
     const int32_t need =
         static_cast<int32_t>((r.context.size() + bs - 1) / bs) + (r.speculate ? 1 : 0);
     if (kv_.num_free_blocks() < need && !running_.empty()) break;
-    if (r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0) {
+    const bool probe = r.speculate && config_.probe_every > 0 &&
+                       spec_admissions_++ % config_.probe_every == config_.probe_every - 1;
+    if (r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0 && !probe) {
       // Would a tree pay for this request at the load it joins? If not, it never starts
       // speculating (no drafting, no feature bookkeeping). It starts from what other requests
       // measured, and shares the step's drafting cost with the running requests that speculate.
+      // (A probe starts regardless: without it a pessimistic estimate would never be revised.)
       r.acceptance = global_acceptance_;
       std::vector<TreeCandidate> cands;
       int32_t plain = 0;
@@ -176,6 +182,7 @@ void Scheduler::admit(StepPlan* plan) {
           choose_tree_budgets(cands, plain, plain, batch, cost_, draft_cost_.cost(), config_.tree);
       if (b.back().max_nodes <= 1) r.speculate = false;
     }
+    if (probe && config_.tree.adaptive) r.probe_steps = config_.detach_after;
     const auto created = r.speculate ? kv_.create_sequence() : kv_.create_sequence(r.context);
     r.seq = created.seq;
     r.computed = created.cached_tokens;
@@ -245,10 +252,21 @@ StepPlan Scheduler::schedule(const BatchDraftFn& draft) {
   // detach_after).
   const bool explore =
       config_.tree.adaptive && !cands.empty() && chunks.empty() && !cost_.measured(batch, batch);
-  const std::vector<TreeBudget> budgets =
+  std::vector<TreeBudget> budgets =
       explore ? std::vector<TreeBudget>(cands.size(), TreeBudget{1, 0})
               : choose_tree_budgets(cands, fixed, fixed_emitted, batch, cost_, draft_cost_.cost(),
                                     config_.tree);
+  // A probe's first decode steps draft a small tree whatever the policy says (probe_every).
+  for (size_t k = 0; k < decodes.size() && !explore; ++k) {
+    Req& r = get(decodes[k]);
+    if (cand_of[k] == SIZE_MAX || r.probe_steps <= 0) continue;
+    r.probe_steps--;
+    TreeBudget& b = budgets[cand_of[k]];
+    if (b.max_nodes <= 1) {
+      b.max_nodes = std::min(4, config_.tree.max_tree.max_nodes);
+      b.max_depth = budget_depth(b.max_nodes, config_.tree.max_tree.max_depth);
+    }
+  }
 
   // Reserve: decodes, then chunks. Out of blocks: a tree falls back to its root, then the newest
   // running request is preempted (possibly the one being planned) until the item fits.

@@ -28,6 +28,12 @@ struct SchedulerConfig {
   int32_t max_running = 64;       // sequences decoding or prefilling at once
   TreePolicyConfig tree;          // adaptive budgets; tree.max_step_tokens follows the above
   int32_t detach_after = 8;       // adaptive: steps at one node before speculation stops
+  // adaptive: every probe_every-th speculating request is admitted speculating whatever the
+  // policy predicts at admission, from the acceptance prior rather than the server-wide
+  // estimate, and drafts a tree in each of its first detach_after decode steps, so a
+  // pessimistic server-wide estimate is measured again instead of locking speculation off
+  // (afterwards the policy and detach_after decide). 0: never.
+  int32_t probe_every = 8;
   CostModelConfig cost;
   void validate() const;  // throws kInvalidArgument naming the field
 };
@@ -121,6 +127,7 @@ class Scheduler {
     int32_t preemptions = 0;
     AcceptanceEstimate acceptance;
     int32_t steps_without_tree = 0;
+    int32_t probe_steps = 0;  // decode steps left that draft a tree regardless (probe_every)
   };
   Req& get(ReqId id);
   const Req& get(ReqId id) const;
@@ -139,6 +146,7 @@ class Scheduler {
   AcceptanceEstimate global_acceptance_;
   // What drafting costs a step (per step, not per request: drafts are batched).
   DraftCostEstimate draft_cost_;
+  int64_t spec_admissions_ = 0;  // speculating requests admitted (probe_every)
   std::unordered_map<ReqId, Req> reqs_;
   std::deque<ReqId> waiting_;
   std::vector<ReqId> running_;  // admission order (newest last: preempted first)

@@ -126,6 +126,51 @@ TEST(SchedulerTicks, AdaptiveTreesFirstMeasureThePlainStep) {
   EXPECT_FALSE(CostModel(c.cost).measured(1, 1));
 }
 
+TEST(SchedulerTicks, AProbeRevisesAPessimisticAcceptanceEstimate) {
+  for (int32_t probe_every : {0, 2}) {
+    SCOPED_TRACE(probe_every);
+    SchedulerConfig c;
+    c.max_step_tokens = 64;
+    c.max_running = 4;
+    c.tree.max_tree = {8, 3};
+    c.cost.fixed_ms = 5.0;
+    c.cost.per_token_ms = 0.001;
+    c.cost.online = false;  // no plain-step exploration here
+    c.detach_after = 3;
+    c.probe_every = probe_every;
+    Harness h(64, 4, c);
+    h.add("A", 4, /*spec=*/true);
+    EXPECT_EQ(h.tick(), "+A A:P4*");
+    EXPECT_EQ(h.tick(), "A:D8");  // the prior (0.6) says trees pay
+    // Every tree of A is rejected at depth 1: the server-wide estimate turns pessimistic.
+    VerifyResult rejected;
+    rejected.accepted_nodes = {0};
+    rejected.children_tried = {1};
+    for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["A"], rejected, 8);
+    h.sched.remove(h.ids["A"]);
+    h.add("B", 4, true, 20);  // admitted 2nd: a probe when probe_every is 2
+    if (probe_every == 0) {
+      EXPECT_EQ(h.tick(), "+B B:P4*");
+      EXPECT_FALSE(h.sched.speculating(h.ids["B"]));  // never starts
+      EXPECT_EQ(h.tick(), "B:D1");
+    } else {
+      EXPECT_EQ(h.tick(), "+B B:P4*");
+      EXPECT_TRUE(h.sched.speculating(h.ids["B"]));
+      // A probe starts from the prior, not the server-wide estimate: trees pay.
+      EXPECT_EQ(h.tick(), "B:D8");
+      // B's own trees fail too. Its first detach_after (3) decode steps still draft (a 4-node
+      // tree where the policy would not), then the policy's word: no tree, detached.
+      for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["B"], rejected, 8);
+      for (int i = 0; i < 2; ++i) EXPECT_EQ(h.tick(), "B:D4") << i;
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(h.tick(), "B:D1") << i;
+      EXPECT_FALSE(h.sched.speculating(h.ids["B"]));
+    }
+  }
+  SchedulerConfig bad;
+  bad.probe_every = -1;
+  EXPECT_THROW(bad.validate(), Error);
+}
+
 TEST(SchedulerTicks, AdmissionWaitsForBlocksAndRunningSlots) {
   // 6 blocks of 4 tokens; max_running 2.
   Harness h(6, 4, fixed_trees(64, 2, 1));
