@@ -33,7 +33,7 @@ struct SchedulerConfig {
   // estimate, and drafts a tree in each of its first detach_after decode steps, so a
   // pessimistic server-wide estimate is measured again instead of locking speculation off
   // (afterwards the policy and detach_after decide). 0: never.
-  int32_t probe_every = 8;
+  int32_t probe_every = 32;
   CostModelConfig cost;
   void validate() const;  // throws kInvalidArgument naming the field
 };
