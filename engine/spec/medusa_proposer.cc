@@ -7,7 +7,7 @@
 
 namespace arbor {
 
-MedusaProposer::MedusaProposer(MedusaHeads heads, StaticTree tree)
+MedusaProposer::MedusaProposer(MedusaHeads heads, StaticTree tree, std::unique_ptr<Backend> backend)
     : heads_(std::move(heads)),
       tree_(std::move(tree)),
       tracker_("medusa", FeedbackShape{heads_.vocab_size, heads_.hidden_size, 0, 0}) {
@@ -23,6 +23,7 @@ MedusaProposer::MedusaProposer(MedusaHeads heads, StaticTree tree)
                   "Medusa: tree '" + tree_.name + "' needs " + std::to_string(needed[d]) +
                       " candidates at depth " + std::to_string(d + 1) + ", the vocabulary has " +
                       std::to_string(heads_.vocab_size));
+  if (backend != nullptr) device_ = std::make_unique<MedusaDeviceHeads>(std::move(backend), heads_);
 }
 
 void MedusaProposer::begin(RequestId request, std::span<const int32_t> prompt) {
@@ -69,14 +70,73 @@ const StaticTree& MedusaProposer::tree_for(const TreeBudget& budget) {
   return cut_trees_.emplace(key, std::move(cut)).first->second;
 }
 
-DraftTree MedusaProposer::propose(RequestId request, const TreeBudget& budget) {
-  tracker_.check_budget(request, budget);
-  const int32_t root = tracker_.root(request);
+const std::vector<float>& MedusaProposer::hidden_of(RequestId request) const {
   const std::vector<float>& hidden = last_hidden_.at(request);
   if (hidden.empty())
     throw_error(ErrorCode::kInvalidArgument, "medusa proposer: propose for request " +
                                                  std::to_string(request) +
                                                  " before any feedback carried a hidden state");
+  return hidden;
+}
+
+std::vector<DraftTree> MedusaProposer::propose_batch(
+    const std::vector<std::pair<RequestId, TreeBudget>>& requests) {
+  std::vector<DraftTree> out;
+  if (device_ == nullptr) {
+    for (const auto& [request, budget] : requests) out.push_back(propose(request, budget));
+    return out;
+  }
+  // One row per request with a tree; head d runs for the most candidates any tree needs at
+  // depth d + 1 (a top-k list's first entries are the smaller top-k).
+  struct Pending {
+    const StaticTree* tree;
+    int32_t root;
+    std::vector<int32_t> needed;
+  };
+  std::vector<Pending> rows;
+  std::vector<size_t> row_of(requests.size(), SIZE_MAX);
+  std::vector<float> hidden;
+  std::vector<int32_t> k;
+  out.resize(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& [request, budget] = requests[i];
+    tracker_.check_budget(request, budget);
+    const int32_t root = tracker_.root(request);
+    const std::vector<float>& h = hidden_of(request);
+    const StaticTree& tree = tree_for(budget);
+    if (tree.size() == 1) {
+      out[i] = DraftTree::root_only(root);
+      continue;
+    }
+    Pending p{&tree, root, tree.ranks_needed_per_depth()};
+    if (k.size() < p.needed.size()) k.resize(p.needed.size(), 0);
+    for (size_t d = 0; d < p.needed.size(); ++d) k[d] = std::max(k[d], p.needed[d]);
+    row_of[i] = rows.size();
+    rows.push_back(std::move(p));
+    hidden.insert(hidden.end(), h.begin(), h.end());
+  }
+  if (rows.empty()) return out;
+  const std::vector<std::vector<int32_t>> ids =
+      device_->top_k(hidden, static_cast<int64_t>(rows.size()), k);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (row_of[i] == SIZE_MAX) continue;
+    const Pending& p = rows[row_of[i]];
+    const size_t r = row_of[i];
+    std::vector<std::vector<int32_t>> topk(p.needed.size());
+    for (size_t d = 0; d < p.needed.size(); ++d) {
+      const auto first = ids[d].begin() + static_cast<std::ptrdiff_t>(r * k[d]);
+      topk[d].assign(first, first + p.needed[d]);
+    }
+    out[i] = instantiate(*p.tree, p.root, topk);
+  }
+  return out;
+}
+
+DraftTree MedusaProposer::propose(RequestId request, const TreeBudget& budget) {
+  if (device_ != nullptr) return propose_batch({{request, budget}})[0];
+  tracker_.check_budget(request, budget);
+  const int32_t root = tracker_.root(request);
+  const std::vector<float>& hidden = hidden_of(request);
   const StaticTree& tree = tree_for(budget);
   if (tree.size() == 1) return DraftTree::root_only(root);
   const std::vector<int32_t> needed = tree.ranks_needed_per_depth();

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <unordered_map>
 #include <utility>
 
 #include "engine/spec/feedback_tracker.h"
+#include "engine/spec/medusa_device_heads.h"
 #include "engine/spec/medusa_heads.h"
 #include "engine/spec/proposer.h"
 #include "engine/spec/tree_choices.h"
@@ -19,7 +21,9 @@ class MedusaProposer final : public Proposer {
  public:
   // kInvalidArgument when the tree is deeper than the number of heads or needs more candidates
   // at some depth than the vocabulary holds.
-  MedusaProposer(MedusaHeads heads, StaticTree tree);
+  // backend: where the heads run (their top-k computed there, Backend::top_k_log_softmax, one
+  // pass for every request of a step); nullptr = on the host (medusa_head_logits).
+  MedusaProposer(MedusaHeads heads, StaticTree tree, std::unique_ptr<Backend> backend = nullptr);
 
   std::string name() const override { return "medusa"; }
   bool needs_hidden() const override { return true; }
@@ -28,6 +32,9 @@ class MedusaProposer final : public Proposer {
   // The static tree cut to the budget: its first nodes (Medusa order) of depth <= max_depth, at
   // most max_nodes in all.
   DraftTree propose(RequestId request, const TreeBudget& budget) override;
+  // With a backend: every request's heads in one device pass.
+  std::vector<DraftTree> propose_batch(
+      const std::vector<std::pair<RequestId, TreeBudget>>& requests) override;
   void end(RequestId request) override;
   bool fork(RequestId src, RequestId dst) override;
 
@@ -37,8 +44,12 @@ class MedusaProposer final : public Proposer {
  private:
   const StaticTree& tree_for(const TreeBudget& budget);
 
+  // The hidden state a proposal reads (kInvalidArgument before any feedback carried one).
+  const std::vector<float>& hidden_of(RequestId request) const;
+
   MedusaHeads heads_;
   StaticTree tree_;
+  std::unique_ptr<MedusaDeviceHeads> device_;  // null: heads on the host
   FeedbackTracker tracker_;
   std::unordered_map<RequestId, std::vector<float>> last_hidden_;  // [hidden] per request
   std::map<std::pair<int32_t, int32_t>, StaticTree> cut_trees_;    // (max_nodes, max_depth)

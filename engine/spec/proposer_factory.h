@@ -43,8 +43,9 @@ struct SpecConfig {
 // The proposer for `config` (nullptr for kOff). `target` supplies what the heads share with the
 // target model: hidden size, vocabulary, embeddings and LM head, layer count. Loader errors
 // (missing or malformed head checkpoints) propagate with the file and tensor named.
-// `draft_backend` (optional): where an EAGLE draft model runs (the target's kind of backend,
-// e.g. a CUDA backend when serving on the GPU); nullptr = a private CPU backend.
+// `draft_backend` (optional): where an EAGLE draft model or the Medusa heads run (the target's
+// kind of backend, e.g. a CUDA backend when serving on the GPU); nullptr = a private CPU
+// backend (EAGLE) or the host (Medusa).
 std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWeights& target,
                                         std::unique_ptr<Backend> draft_backend = nullptr);
 

@@ -303,23 +303,29 @@ TEST_P(CudaModel, SpeculativeGreedyEqualsPlainOnGpu) {
     methods.push_back({"eagle", testing::test_data_dir() + "/heads/smollm2/eagle"});
   }
   for (const auto& [method, heads] : methods) {
-    SpecConfig sc;
-    sc.method = parse_spec_method(method);
-    sc.head_path = heads;
-    if (method == "medusa")
-      sc.tree = GetParam() == "stories260K" ? "product-4-3-2" : "mc_sim_7b_63";
-    auto proposer = make_proposer(sc, w);
-    auto spec_backend = make_cuda_backend();
-    LlamaModel spec_model(*spec_backend, w);
-    Generator spec(spec_model, gc, proposer.get());
-    const auto got = spec.run(reqs);
-    int equal = 0;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      EXPECT_EQ(got[i].tokens, expect[i].tokens) << GetParam() << " " << method << " request " << i;
-      equal += got[i].tokens == expect[i].tokens;
+    // Medusa heads and the EAGLE draft on the host / a private CPU backend, then on a CUDA
+    // backend (what serving on the GPU uses).
+    for (bool draft_on_gpu : {false, true}) {
+      if (draft_on_gpu && method == "ngram") continue;
+      SpecConfig sc;
+      sc.method = parse_spec_method(method);
+      sc.head_path = heads;
+      if (method == "medusa")
+        sc.tree = GetParam() == "stories260K" ? "product-4-3-2" : "mc_sim_7b_63";
+      auto proposer = make_proposer(sc, w, draft_on_gpu ? make_cuda_backend() : nullptr);
+      auto spec_backend = make_cuda_backend();
+      LlamaModel spec_model(*spec_backend, w);
+      Generator spec(spec_model, gc, proposer.get());
+      const auto got = spec.run(reqs);
+      const std::string what = method + (draft_on_gpu ? " (draft on GPU)" : "");
+      int equal = 0;
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        EXPECT_EQ(got[i].tokens, expect[i].tokens) << GetParam() << " " << what << " request " << i;
+        equal += got[i].tokens == expect[i].tokens;
+      }
+      std::printf("  %-16s %s speculation on GPU: %d/%zu requests equal to plain greedy\n",
+                  GetParam().c_str(), what.c_str(), equal, reqs.size());
     }
-    std::printf("  %-16s %s speculation on GPU: %d/%zu requests equal to plain greedy\n",
-                GetParam().c_str(), method.c_str(), equal, reqs.size());
   }
 }
 

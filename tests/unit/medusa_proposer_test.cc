@@ -5,6 +5,7 @@
 // cuts, sequencing errors and malformed checkpoints.
 #include <gtest/gtest.h>
 
+#include "engine/backend/cpu/cpu_backend.h"
 #include "engine/spec/medusa_proposer.h"
 #include "engine/spec/tree_choices.h"
 #include "engine/spec/tree_layout.h"
@@ -82,6 +83,42 @@ TEST_P(MedusaReference, TreesMatchMedusaCandidates) {
     test::expect_tree(tree, t["tokens"].get<std::vector<int32_t>>(),
                       t["parents"].get<std::vector<int32_t>>(), t["name"].get<std::string>());
     validate_draft_tree(tree, f.target->config.vocab_size, TreeBudget{64, 8});
+  }
+}
+
+// The heads on a backend (here the CPU backend, fp32 like the host path): the same trees as the
+// PyTorch reference, one request at a time and several in one batched pass with different
+// budgets (each equal to the host proposer's tree for that budget).
+TEST_P(MedusaReference, HeadsOnABackendGiveTheSameTrees) {
+  const Fixture f = load(GetParam());
+  for (const auto& t : f.ref["trees"]) {
+    MedusaProposer dev(load_medusa_heads(f.dir, f.target->output_weight()), tree_of(t),
+                       std::make_unique<CpuBackend>(1));
+    MedusaProposer host(load_medusa_heads(f.dir, f.target->output_weight()), tree_of(t));
+    for (RequestId r : {3, 4, 5}) {
+      observe_prompt(dev, f, r);
+      observe_prompt(host, f, r);
+    }
+    const DraftTree tree = dev.propose(3, TreeBudget{64, 8});
+    test::expect_tree(tree, t["tokens"].get<std::vector<int32_t>>(),
+                      t["parents"].get<std::vector<int32_t>>(), t["name"].get<std::string>());
+    const std::vector<std::pair<RequestId, TreeBudget>> batch = {
+        {3, TreeBudget{64, 8}}, {4, TreeBudget{1, 8}}, {5, TreeBudget{7, 2}}};
+    const std::vector<DraftTree> trees = dev.propose_batch(batch);
+    ASSERT_EQ(trees.size(), batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const DraftTree want = host.propose(batch[i].first, batch[i].second);
+      test::expect_tree(trees[i], want.token, want.parent,
+                        t["name"].get<std::string>() + " batch item " + std::to_string(i));
+    }
+    EXPECT_EQ(trees[1].size(), 1);  // a 1-node budget: the root alone
+    // A request without a hidden state yet is rejected by name, as on the host.
+    dev.begin(9, std::vector<int32_t>{1, 2});
+    expect_error(
+        [&] {
+          dev.propose_batch({{3, TreeBudget{4, 2}}, {9, TreeBudget{4, 2}}});
+        },
+        ErrorCode::kInvalidArgument, {"request 9"});
   }
 }
 

@@ -1,0 +1,41 @@
+// Medusa heads run on a Backend: every head's ResBlocks and LM head for a batch of hidden rows in
+// one device pass, each head's top-k read where its logits are (Backend::top_k_log_softmax), so
+// only k token ids per row and head reach the host, never the [rows, vocab] logits. The host
+// path (medusa_head_logits) is the reference; on the CPU backend the two agree exactly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/spec/medusa_heads.h"
+
+namespace arbor {
+
+class MedusaDeviceHeads {
+ public:
+  // Uploads every head (and the base LM head where a head has none) to `backend`, which it owns.
+  MedusaDeviceHeads(std::unique_ptr<Backend> backend, const MedusaHeads& heads);
+
+  int32_t num_heads() const { return static_cast<int32_t>(heads_.size()); }
+  // hidden [rows, hidden_size] host fp32. k[d]: candidates wanted from head d (0: head d is not
+  // run; at most heads.size() entries, each <= min(vocab, 1024)). Returns ids[d][row * k[d] + j],
+  // head d's j-th best token for row `row`, best first, the lower id first among equal logits.
+  std::vector<std::vector<int32_t>> top_k(std::span<const float> hidden, int64_t rows,
+                                          std::span<const int32_t> k);
+
+ private:
+  struct Head {
+    std::vector<Tensor> weight, bias;  // ResBlocks
+    Tensor lm_head;
+  };
+  std::unique_ptr<Backend> backend_;
+  int64_t hidden_size_ = 0;
+  int64_t vocab_size_ = 0;
+  std::vector<Head> heads_;
+  Tensor base_lm_head_;
+};
+
+}  // namespace arbor
