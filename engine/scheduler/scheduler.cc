@@ -158,7 +158,7 @@ void Scheduler::admit(StepPlan* plan) {
     const int32_t need =
         static_cast<int32_t>((r.context.size() + bs - 1) / bs) + (r.speculate ? 1 : 0);
     if (kv_.num_free_blocks() < need && !running_.empty()) break;
-    const bool probe = r.speculate && config_.probe_every > 0 &&
+    const bool probe = r.speculate && config_.tree.adaptive && config_.probe_every > 0 &&
                        spec_admissions_++ % config_.probe_every == config_.probe_every - 1;
     if (r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0 && !probe) {
       // Would a tree pay for this request at the load it joins? If not, it never starts
@@ -182,7 +182,7 @@ void Scheduler::admit(StepPlan* plan) {
           choose_tree_budgets(cands, plain, plain, batch, cost_, draft_cost_.cost(), config_.tree);
       if (b.back().max_nodes <= 1) r.speculate = false;
     }
-    if (probe && config_.tree.adaptive) r.probe_steps = config_.detach_after;
+    if (probe) r.probe_steps = config_.detach_after;
     const auto created = r.speculate ? kv_.create_sequence() : kv_.create_sequence(r.context);
     r.seq = created.seq;
     r.computed = created.cached_tokens;

@@ -89,7 +89,6 @@ class Scheduler {
   // Drafting cost of one step that drafted trees: the deepest budget drafted and the proposer's
   // time (propose + observe), for the whole batch.
   void record_draft_step(int32_t depth, double ms);
-  const DraftCostEstimate& draft_cost() const { return draft_cost_; }
   void observe_step(int32_t batch, int32_t tokens, double ms) { cost_.observe(batch, tokens, ms); }
   // A new running request `child` sharing every KV block of `parent` (n > 1 samples of one
   // prompt): parent must have finished its prefill; child's context is parent's committed

@@ -114,16 +114,21 @@ class BudgetSearch {
     return std::max(nodes, std::min(nodes * 2, config_.max_tree.max_nodes));
   }
 
-  Assignment uniform(int32_t nodes) const {
+  // What `nodes` (one budget per candidate) predicts.
+  Assignment assess(std::vector<int32_t> nodes) const {
     Assignment a;
-    a.nodes.assign(c_.size(), nodes);
-    a.tokens = fixed_tokens_ + static_cast<int32_t>(c_.size()) * nodes;
+    a.tokens = fixed_tokens_;
     a.emitted = fixed_emitted_;
-    for (size_t i = 0; i < c_.size(); ++i) a.emitted += emitted(i, nodes);
-    a.depth = depth_of(nodes);
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      a.tokens += nodes[i];
+      a.emitted += emitted(i, nodes[i]);
+      a.depth = std::max(a.depth, depth_of(nodes[i]));
+    }
     a.value = value(a.emitted, a.tokens, a.depth);
+    a.nodes = std::move(nodes);
     return a;
   }
+  Assignment uniform(int32_t nodes) const { return assess(std::vector<int32_t>(c_.size(), nodes)); }
 
   // Grows one budget at a time (to any larger power of two: a fixed drafting cost can make a
   // 2-node tree a loss where an 8-node tree is a gain) while throughput rises by min_gain.
@@ -186,6 +191,7 @@ std::vector<TreeBudget> choose_tree_budgets(const std::vector<TreeCandidate>& ca
   }
   const BudgetSearch search(candidates, fixed_tokens, fixed_emitted, batch, cost, draft, config);
   Assignment best = search.uniform(1);
+  const double plain = best.value;
   // The best budget common to every request, if it beats plain decoding by min_gain.
   Assignment common = best;
   for (int32_t u = search.next(1); u > 1; u = search.next(u)) {
@@ -195,7 +201,7 @@ std::vector<TreeBudget> choose_tree_budgets(const std::vector<TreeCandidate>& ca
     if (u == search.next(u)) break;
   }
   search.grow(&best);
-  if (common.value > search.uniform(1).value * (1 + config.min_gain)) {
+  if (common.value > plain * (1 + config.min_gain)) {
     search.grow(&common);
     if (common.value > best.value) best = std::move(common);
   }
@@ -208,15 +214,9 @@ double predicted_throughput(const std::vector<TreeCandidate>& candidates,
                             int32_t fixed_emitted, int32_t batch, const CostModel& cost,
                             const DraftCost& draft, const TreePolicyConfig& config) {
   ARBOR_CHECK(nodes.size() == candidates.size(), "one budget per candidate");
-  const BudgetSearch search(candidates, fixed_tokens, fixed_emitted, batch, cost, draft, config);
-  double e = fixed_emitted;
-  int32_t t = fixed_tokens, d = 0;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    e += search.emitted(i, nodes[i]);
-    t += nodes[i];
-    d = std::max(d, search.depth_of(nodes[i]));
-  }
-  return search.value(e, t, d);
+  return BudgetSearch(candidates, fixed_tokens, fixed_emitted, batch, cost, draft, config)
+      .assess(nodes)
+      .value;
 }
 
 }  // namespace arbor

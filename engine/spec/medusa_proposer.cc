@@ -79,13 +79,27 @@ const std::vector<float>& MedusaProposer::hidden_of(RequestId request) const {
   return hidden;
 }
 
+std::vector<std::vector<int32_t>> MedusaProposer::head_top_k(std::span<const float> hidden,
+                                                             int64_t rows,
+                                                             const std::vector<int32_t>& k) {
+  if (device_ != nullptr) return device_->top_k(hidden, rows, k);
+  // On the host, one row at a time (the reference path, as before batching).
+  const size_t h = static_cast<size_t>(heads_.hidden_size);
+  std::vector<std::vector<int32_t>> ids(k.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<std::vector<float>> logits =
+        medusa_head_logits(heads_, hidden.subspan(static_cast<size_t>(r) * h, h), 1);
+    for (size_t d = 0; d < k.size(); ++d) {
+      if (k[d] <= 0) continue;
+      const std::vector<int32_t> top = spec_math::top_k(logits[d], k[d]);
+      ids[d].insert(ids[d].end(), top.begin(), top.end());
+    }
+  }
+  return ids;
+}
+
 std::vector<DraftTree> MedusaProposer::propose_batch(
     const std::vector<std::pair<RequestId, TreeBudget>>& requests) {
-  std::vector<DraftTree> out;
-  if (device_ == nullptr) {
-    for (const auto& [request, budget] : requests) out.push_back(propose(request, budget));
-    return out;
-  }
   // One row per request with a tree; head d runs for the most candidates any tree needs at
   // depth d + 1 (a top-k list's first entries are the smaller top-k).
   struct Pending {
@@ -97,7 +111,7 @@ std::vector<DraftTree> MedusaProposer::propose_batch(
   std::vector<size_t> row_of(requests.size(), SIZE_MAX);
   std::vector<float> hidden;
   std::vector<int32_t> k;
-  out.resize(requests.size());
+  std::vector<DraftTree> out(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& [request, budget] = requests[i];
     tracker_.check_budget(request, budget);
@@ -117,11 +131,11 @@ std::vector<DraftTree> MedusaProposer::propose_batch(
   }
   if (rows.empty()) return out;
   const std::vector<std::vector<int32_t>> ids =
-      device_->top_k(hidden, static_cast<int64_t>(rows.size()), k);
+      head_top_k(hidden, static_cast<int64_t>(rows.size()), k);
   for (size_t i = 0; i < requests.size(); ++i) {
     if (row_of[i] == SIZE_MAX) continue;
-    const Pending& p = rows[row_of[i]];
     const size_t r = row_of[i];
+    const Pending& p = rows[r];
     std::vector<std::vector<int32_t>> topk(p.needed.size());
     for (size_t d = 0; d < p.needed.size(); ++d) {
       const auto first = ids[d].begin() + static_cast<std::ptrdiff_t>(r * k[d]);
@@ -133,17 +147,7 @@ std::vector<DraftTree> MedusaProposer::propose_batch(
 }
 
 DraftTree MedusaProposer::propose(RequestId request, const TreeBudget& budget) {
-  if (device_ != nullptr) return propose_batch({{request, budget}})[0];
-  tracker_.check_budget(request, budget);
-  const int32_t root = tracker_.root(request);
-  const std::vector<float>& hidden = hidden_of(request);
-  const StaticTree& tree = tree_for(budget);
-  if (tree.size() == 1) return DraftTree::root_only(root);
-  const std::vector<int32_t> needed = tree.ranks_needed_per_depth();
-  const std::vector<std::vector<float>> logits = medusa_head_logits(heads_, hidden, 1);
-  std::vector<std::vector<int32_t>> topk(needed.size());
-  for (size_t d = 0; d < needed.size(); ++d) topk[d] = spec_math::top_k(logits[d], needed[d]);
-  return instantiate(tree, root, topk);
+  return propose_batch({{request, budget}})[0];
 }
 
 void MedusaProposer::end(RequestId request) {

@@ -32,7 +32,7 @@ class MedusaProposer final : public Proposer {
   // The static tree cut to the budget: its first nodes (Medusa order) of depth <= max_depth, at
   // most max_nodes in all.
   DraftTree propose(RequestId request, const TreeBudget& budget) override;
-  // With a backend: every request's heads in one device pass.
+  // Every request's tree; with a backend, all their heads in one device pass.
   std::vector<DraftTree> propose_batch(
       const std::vector<std::pair<RequestId, TreeBudget>>& requests) override;
   void end(RequestId request) override;
@@ -46,6 +46,10 @@ class MedusaProposer final : public Proposer {
 
   // The hidden state a proposal reads (kInvalidArgument before any feedback carried one).
   const std::vector<float>& hidden_of(RequestId request) const;
+  // ids[d][row * k[d] + j]: head d's j-th best token for each row of hidden [rows, hidden]
+  // (MedusaDeviceHeads::top_k's layout), on the device or on the host.
+  std::vector<std::vector<int32_t>> head_top_k(std::span<const float> hidden, int64_t rows,
+                                               const std::vector<int32_t>& k);
 
   MedusaHeads heads_;
   StaticTree tree_;

@@ -199,6 +199,18 @@ cudaError_t launch_chain_gemm_config(const ChainGemmParams& p, int warps, int st
 }
 }  // namespace detail
 
+namespace {
+// <warps><stages><stage k> from the environment variable `name`, else `fallback`.
+int env_tiling(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e != nullptr ? std::atoi(e) : fallback;
+}
+cudaError_t launch_tiling(const ChainGemmParams& p, int tiling, cudaStream_t stream) {
+  return detail::launch_chain_gemm_config(p, tiling / 10000, tiling / 1000 % 10, tiling % 1000,
+                                          stream);
+}
+}  // namespace
+
 cudaError_t launch_chain_gemm(const ChainGemmParams& p, cudaStream_t stream) {
   if (!chain_gemm_supported(p)) return cudaErrorInvalidValue;
   // 4 warps (32 weight rows), 4 stages of 128 k: 55 KiB of shared memory at <= 8 tokens. In a
@@ -212,22 +224,12 @@ cudaError_t launch_chain_gemm(const ChainGemmParams& p, cudaStream_t stream) {
   // "Fourteenth session"). Same bits at every tiling (chain_gemm_probe).
   // ARBOR_CHAIN_SMALL=<warps><stages><stage k> (e.g. 44128, the old choice) overrides the tiling of
   // those shapes for A/B runs.
-  static const int small_config = [] {
-    const char* e = std::getenv("ARBOR_CHAIN_SMALL");
-    return e != nullptr ? std::atoi(e) : 44256;
-  }();
-  if (p.out_features <= 8192 && p.in_features <= 4096)
-    return detail::launch_chain_gemm_config(p, small_config / 10000, small_config / 1000 % 10,
-                                            small_config % 1000, stream);
   // ARBOR_CHAIN_DEEP: the same override for matrices of at most 8192 rows and more inputs (the
-  // down projection), for A/B runs.
-  static const int deep_config = [] {
-    const char* e = std::getenv("ARBOR_CHAIN_DEEP");
-    return e != nullptr ? std::atoi(e) : 44128;
-  }();
+  // down projection).
+  static const int small_config = env_tiling("ARBOR_CHAIN_SMALL", 44256);
+  static const int deep_config = env_tiling("ARBOR_CHAIN_DEEP", 44128);
   if (p.out_features <= 8192)
-    return detail::launch_chain_gemm_config(p, deep_config / 10000, deep_config / 1000 % 10,
-                                            deep_config % 1000, stream);
+    return launch_tiling(p, p.in_features <= 4096 ? small_config : deep_config, stream);
   return launch_rows<4, 4, 128>(p, stream);
 }
 
