@@ -33,7 +33,8 @@ struct ServeConfig {
   int32_t spec_top_k = 10;
   int32_t spec_max_nodes = 64;
   bool spec_adaptive = true;
-  std::string spec_cost_model;  // JSON curve (configs/verify_cost_*.json); empty: learned online
+  std::string spec_cost_model;  // JSON curve (configs/verify_cost_*.json), "measure" (at
+                                // start-up, runner/cost_probe.h); empty: learned online
   // server
   std::string host = "127.0.0.1";
   int32_t port = 8000;

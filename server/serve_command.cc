@@ -78,7 +78,8 @@ void add_serve_command(CLI::App& app) {
   flag(c, s, "--spec-max-nodes", &ServeConfig::spec_max_nodes, "Largest tree per request");
   flag(c, s, "--spec-adaptive", &ServeConfig::spec_adaptive,
        "Size trees per step from the cost model (true/false)");
-  flag(c, s, "--cost-model", &ServeConfig::spec_cost_model, "Verify-cost curve (JSON)");
+  flag(c, s, "--cost-model", &ServeConfig::spec_cost_model,
+       "Verify-cost curve (JSON), or 'measure' (this model's, at start-up)");
   flag(c, s, "--host", &ServeConfig::host, "Bind address (default 127.0.0.1)");
   flag(c, s, "-p,--port", &ServeConfig::port, "HTTP port (0: any free port)");
   flag(c, s, "--grpc-port", &ServeConfig::grpc_port, "gRPC port (0: no gRPC)");
@@ -139,8 +140,22 @@ int run_serve() {
   ec.tree_budget.max_nodes = cfg.spec_max_nodes;
   ec.tree_budget.max_depth = 16;
   ec.adaptive_trees = cfg.spec_adaptive;
-  if (!cfg.spec_cost_model.empty()) ec.cost = load_cost_model(cfg.spec_cost_model);
+  ec.measure_cost = cfg.spec_cost_model == "measure";
+  if (!cfg.spec_cost_model.empty() && !ec.measure_cost)
+    ec.cost = load_cost_model(cfg.spec_cost_model);
   Engine engine(*model, ec, proposer.get());
+  if (ec.measure_cost && ec.adaptive_trees) {
+    std::string curve;
+    for (const auto& [b, pts] : engine.scheduler().cost().config().curves) {
+      curve += " batch " + std::to_string(b) + ":";
+      for (const CostCurvePoint& p : pts) {
+        char buf[48];
+        std::snprintf(buf, sizeof(buf), " %d->%.3f", p.tokens, p.ms);
+        curve += buf;
+      }
+    }
+    spdlog::info("verify cost measured (total tokens -> ms):{}", curve);
+  }
 
   Metrics metrics;
   ServiceOptions so;

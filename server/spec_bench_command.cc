@@ -18,6 +18,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
+#include "engine/runner/cost_probe.h"
 #include "engine/runner/generator.h"
 #include "engine/runner/model_bundle.h"
 #include "engine/scheduler/cost_model.h"
@@ -63,7 +64,8 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
               "Size each request's tree per step from the cost model and measured acceptance "
               "(as arbor serve does with speculation.adaptive)");
   c->add_option("--cost-model", o->cost_model,
-                "Verify-cost curve (JSON, configs/verify_cost_*.json) for --adaptive-trees");
+                "Verify-cost curve (JSON, configs/verify_cost_*.json) for --adaptive-trees, or "
+                "'measure': measure this model's curve before the timed runs");
 }
 
 namespace {
@@ -124,7 +126,8 @@ int run_spec_bench(const SpecBenchOptions& o) {
   gc.pad_trees = o.pad_trees;
   gc.tree_budget.max_nodes = o.max_tree_nodes;
   gc.adaptive_trees = o.adaptive_trees;
-  if (!o.cost_model.empty()) gc.cost = load_cost_model(o.cost_model);
+  const bool measure_cost = o.cost_model == "measure";
+  if (!o.cost_model.empty() && !measure_cost) gc.cost = load_cost_model(o.cost_model);
   int64_t longest = 0;
   for (const auto& r : reqs) longest = std::max<int64_t>(longest, r.prompt.size());
   gc.num_blocks = static_cast<int32_t>(
@@ -155,6 +158,24 @@ int run_spec_bench(const SpecBenchOptions& o) {
     for (auto& r : warm) r.max_tokens = std::min(o.warmup_tokens, o.max_tokens);  // fits the KV
     Generator(*model, gc, proposer.get()).run(warm);
     if (!o.skip_plain) Generator(*model, gc, nullptr).run(warm);
+  }
+  if (measure_cost) {  // once, after the warm-up tuned the GEMMs; every run plans with it
+    model->backend().allocate_kv(model->kv_shape(gc.num_blocks, gc.block_size));
+    ForwardRequest want;
+    if (proposer) {
+      want.final_hidden = proposer->needs_hidden();
+      want.capture_layers = proposer->capture_layers();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    gc.cost.curves = measure_verify_cost(*model, want, CostProbeOptions{}, gc.max_step_tokens,
+                                         gc.max_running, gc.tree_budget.max_nodes);
+    std::printf("verify cost measured in %.2f s (batch: total tokens -> ms):\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (const auto& [b, pts] : gc.cost.curves) {
+      std::printf("  %d:", b);
+      for (const CostCurvePoint& p : pts) std::printf(" %d->%.3f", p.tokens, p.ms);
+      std::printf("\n");
+    }
   }
   GeneratorStats spec_stats, plain_stats;
   StepGraphStats spec_graphs, plain_graphs;

@@ -31,6 +31,7 @@ void EngineConfig::validate() const {
   if (pad_trees < -1 || pad_trees > 1)
     throw_error(ErrorCode::kInvalidArgument,
                 "pad_trees must be -1 (auto), 0 or 1, got " + std::to_string(pad_trees));
+  if (measure_cost) cost_probe.validate();
 }
 
 namespace {
@@ -131,6 +132,13 @@ Engine::Engine(LlamaModel& model, const EngineConfig& config, Proposer* proposer
   if (proposer_) {
     want_.final_hidden = proposer_->needs_hidden();
     want_.capture_layers = proposer_->capture_layers();
+  }
+  if (config_.measure_cost && config_.adaptive_trees) {
+    // Before any request: the probe writes into the (still empty) KV cache.
+    CostModelConfig cost = config_.cost;
+    cost.curves = measure_verify_cost(model_, want_, config_.cost_probe, config_.max_step_tokens,
+                                      config_.max_running, config_.tree_budget.max_nodes);
+    if (!cost.curves.empty()) sched_.set_cost(std::move(cost));
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include "engine/kv_cache/kv_cache_manager.h"
 #include "engine/model/llama_model.h"
+#include "engine/runner/cost_probe.h"
 #include "engine/sampling/sampler.h"
 #include "engine/scheduler/scheduler.h"
 #include "engine/spec/proposer.h"
@@ -66,7 +67,11 @@ struct EngineConfig {
   TreeBudget tree_budget;       // largest tree a proposer may return
   bool adaptive_trees = false;  // size trees per step from the cost model (else tree_budget)
   CostModelConfig cost;         // for adaptive trees
-  VerifyOptions verify;         // rejection sampling (lossless) unless typical is asked for
+  // Adaptive trees: measure the served model's verify-step curve when the engine starts
+  // (runner/cost_probe.h) and plan with it instead of cost.curves; the online correction stays.
+  bool measure_cost = false;
+  CostProbeOptions cost_probe;
+  VerifyOptions verify;  // rejection sampling (lossless) unless typical is asked for
   // Sample and verify on the backend (Backend::sample_trees) when every item of a step can
   // (no logprobs; rejection mode or greedy): only ids cross to the host, never [M, vocab]
   // logits. Off: logits are downloaded and verified on the host (same tokens for a seed).

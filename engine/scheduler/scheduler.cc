@@ -387,6 +387,11 @@ void Scheduler::record_acceptance(ReqId id, const VerifyResult& result, int32_t 
   global_acceptance_.update(one.offered, one.accepted);
 }
 
+void Scheduler::set_cost(CostModelConfig cost) {
+  cost_ = CostModel(cost);  // validates
+  config_.cost = std::move(cost);
+}
+
 void Scheduler::record_draft_step(int32_t depth, double ms) {
   draft_cost_.observe(depth, ms);
 }

@@ -90,6 +90,8 @@ class Scheduler {
   // time (propose + observe), for the whole batch.
   void record_draft_step(int32_t depth, double ms);
   void observe_step(int32_t batch, int32_t tokens, double ms) { cost_.observe(batch, tokens, ms); }
+  // Replaces the cost model (e.g. with curves measured at start-up); forgets its observations.
+  void set_cost(CostModelConfig cost);
   // A new running request `child` sharing every KV block of `parent` (n > 1 samples of one
   // prompt): parent must have finished its prefill; child's context is parent's committed
   // tokens. The child decodes next once its first token is appended.

@@ -451,3 +451,102 @@ TEST_F(EngineTest, CancellationFreesBlocksAtOnce) {
 
 }  // namespace
 }  // namespace arbor
+
+namespace arbor {
+namespace {
+
+// The start-up probe of the verify-step cost (runner/cost_probe.h) measures exactly the grid
+// points the limits allow: requests <= max_running, B * T <= max_step_tokens, T <= max_tree, and
+// B requests of ceil((context + T) / block_size) blocks within the KV cache.
+TEST_F(EngineTest, CostProbeMeasuresThePointsTheLimitsAllow) {
+  constexpr int32_t kBlocks = 12, kBlockSize = 16, kContext = 64;
+  backend_->allocate_kv(model_->kv_shape(kBlocks, kBlockSize));
+  CostProbeOptions o;
+  o.batches = {1, 2, 4, 8};
+  o.tree_sizes = {1, 2, 4, 8, 16, 32};
+  o.context = kContext;
+  o.warmup = 1;
+  o.iters = 2;
+  const auto curves = measure_verify_cost(*model_, ForwardRequest{}, o, /*max_step_tokens=*/24,
+                                          /*max_running=*/4, /*max_tree=*/16);
+  std::map<int32_t, std::vector<int32_t>> want;
+  for (int32_t b : o.batches) {
+    if (b > 4) continue;
+    for (int32_t t : o.tree_sizes) {
+      const int32_t blocks = b * ((kContext + t + kBlockSize - 1) / kBlockSize);
+      if (t <= 16 && b * t <= 24 && blocks <= kBlocks) want[b].push_back(b * t);
+    }
+  }
+  ASSERT_EQ(want.size(), 2u);  // batch 4 needs 20 blocks at T = 1
+  ASSERT_EQ(curves.size(), want.size());
+  for (const auto& [b, tokens] : want) {
+    ASSERT_TRUE(curves.count(b)) << b;
+    const auto& pts = curves.at(b);
+    ASSERT_EQ(pts.size(), tokens.size()) << b;
+    for (size_t i = 0; i < pts.size(); ++i) {
+      EXPECT_EQ(pts[i].tokens, tokens[i]) << b;
+      EXPECT_GT(pts[i].ms, 0.0) << b;
+    }
+  }
+  // The curve is a valid cost model.
+  CostModelConfig c;
+  c.curves = curves;
+  EXPECT_NO_THROW(c.validate());
+}
+
+TEST_F(EngineTest, CostProbeOptionsAreChecked) {
+  auto message = [](const CostProbeOptions& o) {
+    try {
+      o.validate();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CostProbeOptions o;
+  o.batches = {1, 4, 2};
+  EXPECT_NE(message(o).find("batches"), std::string::npos) << message(o);
+  o = CostProbeOptions{};
+  o.tree_sizes = {};
+  EXPECT_NE(message(o).find("tree_sizes"), std::string::npos) << message(o);
+  o = CostProbeOptions{};
+  o.iters = 0;
+  EXPECT_NE(message(o).find("iters"), std::string::npos) << message(o);
+  EngineConfig ec;
+  ec.measure_cost = true;
+  ec.cost_probe.context = -1;
+  EXPECT_THROW(Engine(*model_, ec), Error);
+}
+
+// An engine that measures its cost curve at start-up (the probe writes K/V into the empty cache)
+// plans adaptive EAGLE trees with it and still emits exactly the plain greedy tokens.
+TEST_F(EngineTest, MeasuredCostCurveKeepsGreedyOutput) {
+  const std::vector<int32_t> prompt = bundle_->tokenizer->encode("Once upon a time", true, false);
+  const GenerationRequest r = greedy(prompt, 48);
+  Engine plain(*model_, EngineConfig{});
+  plain.add(1, r);
+  const auto p = tokens_of(drain(plain)[{1, 0}]);
+
+  auto backend2 = make_cpu_backend(1);
+  LlamaModel model2(*backend2, bundle_->weights);
+  auto proposer = eagle();
+  EngineConfig ec;
+  ec.adaptive_trees = true;
+  ec.measure_cost = true;
+  ec.cost_probe.batches = {1, 2};
+  ec.cost_probe.tree_sizes = {1, 4, 16};
+  ec.cost_probe.iters = 2;
+  Engine spec(model2, ec, proposer.get());
+  const auto& curves = spec.scheduler().cost().config().curves;
+  ASSERT_EQ(curves.size(), 2u);
+  EXPECT_EQ(curves.at(2).back().tokens, 32);
+  spec.add(1, r);
+  spec.add(2, r);
+  const auto out = drain(spec);
+  EXPECT_EQ(tokens_of(out.at({1, 0})), p);
+  EXPECT_EQ(tokens_of(out.at({2, 0})), p);
+}
+
+}  // namespace
+}  // namespace arbor
