@@ -455,8 +455,14 @@ std::vector<EngineEvent> Engine::step() {
   }
   if (!backend_sample) want.top_logprobs = -1;
   if (!argmax_only && !backend_sample) stats_.logits_downloads++;
+  const StepGraphStats graphs_before = model_.step_graph_stats();
   const auto t0 = std::chrono::steady_clock::now();
   model_.forward(step, &out_, want);
+  // A step whose shape ran eagerly on its way to a recording, or was recorded, is a warm-up:
+  // several times slower than the replays that follow, so it would mislead the cost model.
+  const StepGraphStats graphs_after = model_.step_graph_stats();
+  const bool warmup_step =
+      graphs_after.eager != graphs_before.eager || graphs_after.captures != graphs_before.captures;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_.steps++;
   (any_prefill && any_decode ? stats_.mixed_seconds
@@ -630,11 +636,12 @@ std::vector<EngineEvent> Engine::step() {
   }
   // The cost model learns the whole step but the proposer's part (which the draft cost model
   // learns): the forward plus planning, tree building, verification and compaction, all of
-  // which grow with the tree tokens.
+  // which grow with the tree tokens. Steps that warmed up a step graph are left out.
   const double step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start)
           .count();
-  sched_.observe_step(step_batch, step_tokens, std::max(step_ms - drafted_ms - observe_ms, 1e-3));
+  if (!warmup_step)
+    sched_.observe_step(step_batch, step_tokens, std::max(step_ms - drafted_ms - observe_ms, 1e-3));
   for (uint64_t sid : finished) drop(sid);
   return events;
 }
