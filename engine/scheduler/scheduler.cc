@@ -1,10 +1,25 @@
 #include "engine/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "engine/core/error.h"
 
 namespace arbor {
+
+namespace {
+
+// ARBOR_TREE_TRACE=1: one stderr line per decode step with the tree policy's inputs and choice.
+bool trace_trees() {
+  static const bool on = [] {
+    const char* e = std::getenv("ARBOR_TREE_TRACE");
+    return e != nullptr && e[0] == '1';
+  }();
+  return on;
+}
+
+}  // namespace
 
 void SchedulerConfig::validate() const {
   if (max_step_tokens < 1)
@@ -256,6 +271,21 @@ StepPlan Scheduler::schedule(const BatchDraftFn& draft) {
       explore ? std::vector<TreeBudget>(cands.size(), TreeBudget{1, 0})
               : choose_tree_budgets(cands, fixed, fixed_emitted, batch, cost_, draft_cost_.cost(),
                                     config_.tree);
+  if (trace_trees()) {
+    int32_t tokens = fixed;
+    for (const TreeBudget& b : budgets) tokens += b.max_nodes;
+    const DraftCost dc = draft_cost_.cost();
+    std::fprintf(stderr,
+                 "tree step: batch %d%s plain %.3f ms, planned %d tokens %.3f ms, draft "
+                 "%.3f + %.3f/level ms; budgets",
+                 batch, explore ? " (explore)" : "", cost_.step_ms(batch, batch), tokens,
+                 cost_.step_ms(batch, tokens), dc.fixed_ms, dc.per_level_ms);
+    for (size_t c = 0; c < cands.size(); ++c)
+      std::fprintf(stderr, " %d/%d [%.2f %.2f %.2f]", budgets[c].max_nodes, budgets[c].max_depth,
+                   cands[c].acceptance->rate(1), cands[c].acceptance->rate(2),
+                   cands[c].acceptance->rate(3));
+    std::fprintf(stderr, "\n");
+  }
   // A probe's first decode steps draft a small tree whatever the policy says (probe_every).
   for (size_t k = 0; k < decodes.size() && !explore; ++k) {
     Req& r = get(decodes[k]);
@@ -288,6 +318,8 @@ StepPlan Scheduler::schedule(const BatchDraftFn& draft) {
       if (r.steps_without_tree >= config_.detach_after) {
         r.speculate = false;
         plan.detached.push_back(id);
+        if (trace_trees())
+          std::fprintf(stderr, "tree detach: request %llu\n", (unsigned long long)id);
       }
     }
     if (it.budget.max_nodes > 1) to_draft.push_back({id, it.budget});
