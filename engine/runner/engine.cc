@@ -632,7 +632,11 @@ std::vector<EngineEvent> Engine::step() {
     stats_.feedback_seconds += observe_ms * 1e-3;
     // What trees cost beyond verification: drafting them and folding the accepted paths into
     // the proposer's state (steps without a tree do not tell it).
-    if (drafted_depth > 0) sched_.record_draft_step(drafted_depth, drafted_ms + observe_ms);
+    // A warm-up step (a new step shape) usually drafts new shapes too, whose one-time work
+    // (GEMM tuning, draft graph recording: 19.5 ms against 0.1 for SmolLM2's Medusa heads) would
+    // set the draft cost estimate's level.
+    if (drafted_depth > 0 && !warmup_step)
+      sched_.record_draft_step(drafted_depth, drafted_ms + observe_ms);
   }
   // The cost model learns the whole step but the proposer's part (which the draft cost model
   // learns): the forward plus planning, tree building, verification and compaction, all of
