@@ -140,22 +140,11 @@ int run_serve() {
   ec.tree_budget.max_nodes = cfg.spec_max_nodes;
   ec.tree_budget.max_depth = 16;
   ec.adaptive_trees = cfg.spec_adaptive;
-  ec.measure_cost = cfg.spec_cost_model == "measure";
-  if (!cfg.spec_cost_model.empty() && !ec.measure_cost)
-    ec.cost = load_cost_model(cfg.spec_cost_model);
+  ec.set_cost_model(cfg.spec_cost_model);
   Engine engine(*model, ec, proposer.get());
-  if (ec.measure_cost && ec.adaptive_trees) {
-    std::string curve;
-    for (const auto& [b, pts] : engine.scheduler().cost().config().curves) {
-      curve += " batch " + std::to_string(b) + ":";
-      for (const CostCurvePoint& p : pts) {
-        char buf[48];
-        std::snprintf(buf, sizeof(buf), " %d->%.3f", p.tokens, p.ms);
-        curve += buf;
-      }
-    }
-    spdlog::info("verify cost measured (total tokens -> ms):{}", curve);
-  }
+  if (ec.measure_cost && ec.adaptive_trees)
+    spdlog::info("verify cost measured (total tokens -> ms): {}",
+                 format_cost_curves(engine.scheduler().cost().config().curves));
 
   Metrics metrics;
   ServiceOptions so;

@@ -126,8 +126,9 @@ int run_spec_bench(const SpecBenchOptions& o) {
   gc.pad_trees = o.pad_trees;
   gc.tree_budget.max_nodes = o.max_tree_nodes;
   gc.adaptive_trees = o.adaptive_trees;
-  const bool measure_cost = o.cost_model == "measure";
-  if (!o.cost_model.empty() && !measure_cost) gc.cost = load_cost_model(o.cost_model);
+  gc.set_cost_model(o.cost_model);
+  const bool measure_cost = gc.measure_cost;  // measured once below, not by every Generator
+  gc.measure_cost = false;
   int64_t longest = 0;
   for (const auto& r : reqs) longest = std::max<int64_t>(longest, r.prompt.size());
   gc.num_blocks = static_cast<int32_t>(
@@ -161,21 +162,13 @@ int run_spec_bench(const SpecBenchOptions& o) {
   }
   if (measure_cost) {  // once, after the warm-up tuned the GEMMs; every run plans with it
     model->backend().allocate_kv(model->kv_shape(gc.num_blocks, gc.block_size));
-    ForwardRequest want;
-    if (proposer) {
-      want.final_hidden = proposer->needs_hidden();
-      want.capture_layers = proposer->capture_layers();
-    }
     const auto t0 = std::chrono::steady_clock::now();
-    gc.cost.curves = measure_verify_cost(*model, want, CostProbeOptions{}, gc.max_step_tokens,
-                                         gc.max_running, gc.tree_budget.max_nodes);
-    std::printf("verify cost measured in %.2f s (batch: total tokens -> ms):\n",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    for (const auto& [b, pts] : gc.cost.curves) {
-      std::printf("  %d:", b);
-      for (const CostCurvePoint& p : pts) std::printf(" %d->%.3f", p.tokens, p.ms);
-      std::printf("\n");
-    }
+    gc.cost.curves =
+        measure_verify_cost(*model, proposer.get(), CostProbeOptions{}, gc.max_step_tokens,
+                            gc.max_running, gc.tree_budget.max_nodes);
+    std::printf("verify cost measured in %.2f s (total tokens -> ms): %s\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                format_cost_curves(gc.cost.curves).c_str());
   }
   GeneratorStats spec_stats, plain_stats;
   StepGraphStats spec_graphs, plain_graphs;

@@ -63,16 +63,18 @@ StepInputs probe_step(int32_t batch, int32_t t, int32_t context, int32_t block_s
 }  // namespace
 
 std::map<int32_t, std::vector<CostCurvePoint>> measure_verify_cost(
-    LlamaModel& model, const ForwardRequest& want_in, const CostProbeOptions& o,
-    int32_t max_step_tokens, int32_t max_running, int32_t max_tree) {
+    LlamaModel& model, const Proposer* proposer, const CostProbeOptions& o, int32_t max_step_tokens,
+    int32_t max_running, int32_t max_tree) {
   o.validate();
   const KvCacheShape& kv = model.backend().kv_shape();
   const auto block_size = static_cast<int32_t>(kv.block_size);
   const int64_t vocab = model.config().vocab_size;
-  ForwardRequest want = want_in;
-  want.sample = nullptr;
-  want.top_logprobs = -1;
+  ForwardRequest want;
   want.argmax_only = true;
+  if (proposer != nullptr) {
+    want.final_hidden = proposer->needs_hidden();
+    want.capture_layers = proposer->capture_layers();
+  }
   const bool graphs = model.step_graphs();
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();

@@ -13,6 +13,7 @@
 
 #include "engine/model/llama_model.h"
 #include "engine/scheduler/cost_model.h"
+#include "engine/spec/proposer.h"
 
 namespace arbor {
 
@@ -28,11 +29,11 @@ struct CostProbeOptions {
 
 // The measured curves (total tokens B * T -> step ms, per B). Points are limited to
 // max_step_tokens tokens, max_running requests, max_tree nodes and the KV cache's blocks, whose
-// contents it overwrites: call it before the cache holds anything. `want` is the engine's
-// forward request (hidden states or captured layers a proposer needs); step graphs recorded for
-// the probe's shapes are dropped afterwards.
+// contents it overwrites: call it before the cache holds anything. `proposer` (optional) adds
+// what its verify steps ask of the forward (hidden states, captured layers); step graphs
+// recorded for the probe's shapes are dropped afterwards.
 std::map<int32_t, std::vector<CostCurvePoint>> measure_verify_cost(
-    LlamaModel& model, const ForwardRequest& want, const CostProbeOptions& options,
+    LlamaModel& model, const Proposer* proposer, const CostProbeOptions& options,
     int32_t max_step_tokens, int32_t max_running, int32_t max_tree);
 
 }  // namespace arbor

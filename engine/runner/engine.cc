@@ -34,6 +34,11 @@ void EngineConfig::validate() const {
   if (measure_cost) cost_probe.validate();
 }
 
+void EngineConfig::set_cost_model(const std::string& value) {
+  measure_cost = value == "measure";
+  if (!value.empty() && !measure_cost) cost = load_cost_model(value);
+}
+
 namespace {
 
 KvCacheConfig kv_config(const EngineConfig& c) {
@@ -136,8 +141,9 @@ Engine::Engine(LlamaModel& model, const EngineConfig& config, Proposer* proposer
   if (config_.measure_cost && config_.adaptive_trees) {
     // Before any request: the probe writes into the (still empty) KV cache.
     CostModelConfig cost = config_.cost;
-    cost.curves = measure_verify_cost(model_, want_, config_.cost_probe, config_.max_step_tokens,
-                                      config_.max_running, config_.tree_budget.max_nodes);
+    cost.curves =
+        measure_verify_cost(model_, proposer_, config_.cost_probe, config_.max_step_tokens,
+                            config_.max_running, config_.tree_budget.max_nodes);
     if (!cost.curves.empty()) sched_.set_cost(std::move(cost));
   }
 }

@@ -71,6 +71,9 @@ struct EngineConfig {
   // (runner/cost_probe.h) and plan with it instead of cost.curves; the online correction stays.
   bool measure_cost = false;
   CostProbeOptions cost_probe;
+  // A --cost-model value: "" leaves the prior, "measure" sets measure_cost, anything else is a
+  // curve file (load_cost_model).
+  void set_cost_model(const std::string& value);
   VerifyOptions verify;  // rejection sampling (lossless) unless typical is asked for
   // Sample and verify on the backend (Backend::sample_trees) when every item of a step can
   // (no logprobs; rejection mode or greedy): only ids cross to the host, never [M, vocab]

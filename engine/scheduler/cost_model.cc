@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -71,6 +72,19 @@ CostModelConfig load_cost_model(const std::string& path) {
     throw_error(ErrorCode::kInvalidArgument, "cost model file " + path + ": " + e.what());
   }
   return c;
+}
+
+std::string format_cost_curves(const std::map<int32_t, std::vector<CostCurvePoint>>& curves) {
+  std::string out;
+  for (const auto& [batch, points] : curves) {
+    out += (out.empty() ? "batch " : "; batch ") + std::to_string(batch) + ":";
+    for (const CostCurvePoint& p : points) {
+      char buf[48];
+      std::snprintf(buf, sizeof(buf), " %d->%.3f", p.tokens, p.ms);
+      out += buf;
+    }
+  }
+  return out;
 }
 
 CostModel::CostModel(CostModelConfig config) : config_(std::move(config)) {

@@ -32,6 +32,8 @@ struct CostModelConfig {
 // Parses {"gpu": ..., "batch": {"1": [[tokens, ms], ...], ...}} or
 // {"fixed_ms": a, "per_token_ms": b}; throws naming the file and the bad field.
 CostModelConfig load_cost_model(const std::string& path);
+// "batch 1: 1->1.005 2->1.017 ...; batch 8: ..." (total tokens -> ms), for logs.
+std::string format_cost_curves(const std::map<int32_t, std::vector<CostCurvePoint>>& curves);
 
 class CostModel {
  public:

@@ -113,6 +113,17 @@ std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int64_t vocab) {
   return t;
 }
 
+// Expects every request's tokens equal; returns how many were.
+int expect_equal_tokens(const std::vector<GenerationResult>& got,
+                        const std::vector<GenerationResult>& want, const std::string& label) {
+  int equal = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << label << " request " << i;
+    equal += got[i].tokens == want[i].tokens;
+  }
+  return equal;
+}
+
 class CudaModel : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -318,11 +329,7 @@ TEST_P(CudaModel, SpeculativeGreedyEqualsPlainOnGpu) {
       Generator spec(spec_model, gc, proposer.get());
       const auto got = spec.run(reqs);
       const std::string what = method + (draft_on_gpu ? " (draft on GPU)" : "");
-      int equal = 0;
-      for (size_t i = 0; i < reqs.size(); ++i) {
-        EXPECT_EQ(got[i].tokens, expect[i].tokens) << GetParam() << " " << what << " request " << i;
-        equal += got[i].tokens == expect[i].tokens;
-      }
+      const int equal = expect_equal_tokens(got, expect, GetParam() + " " + what);
       std::printf("  %-16s %s speculation on GPU: %d/%zu requests equal to plain greedy\n",
                   GetParam().c_str(), what.c_str(), equal, reqs.size());
     }
@@ -362,11 +369,7 @@ TEST_P(CudaModelInvariance, BatchInvariantSpeculationAndBatching) {
   gc.max_step_tokens = 128;  // prompts are chunked differently alone and in the batch
   auto count_equal = [&](const std::vector<GenerationResult>& got,
                          const std::vector<GenerationResult>& want, const std::string& what) {
-    int equal = 0;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      EXPECT_EQ(got[i].tokens, want[i].tokens) << GetParam() << " " << what << " request " << i;
-      equal += got[i].tokens == want[i].tokens;
-    }
+    const int equal = expect_equal_tokens(got, want, GetParam() + " " + what);
     std::printf("  %-16s batch-invariant: %-34s %d/%zu requests bitwise-equal tokens\n",
                 GetParam().c_str(), what.c_str(), equal, reqs.size());
   };

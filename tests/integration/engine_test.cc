@@ -467,7 +467,7 @@ TEST_F(EngineTest, CostProbeMeasuresThePointsTheLimitsAllow) {
   o.context = kContext;
   o.warmup = 1;
   o.iters = 2;
-  const auto curves = measure_verify_cost(*model_, ForwardRequest{}, o, /*max_step_tokens=*/24,
+  const auto curves = measure_verify_cost(*model_, nullptr, o, /*max_step_tokens=*/24,
                                           /*max_running=*/4, /*max_tree=*/16);
   std::map<int32_t, std::vector<int32_t>> want;
   for (int32_t b : o.batches) {
