@@ -250,24 +250,16 @@ void EngineService::flush(Live& live) {
         live.engine_ids[i] = 0;
       }
   }
-  bool finished_now = false;
-  {
-    std::lock_guard<std::mutex> lock(live.stream->mu_);
-    for (ChoiceDelta& d : live.out) live.stream->pending_.push_back(std::move(d));
-    live.stream->usage_ = live.usage;
-    if (done && !live.stream->done_) {
-      live.stream->done_ = true;
-      finished_now = true;
-    }
-  }
-  live.out.clear();
-  live.stream->cv_.notify_all();
+  // Only this (the engine) thread sets done_, so reading it here is race-free.
+  const bool finished_now = done && !live.stream->done_;
+  // Callers hold their own reference; erasing the map's must not free `live` under us.
+  std::shared_ptr<Live> keep;
   if (finished_now) {
-    // Callers hold their own reference; erasing the map's must not free `live` under us.
-    const std::shared_ptr<Live> keep =
-        by_key_.count(live.stream->key_) ? by_key_.at(live.stream->key_) : std::shared_ptr<Live>();
+    keep = by_key_.count(live.stream->key_) ? by_key_.at(live.stream->key_) : nullptr;
     by_key_.erase(live.stream->key_);
     live_--;
+    // Counted before the stream can see its end, so a client that has read the whole response
+    // already finds the request in /metrics.
     if (metrics_) {
       const std::string& err = live.stream->error_;
       metrics_->inc("arbor_requests_total", 1,
@@ -277,6 +269,14 @@ void EngineService::flush(Live& live) {
       metrics_->inc("arbor_prompt_tokens_total", static_cast<double>(live.usage.prompt_tokens));
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(live.stream->mu_);
+    for (ChoiceDelta& d : live.out) live.stream->pending_.push_back(std::move(d));
+    live.stream->usage_ = live.usage;
+    if (finished_now) live.stream->done_ = true;
+  }
+  live.out.clear();
+  live.stream->cv_.notify_all();
 }
 
 namespace {
