@@ -173,7 +173,13 @@ struct PagedTreeAttentionParams {
   bool needs_merge = false;
   float* partial_out = nullptr;  // [num_partial_rows, num_q_heads, head_dim] fp32
   float* partial_lse = nullptr;  // [num_partial_rows, num_q_heads] fp32, log2 domain
+  // Profiling only (attention_bench --phases): when set, thread 0 of each tensor-core CTA
+  // writes kAttnPhaseWords words at phase_ns + blockIdx.x * kAttnPhaseWords: %globaltimer at
+  // entry, then clock64 at entry, after the prologue (Q in registers, first tiles in flight),
+  // after the KV loop and at the end, the SM id, the tile count and %globaltimer at the end.
+  unsigned long long* phase_ns = nullptr;
 };
+inline constexpr int kAttnPhaseWords = 8;
 
 // Launches the attention (and the split merge when the plan has splits) on `stream`. Inputs
 // must have been validated by the caller (attention_unsupported_reason, StepInputs); returns

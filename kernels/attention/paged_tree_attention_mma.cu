@@ -124,6 +124,13 @@ __device__ __forceinline__ void stage_q_tile(const PagedTreeAttentionParams& p, 
   }
 }
 
+// This CTA's profiling words (PagedTreeAttentionParams::phase_ns), for thread 0 only; looked up
+// at each stamp so no register holds the pointer across the KV loop.
+__device__ __forceinline__ unsigned long long* phase_stamps(const PagedTreeAttentionParams& p) {
+  return p.phase_ns != nullptr && threadIdx.x == 0 ? p.phase_ns + blockIdx.x * kAttnPhaseWords
+                                                   : nullptr;
+}
+
 // Two adjacent output elements (d even) of a tensor whose type is known at run time.
 __device__ __forceinline__ void store_pair(void* out, ElemType t, int64_t i, float a, float b) {
   if (t == ElemType::kBF16)
@@ -263,6 +270,11 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   __shared__ float red_m[kWarps][16], red_l[kWarps][16];
   __shared__ float row_m[kAttnMaxRowsPerTile], row_l[kAttnMaxRowsPerTile];
 
+  if (unsigned long long* phase = phase_stamps(p)) {
+    phase[0] = global_timer_ns();
+    phase[1] = clock64();
+    phase[5] = sm_id();
+  }
   const int r = item.request;
   const int kvh = item.kv_head;
   const int warps_m = kWgmma ? kWarps : item.warps_m;
@@ -483,6 +495,10 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
       ldmatrix_x4(qf[kk], smem_addr(qs + swz<D>(wm * 16 + (lane % 16), kk * 16 + (lane / 16) * 8)));
   }
   __syncthreads();
+  if (unsigned long long* phase = phase_stamps(p)) {
+    phase[2] = clock64();
+    phase[6] = num_tiles;
+  }
 
   float o[D / 8][4];
 #pragma unroll
@@ -624,7 +640,8 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     }
   }
 
-  // Row sums across the quad that shares a row.
+  if (unsigned long long* phase = phase_stamps(p)) phase[3] = clock64();
+    // Row sums across the quad that shares a row.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
@@ -680,6 +697,10 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
           p.partial_lse[prow_global * p.num_q_heads + head] =
               total > 0.f ? m_run[h] + log2f(total) : -INFINITY;
       }
+    }
+    if (unsigned long long* phase = phase_stamps(p)) {
+      phase[4] = clock64();
+      phase[7] = global_timer_ns();
     }
     return;
   }
@@ -759,6 +780,10 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
         p.partial_lse[prow_global * p.num_q_heads + h] =
             total > 0.f ? row_m[i] + log2f(total) : -INFINITY;
     }
+  }
+  if (unsigned long long* phase = phase_stamps(p)) {
+    phase[4] = clock64();
+    phase[7] = global_timer_ns();
   }
 }
 

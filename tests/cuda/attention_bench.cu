@@ -9,7 +9,10 @@
 //
 //   attention_bench [--batch 1,8,16,32,64] [--context 1024,2048,8192,32768]
 //                   [--tree 16,32,64,128] [--iters 30] [--max-splits 0] [--splits 0,1,2,4]
-//                   [--kernel wgmma|mma]
+//                   [--kernel wgmma|mma] [--phases 0|1]
+//   --phases 1: after each point's timing, one more launch with per-CTA phase stamps
+//   (PagedTreeAttentionParams::phase_ns) and a line of medians: prologue, KV loop (and per
+//   tile), epilogue, CTA total, and how many CTAs started in a later wave.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -74,10 +77,64 @@ __global__ void l2_flush_read(const int4* p, size_t n, int* sink) {
 
 }  // namespace
 
+// One more launch (after the L2 flush) with phase stamps: where a CTA's time goes.
+void print_phases(arbor::kernels::PagedTreeAttentionParams p, cudaStream_t stream,
+                  const void* flush, size_t flush_bytes, int* sink, int sms) {
+  constexpr int W = arbor::kernels::kAttnPhaseWords;
+  unsigned long long* d = nullptr;
+  check(cudaMalloc(&d, static_cast<size_t>(p.num_work) * W * 8), "malloc phases");
+  check(cudaMemset(d, 0, static_cast<size_t>(p.num_work) * W * 8), "clear phases");
+  p.phase_ns = d;
+  l2_flush_read<<<4 * sms, 512, 0, stream>>>(static_cast<const int4*>(flush),
+                                             flush_bytes / sizeof(int4), sink);
+  check(arbor::kernels::launch_paged_tree_attention(p, stream), "phase launch");
+  check(cudaStreamSynchronize(stream), "phase sync");
+  std::vector<unsigned long long> h(static_cast<size_t>(p.num_work) * W);
+  check(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost), "phases back");
+  cudaFree(d);
+  unsigned long long t0 = ~0ull, t_end = 0;
+  for (int c = 0; c < p.num_work; ++c) {
+    if (h[c * W + 7] == 0) continue;  // padding item
+    t0 = std::min(t0, h[c * W + 0]);
+    t_end = std::max(t_end, h[c * W + 7]);
+  }
+  std::vector<double> pro, loop, tile, epi, total, start;
+  for (int c = 0; c < p.num_work; ++c) {
+    const unsigned long long* x = &h[static_cast<size_t>(c) * W];
+    if (x[7] == 0) continue;
+    const double ns_per_cycle = double(x[7] - x[0]) / double(std::max(1ull, x[4] - x[1]));
+    pro.push_back((x[2] - x[1]) * ns_per_cycle / 1e3);
+    loop.push_back((x[3] - x[2]) * ns_per_cycle / 1e3);
+    if (x[6] > 0) tile.push_back((x[3] - x[2]) * ns_per_cycle / 1e3 / double(x[6]));
+    epi.push_back((x[4] - x[3]) * ns_per_cycle / 1e3);
+    total.push_back((x[7] - x[0]) / 1e3);
+    start.push_back((x[0] - t0) / 1e3);
+  }
+  auto med = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  auto mx = [](const std::vector<double>& v) {
+    return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+  };
+  int late = 0;  // CTAs that started after another CTA had finished (later waves)
+  double first_end = 1e30;
+  for (size_t i = 0; i < total.size(); ++i) first_end = std::min(first_end, start[i] + total[i]);
+  for (double s0 : start) late += s0 > first_end;
+  std::printf(
+      "  phases: span %.1f us (first CTA start to last end); per CTA median us: prologue %.2f, "
+      "loop %.2f (%.3f per tile), epilogue %.2f, total %.2f (max %.2f); CTAs starting after "
+      "the first end: %d of %zu (last start %.1f us)\n",
+      (t_end - t0) / 1e3, med(pro), med(loop), med(tile), med(epi), med(total), mx(total), late,
+      total.size(), mx(start));
+}
+
 int main(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 16, 32, 64}, contexts = {1024, 2048, 8192, 32768},
                    trees = {16, 32, 64, 128};
   int iters = 30, max_splits = 0;
+  bool phases = false;                  // --phases 1: one more launch with per-CTA phase stamps
   std::vector<int> fixed_splits = {0};  // --splits: 0 = the planner's choice, N = N splits
   bool wgmma = true;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -94,6 +151,8 @@ int main(int argc, char** argv) {
       max_splits = std::atoi(argv[i + 1]);
     else if (a == "--splits")
       fixed_splits = parse_list(argv[i + 1]);
+    else if (a == "--phases")
+      phases = std::atoi(argv[i + 1]) != 0;
     else if (a == "--kernel")
       wgmma = std::string(argv[i + 1]) != "mma";
   }
@@ -288,6 +347,7 @@ int main(int argc, char** argv) {
                       t_mem >= t_math ? "mem" : "math",
                       (kv_bytes + qo_bytes) / (med * 1e-6) / 1e12);
           std::fflush(stdout);
+          if (phases) print_phases(p, stream, flush, flush_bytes, sink, prop.multiProcessorCount);
           for (void* ptr : owned) cudaFree(ptr);
         }
       }
