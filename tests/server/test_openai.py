@@ -277,6 +277,18 @@ class StoriesServer(unittest.TestCase):
         self.assertGreaterEqual(delta("cancelled"), 8)
         self.assertEqual(self.complete("Once", 3).usage.completion_tokens, 3)
 
+    def test_a_request_is_counted_before_its_response_ends(self):
+        # Once a client has read the whole response (plain or streamed), /metrics counts it.
+        key = 'arbor_requests_total{status="ok"}'
+        for i in range(12):
+            before = self.srv.metrics().get(key, 0)
+            if i % 2:
+                text = "".join(ch.choices[0].text for ch in self.complete("Once", 3, stream=True))
+                self.assertTrue(text)
+            else:
+                self.assertEqual(self.complete("Once", 3).usage.completion_tokens, 3)
+            self.assertEqual(self.srv.metrics().get(key, 0), before + 1)
+
     def test_metrics_and_models(self):
         self.complete("Once", 5)
         m = self.srv.metrics()
