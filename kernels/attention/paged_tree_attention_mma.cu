@@ -131,6 +131,14 @@ __device__ __forceinline__ unsigned long long* phase_stamps(const PagedTreeAtten
                                                    : nullptr;
 }
 
+// The CTA's last stamps: its end in cycles and in %globaltimer.
+__device__ __forceinline__ void stamp_end(const PagedTreeAttentionParams& p) {
+  if (unsigned long long* phase = phase_stamps(p)) {
+    phase[4] = clock64();
+    phase[7] = global_timer_ns();
+  }
+}
+
 // Two adjacent output elements (d even) of a tensor whose type is known at run time.
 __device__ __forceinline__ void store_pair(void* out, ElemType t, int64_t i, float a, float b) {
   if (t == ElemType::kBF16)
@@ -641,6 +649,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   }
 
   if (unsigned long long* phase = phase_stamps(p)) phase[3] = clock64();
+
     // Row sums across the quad that shares a row.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -698,10 +707,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
               total > 0.f ? m_run[h] + log2f(total) : -INFINITY;
       }
     }
-    if (unsigned long long* phase = phase_stamps(p)) {
-      phase[4] = clock64();
-      phase[7] = global_timer_ns();
-    }
+    stamp_end(p);
     return;
   }
   // Merge the warps that split the KV tile's columns (warps_n > 1), staging O in shared memory.
@@ -781,10 +787,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
             total > 0.f ? row_m[i] + log2f(total) : -INFINITY;
     }
   }
-  if (unsigned long long* phase = phase_stamps(p)) {
-    phase[4] = clock64();
-    phase[7] = global_timer_ns();
-  }
+  stamp_end(p);
 }
 
 template <typename KvT, int D, bool kWgmma>

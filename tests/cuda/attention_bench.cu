@@ -75,6 +75,12 @@ __global__ void l2_flush_read(const int4* p, size_t n, int* sink) {
   if (acc.x == 0x7f7f7f7f && acc.y == 0x1 && acc.z == 0x2 && acc.w == 0x3) *sink = acc.x;
 }
 
+// Evicts L2 (a 256 MiB read) so the next launch starts cold.
+void flush_l2(cudaStream_t stream, const void* flush, size_t flush_bytes, int* sink, int sms) {
+  l2_flush_read<<<4 * sms, 512, 0, stream>>>(static_cast<const int4*>(flush),
+                                             flush_bytes / sizeof(int4), sink);
+}
+
 }  // namespace
 
 // One more launch (after the L2 flush) with phase stamps: where a CTA's time goes.
@@ -85,31 +91,29 @@ void print_phases(arbor::kernels::PagedTreeAttentionParams p, cudaStream_t strea
   check(cudaMalloc(&d, static_cast<size_t>(p.num_work) * W * 8), "malloc phases");
   check(cudaMemset(d, 0, static_cast<size_t>(p.num_work) * W * 8), "clear phases");
   p.phase_ns = d;
-  l2_flush_read<<<4 * sms, 512, 0, stream>>>(static_cast<const int4*>(flush),
-                                             flush_bytes / sizeof(int4), sink);
+  flush_l2(stream, flush, flush_bytes, sink, sms);
   check(arbor::kernels::launch_paged_tree_attention(p, stream), "phase launch");
   check(cudaStreamSynchronize(stream), "phase sync");
   std::vector<unsigned long long> h(static_cast<size_t>(p.num_work) * W);
   check(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost), "phases back");
   cudaFree(d);
   unsigned long long t0 = ~0ull, t_end = 0;
-  for (int c = 0; c < p.num_work; ++c) {
-    if (h[c * W + 7] == 0) continue;  // padding item
-    t0 = std::min(t0, h[c * W + 0]);
-    t_end = std::max(t_end, h[c * W + 7]);
-  }
   std::vector<double> pro, loop, tile, epi, total, start;
+  std::vector<unsigned long long> start_ns;  // made relative to t0 once t0 is known
   for (int c = 0; c < p.num_work; ++c) {
     const unsigned long long* x = &h[static_cast<size_t>(c) * W];
-    if (x[7] == 0) continue;
+    if (x[7] == 0) continue;  // padding item
+    t0 = std::min(t0, x[0]);
+    t_end = std::max(t_end, x[7]);
     const double ns_per_cycle = double(x[7] - x[0]) / double(std::max(1ull, x[4] - x[1]));
     pro.push_back((x[2] - x[1]) * ns_per_cycle / 1e3);
     loop.push_back((x[3] - x[2]) * ns_per_cycle / 1e3);
     if (x[6] > 0) tile.push_back((x[3] - x[2]) * ns_per_cycle / 1e3 / double(x[6]));
     epi.push_back((x[4] - x[3]) * ns_per_cycle / 1e3);
     total.push_back((x[7] - x[0]) / 1e3);
-    start.push_back((x[0] - t0) / 1e3);
+    start_ns.push_back(x[0]);
   }
+  for (unsigned long long s0 : start_ns) start.push_back((s0 - t0) / 1e3);
   auto med = [](std::vector<double> v) {
     if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
@@ -324,8 +328,7 @@ int main(int argc, char** argv) {
             check(arbor::kernels::launch_paged_tree_attention(p, stream), "warmup");
           std::vector<float> times;
           for (int it = 0; it < iters; ++it) {
-            l2_flush_read<<<4 * prop.multiProcessorCount, 512, 0, stream>>>(
-                static_cast<const int4*>(flush), flush_bytes / sizeof(int4), sink);
+            flush_l2(stream, flush, flush_bytes, sink, prop.multiProcessorCount);
             cudaEventRecord(e0, stream);
             check(arbor::kernels::launch_paged_tree_attention(p, stream), "launch");
             cudaEventRecord(e1, stream);
