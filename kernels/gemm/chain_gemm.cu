@@ -34,6 +34,12 @@ constexpr int row_bytes(int stage_k) {
   return stage_k * 2 + 32;
 }
 
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+
 __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   uint2 v;
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
@@ -59,28 +65,55 @@ __global__ void __launch_bounds__(WARPS * 32) chain_gemm_kernel(const ChainGemmP
   const auto* x = static_cast<const uint16_t*>(p.x);
   const uint32_t base = smem_addr(smem);
 
+  // Thread tid copies 16-byte chunk load_c of rows load_r0 + j * kRowStride of the weights and
+  // of the tokens: sources and shared-memory offsets computed once, each stage adds its k (the
+  // per-copy 64-bit address arithmetic was half of all instructions: ncu, eighteenth session).
+  constexpr int kRowStride = kThreads / kChunksPerRow;
+  constexpr int kWeightLoads = kWeightRows / kRowStride;
+  constexpr int kTokenLoads = (kTokenRows + kRowStride - 1) / kRowStride;
+  static_assert(kThreads % kChunksPerRow == 0 && kWeightRows % kRowStride == 0, "load layout");
+  const int load_r0 = tid / kChunksPerRow, load_c = tid % kChunksPerRow;
+  const uint32_t load_dst = load_r0 * kRowBytes + load_c * 16;
+  const uint16_t* w_src[kWeightLoads];
+#pragma unroll
+  for (int j = 0; j < kWeightLoads; ++j)  // rows past O copy a valid row (never stored)
+    w_src[j] = w + min(row0 + load_r0 + j * kRowStride, O - 1) * K + load_c * 8;
+  const uint16_t* x_src[kTokenLoads];
+  bool x_row[kTokenLoads];
+#pragma unroll
+  for (int j = 0; j < kTokenLoads; ++j) {
+    const int r = load_r0 + j * kRowStride;
+    x_row[j] = r < n_tok;
+    x_src[j] = x + (x_row[j] ? r : 0) * K + load_c * 8;
+  }
   auto load_weights = [&](int s) {
     const int64_t k0 = static_cast<int64_t>(s) * kStageK;
-    const uint32_t dst = base + (s % STAGES) * kStageBytes;
+    if (k0 + load_c * 8 >= K) return;  // K is a multiple of 16: a chunk is wholly in or out
+    const uint32_t dst = base + (s % STAGES) * kStageBytes + load_dst;
 #pragma unroll
-    for (int j = 0; j < kWeightRows * kChunksPerRow / kThreads; ++j) {
-      const int i = tid + j * kThreads;
-      const int r = i / kChunksPerRow, c = i % kChunksPerRow;
-      const int64_t k = k0 + c * 8;
-      // Rows past O copy a valid row (their sums are never stored).
-      if (k < K) cp_async_16(dst + r * kRowBytes + c * 16, w + min(row0 + r, O - 1) * K + k, 16);
-    }
+    for (int j = 0; j < kWeightLoads; ++j)
+      cp_async_16(dst + j * kRowStride * kRowBytes, w_src[j] + k0, 16);
   };
   auto load_tokens = [&](int s) {
     const int64_t k0 = static_cast<int64_t>(s) * kStageK;
-    const uint32_t dst = base + (s % STAGES) * kStageBytes + kWeightRows * kRowBytes;
-    for (int i = tid; i < n_tok * kChunksPerRow; i += kThreads) {
-      const int r = i / kChunksPerRow, c = i % kChunksPerRow;
-      const int64_t k = k0 + c * 8;
-      if (k < K) cp_async_16(dst + r * kRowBytes + c * 16, x + r * K + k, 16);
-    }
+    if (k0 + load_c * 8 >= K) return;
+    const uint32_t dst = base + (s % STAGES) * kStageBytes + kWeightRows * kRowBytes + load_dst;
+#pragma unroll
+    for (int j = 0; j < kTokenLoads; ++j)
+      if (x_row[j]) cp_async_16(dst + j * kRowStride * kRowBytes, x_src[j] + k0, 16);
   };
 
+  // Token rows n_tok .. kTokenRows - 1 of every stage: zero (the copies never write them).
+  {
+    constexpr int kWordsPerRow = kRowBytes / 4;
+    const int zero_words = (kTokenRows - n_tok) * kWordsPerRow;
+    for (int i = tid; i < STAGES * zero_words; i += kThreads) {
+      const int st = i / zero_words, wd = i % zero_words;
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(base + st * kStageBytes +
+                                                     (kWeightRows + n_tok) * kRowBytes + wd * 4),
+                   "r"(0u));
+    }
+  }
   // Weights are constant: their first stages are in flight before the wait for the kernel
   // that writes x.
 #pragma unroll
@@ -95,13 +128,24 @@ __global__ void __launch_bounds__(WARPS * 32) chain_gemm_kernel(const ChainGemmP
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const uint32_t w_off = (warp * 8 + g) * kRowBytes + t * 8;
-  const uint32_t x_lo = (kWeightRows + g) * kRowBytes + t * 8;
-  const uint32_t x_hi = x_lo + 8 * kRowBytes;
-  const bool have_lo = g < n_tok, have_hi = M16 && g + 8 < n_tok;
+  // A lane whose token row is past n_tok reads row n_tok instead, which no copy writes and which
+  // is zeroed once above (all such lanes read one address: a broadcast). Each half of an A pair
+  // is loaded straight into its fragment register (two 4-byte loads; an 8-byte load needed two
+  // moves and a zeroing per step), with no predicate.
+  const int lo_row = g < n_tok ? g : n_tok;
+  const int hi_row = g + 8 < n_tok ? g + 8 : n_tok;
+  const uint32_t x_lo = (kWeightRows + lo_row) * kRowBytes + t * 8;
+  const uint32_t x_hi = (kWeightRows + hi_row) * kRowBytes + t * 8;
   auto step = [&](uint32_t sb, int j) {
-    const uint2 lo = have_lo ? lds64(sb + x_lo + j * 32) : make_uint2(0u, 0u);
-    const uint2 hi = have_hi ? lds64(sb + x_hi + j * 32) : make_uint2(0u, 0u);
-    const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
+    uint32_t a[4];
+    a[0] = lds32(sb + x_lo + j * 32);
+    a[2] = lds32(sb + x_lo + j * 32 + 4);
+    if constexpr (M16) {
+      a[1] = lds32(sb + x_hi + j * 32);
+      a[3] = lds32(sb + x_hi + j * 32 + 4);
+    } else {
+      a[1] = a[3] = 0u;
+    }
     const uint2 b = lds64(sb + w_off + j * 32);
     mma_16816<__nv_bfloat16>(acc, a, b.x, b.y);
   };
@@ -216,18 +260,17 @@ cudaError_t launch_chain_gemm(const ChainGemmParams& p, cudaStream_t stream) {
   // 4 warps (32 weight rows), 4 stages of 128 k: 55 KiB of shared memory at <= 8 tokens. In a
   // decode step (graph replay) it beat 4 x 256 k, 3 and 6 stages, 2 warps and 8 x 64 k
   // (model_bench, docs/benchmarks.md); alone (chain_gemm_probe) they are within a few percent.
-  // Except for matrices of at most 8192 rows and 4096 inputs (Llama-3-8B's q|k|v and o: one CTA
-  // per SM): stages of 256 k, 16.7 vs 19.2 us (q|k|v) and 14.2 vs 17.3 us (o) per launch in a
-  // replayed step (ncu), 199 vs 197 tok/s at batch 1. The down projection (14336 inputs) is 12 us
-  // faster alone with them but makes the step 4% slower: its CTAs, resident early as a programmatic
-  // dependent, take the SMs that the gate|up GEMM's later waves need (docs/benchmarks.md
-  // "Fourteenth session"). Same bits at every tiling (chain_gemm_probe).
-  // ARBOR_CHAIN_SMALL=<warps><stages><stage k> (e.g. 44128, the old choice) overrides the tiling of
-  // those shapes for A/B runs.
-  // ARBOR_CHAIN_DEEP: the same override for matrices of at most 8192 rows and more inputs (the
-  // down projection).
+  // Except for matrices of at most 8192 rows (Llama-3-8B's q|k|v, o and down: about one CTA per
+  // SM): stages of 256 k. q|k|v and o: 16.7 vs 19.2 us and 14.2 vs 17.3 us per launch in a
+  // replayed step (ncu). The down projection (14336 inputs): with the per-copy address arithmetic
+  // hoisted out of the loop (eighteenth session) 41 vs 48 us alone and batch-1 / batch-8 decode
+  // 207 / 1560 vs 199 / 1373 tok/s with 128-k stages (docs/benchmarks.md "Eighteenth session";
+  // before that hoisting, 256-k stages made the step 4% slower, "Fourteenth session").
+  // ARBOR_CHAIN_SMALL=<warps><stages><stage k> (e.g. 44128) overrides the tiling of matrices of
+  // at most 8192 rows and 4096 inputs for A/B runs, ARBOR_CHAIN_DEEP that of those with more
+  // inputs (the down projection).
   static const int small_config = env_tiling("ARBOR_CHAIN_SMALL", 44256);
-  static const int deep_config = env_tiling("ARBOR_CHAIN_DEEP", 44128);
+  static const int deep_config = env_tiling("ARBOR_CHAIN_DEEP", 44256);
   if (p.out_features <= 8192)
     return launch_tiling(p, p.in_features <= 4096 ? small_config : deep_config, stream);
   return launch_rows<4, 4, 128>(p, stream);
