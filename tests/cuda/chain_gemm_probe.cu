@@ -25,13 +25,6 @@ using namespace arbor;
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
 uint16_t bf16_bits(float f) {
   uint32_t b;
   std::memcpy(&b, &f, 4);
@@ -46,16 +39,17 @@ int main(int argc, char** argv) {
     const bool chunked = std::string(argv[1]) == "--one-chunked";
     const int O = std::atoi(argv[2]), K = std::atoi(argv[3]), N = std::atoi(argv[4]);
     void *x, *w, *y;
-    check(cudaMalloc(&x, size_t(N) * K * 2), "x");
-    check(cudaMalloc(&w, size_t(O) * K * 2), "w");
-    check(cudaMalloc(&y, size_t(N) * O * 4), "y");
-    check(cudaMemset(x, 0, size_t(N) * K * 2), "x");
-    check(cudaMemset(w, 0, size_t(O) * K * 2), "w");
+    testing::check_cuda(cudaMalloc(&x, size_t(N) * K * 2), "x");
+    testing::check_cuda(cudaMalloc(&w, size_t(O) * K * 2), "w");
+    testing::check_cuda(cudaMalloc(&y, size_t(N) * O * 4), "y");
+    testing::check_cuda(cudaMemset(x, 0, size_t(N) * K * 2), "x");
+    testing::check_cuda(cudaMemset(w, 0, size_t(O) * K * 2), "w");
     for (int i = 0; i < 3; ++i)
-      check(chunked ? kernels::launch_chunked_gemm({x, w, static_cast<float*>(y), N, K, O}, nullptr)
-                    : kernels::launch_chain_gemm({x, w, static_cast<float*>(y), N, K, O}, nullptr),
-            "launch");
-    check(cudaDeviceSynchronize(), "sync");
+      testing::check_cuda(
+          chunked ? kernels::launch_chunked_gemm({x, w, static_cast<float*>(y), N, K, O}, nullptr)
+                  : kernels::launch_chain_gemm({x, w, static_cast<float*>(y), N, K, O}, nullptr),
+          "launch");
+    testing::check_cuda(cudaDeviceSynchronize(), "sync");
     return 0;
   }
   struct Shape {
@@ -75,7 +69,7 @@ int main(int argc, char** argv) {
   auto stream = static_cast<cudaStream_t>(b.stream_handle());
   void* flush = nullptr;
   const size_t flush_bytes = size_t{256} << 20;
-  check(cudaMalloc(&flush, flush_bytes), "flush");
+  testing::check_cuda(cudaMalloc(&flush, flush_bytes), "flush");
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.f, 1.f);
   int mismatches = 0;
@@ -86,15 +80,15 @@ int main(int argc, char** argv) {
     for (auto& v : wb) v = bf16_bits(nd(rng) * 0.02f);
     uint16_t *dx, *dw;
     float *dref, *dout;
-    check(cudaMalloc(&dx, xb.size() * 2), "x");
-    check(cudaMalloc(&dw, wb.size() * 2), "w");
-    check(cudaMalloc(&dref, size_t(kMaxN) * sh.O * 4), "ref");
-    check(cudaMalloc(&dout, size_t(kMaxN) * sh.O * 4), "out");
-    check(cudaMemcpy(dx, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), "x");
-    check(cudaMemcpy(dw, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), "w");
+    testing::check_cuda(cudaMalloc(&dx, xb.size() * 2), "x");
+    testing::check_cuda(cudaMalloc(&dw, wb.size() * 2), "w");
+    testing::check_cuda(cudaMalloc(&dref, size_t(kMaxN) * sh.O * 4), "ref");
+    testing::check_cuda(cudaMalloc(&dout, size_t(kMaxN) * sh.O * 4), "out");
+    testing::check_cuda(cudaMemcpy(dx, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), "x");
+    testing::check_cuda(cudaMemcpy(dw, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), "w");
     // A cudaMemcpy from pageable memory may return before its DMA lands, and the backend's
     // non-blocking stream does not wait for it.
-    check(cudaDeviceSynchronize(), "copies");
+    testing::check_cuda(cudaDeviceSynchronize(), "copies");
     const Tensor w{dw, DType::kBF16, sh.O, sh.K};
     auto time_us = [&](const std::function<void()>& f, bool cold = true) {
       return testing::median_launch_us(stream, flush, flush_bytes, f, cold);
@@ -103,9 +97,9 @@ int main(int argc, char** argv) {
       const Tensor x{dx, DType::kBF16, n, sh.K}, y{dref, DType::kF32, n, sh.O};
       b.linear(x, w, Tensor{}, y);
       std::vector<float> ref(size_t(n) * sh.O), got(ref.size());
-      check(cudaMemcpyAsync(ref.data(), dref, ref.size() * 4, cudaMemcpyDeviceToHost, stream),
-            "ref");
-      check(cudaStreamSynchronize(stream), "sync");
+      testing::check_cuda(
+          cudaMemcpyAsync(ref.data(), dref, ref.size() * 4, cudaMemcpyDeviceToHost, stream), "ref");
+      testing::check_cuda(cudaStreamSynchronize(stream), "sync");
       const bool timed = !quick && (n == 1 || n == 8 || n == 16);
       std::string line = std::string(sh.name) + " " + std::to_string(sh.O) + "x" +
                          std::to_string(sh.K) + " n " + std::to_string(n);
@@ -118,7 +112,7 @@ int main(int argc, char** argv) {
         const kernels::ChunkedGemmParams cp{dx, dw, dout, n, sh.K, sh.O};
         if (kernels::chunked_gemm_supported(cp)) {
           std::snprintf(buf, sizeof buf, " | chunked %.1f", time_us([&] {
-                          check(kernels::launch_chunked_gemm(cp, stream), "chunked");
+                          testing::check_cuda(kernels::launch_chunked_gemm(cp, stream), "chunked");
                         }));
           line += buf;
         }
@@ -126,13 +120,15 @@ int main(int argc, char** argv) {
       const kernels::ChainGemmParams p{dx, dw, dout, n, sh.K, sh.O};
       for (const auto& c : configs) {
         auto launch = [&] {
-          check(kernels::detail::launch_chain_gemm_config(p, c[0], c[1], c[2], stream), "chain");
+          testing::check_cuda(
+              kernels::detail::launch_chain_gemm_config(p, c[0], c[1], c[2], stream), "chain");
         };
-        check(cudaMemsetAsync(dout, 0xff, got.size() * 4, stream), "poison");
+        testing::check_cuda(cudaMemsetAsync(dout, 0xff, got.size() * 4, stream), "poison");
         launch();
-        check(cudaMemcpyAsync(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost, stream),
-              "got");
-        check(cudaStreamSynchronize(stream), "sync");
+        testing::check_cuda(
+            cudaMemcpyAsync(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost, stream),
+            "got");
+        testing::check_cuda(cudaStreamSynchronize(stream), "sync");
         size_t diff = 0;
         for (size_t i = 0; i < got.size(); ++i) diff += std::memcmp(&got[i], &ref[i], 4) != 0;
         mismatches += diff != 0;

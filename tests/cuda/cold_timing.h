@@ -12,29 +12,34 @@
 
 namespace arbor::testing {
 
+// Exits with `what` and the CUDA error unless e is cudaSuccess (benchmarks and probes).
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
 // Median of 10 timed runs of `launch` on `stream` after 2 untimed ones, us; with `cold`,
-// flush_bytes of `flush` are overwritten before each run. Exits on a CUDA error.
-template <typename Launch>
-double median_launch_us(cudaStream_t stream, void* flush, size_t flush_bytes, Launch&& launch,
-                        bool cold = true) {
-  auto ok = [](cudaError_t e) {
-    if (e != cudaSuccess) {
-      std::fprintf(stderr, "CUDA error in timing: %s\n", cudaGetErrorString(e));
-      std::exit(1);
-    }
-  };
+// flush_bytes of `flush` are overwritten before each run. `prepare` (untimed) runs between the
+// flush and the timed launch. Exits on a CUDA error.
+template <typename Launch, typename Prepare = void (*)()>
+double median_launch_us(
+    cudaStream_t stream, void* flush, size_t flush_bytes, Launch&& launch, bool cold = true,
+    Prepare&& prepare = [] {}) {
   cudaEvent_t e0, e1;
-  ok(cudaEventCreate(&e0));
-  ok(cudaEventCreate(&e1));
+  check_cuda(cudaEventCreate(&e0), "timing event");
+  check_cuda(cudaEventCreate(&e1), "timing event");
   std::vector<double> t;
   for (int it = 0; it < 12; ++it) {
-    if (cold) ok(cudaMemsetAsync(flush, it, flush_bytes, stream));
-    ok(cudaEventRecord(e0, stream));
+    if (cold) check_cuda(cudaMemsetAsync(flush, it, flush_bytes, stream), "L2 flush");
+    prepare();
+    check_cuda(cudaEventRecord(e0, stream), "timing event");
     launch();
-    ok(cudaEventRecord(e1, stream));
-    ok(cudaEventSynchronize(e1));
+    check_cuda(cudaEventRecord(e1, stream), "timing event");
+    check_cuda(cudaEventSynchronize(e1), "timing");
     float ms = 0;
-    ok(cudaEventElapsedTime(&ms, e0, e1));
+    check_cuda(cudaEventElapsedTime(&ms, e0, e1), "timing");
     if (it >= 2) t.push_back(ms * 1e3);
   }
   cudaEventDestroy(e0);

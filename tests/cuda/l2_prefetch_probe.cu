@@ -9,22 +9,14 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <vector>
 
 #include "kernels/common/device_utils.cuh"
 #include "kernels/gemm/chain_gemm.h"
+#include "tests/cuda/cold_timing.h"
 
 using namespace arbor;
 
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
 
 // Each CTA asks for its share of [base, base + bytes) in 16 KiB bulk prefetches (fire and
 // forget: nothing waits for the data).
@@ -50,14 +42,12 @@ __global__ void spin_kernel(long long ns) {
 }  // namespace
 
 int main() {
+  using testing::check_cuda;
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
-  check(cudaMalloc(&flush, flush_bytes), "flush");
+  check_cuda(cudaMalloc(&flush, flush_bytes), "flush");
   cudaStream_t st;
-  check(cudaStreamCreate(&st), "stream");
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "event");
-  check(cudaEventCreate(&e1), "event");
+  check_cuda(cudaStreamCreate(&st), "stream");
   struct Shape {
     const char* name;
     int64_t o, k;
@@ -66,38 +56,33 @@ int main() {
                          Shape{"down 4096x14336", 4096, 14336}}) {
     const size_t wbytes = static_cast<size_t>(sh.o * sh.k) * 2;
     void *w = nullptr, *x = nullptr, *y = nullptr;
-    check(cudaMalloc(&w, wbytes), "w");
-    check(cudaMalloc(&x, sh.k * 2), "x");
-    check(cudaMalloc(&y, sh.o * 4), "y");
-    check(cudaMemset(w, 0x11, wbytes), "w fill");
-    check(cudaMemset(x, 0x22, sh.k * 2), "x fill");
+    check_cuda(cudaMalloc(&w, wbytes), "w");
+    check_cuda(cudaMalloc(&x, sh.k * 2), "x");
+    check_cuda(cudaMalloc(&y, sh.o * 4), "y");
+    check_cuda(cudaMemset(w, 0x11, wbytes), "w fill");
+    check_cuda(cudaMemset(x, 0x22, sh.k * 2), "x fill");
     const kernels::ChainGemmParams p{x, w, static_cast<float*>(y), 1, sh.k, sh.o};
     if (!kernels::chain_gemm_supported(p)) {
       std::printf("%s: chain GEMM unsupported\n", sh.name);
       continue;
     }
     const int64_t pf_bytes = std::min<int64_t>(wbytes, 40ll << 20);
-    for (int mode = 0; mode < 4; ++mode) {
-      std::vector<double> t;
-      for (int it = 0; it < 12; ++it) {
-        if (mode != 1) check(cudaMemsetAsync(flush, it, flush_bytes, st), "memset");
-        if (mode == 1) check(kernels::launch_chain_gemm(p, st), "warm-up gemm");
-        if (mode == 2) prefetch_kernel<<<8, 128, 0, st>>>(w, pf_bytes);
-        if (mode == 3) prefetch_kernel<<<32, 128, 0, st>>>(w, pf_bytes);
-        if (mode >= 2) spin_kernel<<<1, 32, 0, st>>>(30000);
-        check(cudaEventRecord(e0, st), "record");
-        check(kernels::launch_chain_gemm(p, st), "gemm");
-        check(cudaEventRecord(e1, st), "record");
-        check(cudaEventSynchronize(e1), "sync");
-        float ms = 0;
-        check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-        if (it >= 2) t.push_back(ms * 1e3);
-      }
-      std::sort(t.begin(), t.end());
-      static const char* names[] = {"cold", "warm", "prefetched (8 CTAs)", "prefetched (32 CTAs)"};
-      std::printf("%-16s %-22s %7.1f us  (%.2f TB/s)\n", sh.name, names[mode], t[t.size() / 2],
-                  wbytes / (t[t.size() / 2] * 1e-6) / 1e12);
-    }
+    auto gemm = [&] { check_cuda(kernels::launch_chain_gemm(p, st), "gemm"); };
+    auto prefetched = [&](int ctas) {
+      return [&, ctas] {
+        prefetch_kernel<<<ctas, 128, 0, st>>>(w, pf_bytes);
+        spin_kernel<<<1, 32, 0, st>>>(30000);
+      };
+    };
+    const double us[4] = {
+        testing::median_launch_us(st, flush, flush_bytes, gemm),
+        testing::median_launch_us(st, flush, flush_bytes, gemm, false),  // after the last run
+        testing::median_launch_us(st, flush, flush_bytes, gemm, true, prefetched(8)),
+        testing::median_launch_us(st, flush, flush_bytes, gemm, true, prefetched(32))};
+    static const char* names[] = {"cold", "warm", "prefetched (8 CTAs)", "prefetched (32 CTAs)"};
+    for (int mode = 0; mode < 4; ++mode)
+      std::printf("%-16s %-22s %7.1f us  (%.2f TB/s)\n", sh.name, names[mode], us[mode],
+                  wbytes / (us[mode] * 1e-6) / 1e12);
     cudaFree(w);
     cudaFree(x);
     cudaFree(y);
