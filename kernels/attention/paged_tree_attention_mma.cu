@@ -649,10 +649,8 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   }
 
   if (unsigned long long* phase = phase_stamps(p)) phase[3] = clock64();
-
-    // Row sums across the quad that shares a row.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < 2; ++h) {  // row sums across the quad that shares a row
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }

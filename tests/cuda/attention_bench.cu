@@ -28,18 +28,14 @@
 #include <vector>
 
 #include "kernels/attention/paged_tree_attention.h"
+#include "tests/cuda/cold_timing.h"
 #include "tests/cuda/device_rates.h"
 
 namespace {
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kBlock = 16;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using arbor::testing::check_cuda;
 
 std::vector<int> parse_list(const char* s) {
   std::vector<int> v;
@@ -81,21 +77,19 @@ void flush_l2(cudaStream_t stream, const void* flush, size_t flush_bytes, int* s
                                              flush_bytes / sizeof(int4), sink);
 }
 
-}  // namespace
-
 // One more launch (after the L2 flush) with phase stamps: where a CTA's time goes.
 void print_phases(arbor::kernels::PagedTreeAttentionParams p, cudaStream_t stream,
                   const void* flush, size_t flush_bytes, int* sink, int sms) {
   constexpr int W = arbor::kernels::kAttnPhaseWords;
   unsigned long long* d = nullptr;
-  check(cudaMalloc(&d, static_cast<size_t>(p.num_work) * W * 8), "malloc phases");
-  check(cudaMemset(d, 0, static_cast<size_t>(p.num_work) * W * 8), "clear phases");
+  check_cuda(cudaMalloc(&d, static_cast<size_t>(p.num_work) * W * 8), "malloc phases");
+  check_cuda(cudaMemset(d, 0, static_cast<size_t>(p.num_work) * W * 8), "clear phases");
   p.phase_ns = d;
   flush_l2(stream, flush, flush_bytes, sink, sms);
-  check(arbor::kernels::launch_paged_tree_attention(p, stream), "phase launch");
-  check(cudaStreamSynchronize(stream), "phase sync");
+  check_cuda(arbor::kernels::launch_paged_tree_attention(p, stream), "phase launch");
+  check_cuda(cudaStreamSynchronize(stream), "phase sync");
   std::vector<unsigned long long> h(static_cast<size_t>(p.num_work) * W);
-  check(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost), "phases back");
+  check_cuda(cudaMemcpy(h.data(), d, h.size() * 8, cudaMemcpyDeviceToHost), "phases back");
   cudaFree(d);
   unsigned long long t0 = ~0ull, t_end = 0;
   std::vector<double> pro, loop, tile, epi, total, start;
@@ -134,6 +128,8 @@ void print_phases(arbor::kernels::PagedTreeAttentionParams p, cudaStream_t strea
       total.size(), mx(start));
 }
 
+}  // namespace
+
 int main(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 16, 32, 64}, contexts = {1024, 2048, 8192, 32768},
                    trees = {16, 32, 64, 128};
@@ -161,9 +157,9 @@ int main(int argc, char** argv) {
       wgmma = std::string(argv[i + 1]) != "mma";
   }
   cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "props");
+  check_cuda(cudaGetDeviceProperties(&prop, 0), "props");
   bool have_wgmma = false;
-  check(arbor::kernels::attention_wgmma_available(&have_wgmma), "probe");
+  check_cuda(arbor::kernels::attention_wgmma_available(&have_wgmma), "probe");
   wgmma = wgmma && have_wgmma;
   std::printf("device: %s, %d SMs, L2 %d MiB; kernel: %s\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20, wgmma ? "wgmma" : "mma.sync");
@@ -185,8 +181,8 @@ int main(int argc, char** argv) {
   const int64_t row_elems = static_cast<int64_t>(kHkv) * kD;
   const size_t cache_bytes = static_cast<size_t>(max_slots * row_elems * 2);
   void *k_cache = nullptr, *v_cache = nullptr;
-  check(cudaMalloc(&k_cache, cache_bytes), "malloc k");
-  check(cudaMalloc(&v_cache, cache_bytes), "malloc v");
+  check_cuda(cudaMalloc(&k_cache, cache_bytes), "malloc k");
+  check_cuda(cudaMalloc(&v_cache, cache_bytes), "malloc v");
   {
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> d(-1.f, 1.f);
@@ -194,23 +190,23 @@ int main(int argc, char** argv) {
     std::vector<uint16_t> h(chunk / 2);
     for (auto& x : h) x = bf16_bits(d(rng));
     void* src = nullptr;
-    check(cudaMalloc(&src, chunk), "malloc src");
-    check(cudaMemcpy(src, h.data(), chunk, cudaMemcpyHostToDevice), "fill");
+    check_cuda(cudaMalloc(&src, chunk), "malloc src");
+    check_cuda(cudaMemcpy(src, h.data(), chunk, cudaMemcpyHostToDevice), "fill");
     for (void* dst : {k_cache, v_cache})
       for (size_t off = 0; off < cache_bytes; off += chunk)
-        check(cudaMemcpy(static_cast<char*>(dst) + off, src, std::min(chunk, cache_bytes - off),
-                         cudaMemcpyDeviceToDevice),
-              "tile");
+        check_cuda(cudaMemcpy(static_cast<char*>(dst) + off, src,
+                              std::min(chunk, cache_bytes - off), cudaMemcpyDeviceToDevice),
+                   "tile");
     cudaFree(src);
   }
   void* flush = nullptr;
   int* sink = nullptr;
   const size_t flush_bytes = 256u << 20;
-  check(cudaMalloc(&flush, flush_bytes), "malloc flush");
-  check(cudaMemset(flush, 1, flush_bytes), "flush init");
-  check(cudaMalloc(&sink, sizeof(int)), "malloc sink");
+  check_cuda(cudaMalloc(&flush, flush_bytes), "malloc flush");
+  check_cuda(cudaMemset(flush, 1, flush_bytes), "flush init");
+  check_cuda(cudaMalloc(&sink, sizeof(int)), "malloc sink");
   cudaStream_t stream;
-  check(cudaStreamCreate(&stream), "stream");
+  check_cuda(cudaStreamCreate(&stream), "stream");
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
@@ -266,10 +262,10 @@ int main(int argc, char** argv) {
           auto upload = [&](const auto& v) {
             void* d = nullptr;
             const size_t bytes = std::max<size_t>(v.size() * sizeof(v[0]), 16);
-            check(cudaMalloc(&d, bytes), "malloc meta");
+            check_cuda(cudaMalloc(&d, bytes), "malloc meta");
             if (!v.empty())
-              check(cudaMemcpy(d, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice),
-                    "meta");
+              check_cuda(cudaMemcpy(d, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice),
+                         "meta");
             return d;
           };
           std::vector<void*> owned;
@@ -283,7 +279,7 @@ int main(int argc, char** argv) {
           for (auto& x : qh) x = bf16_bits(d(rng));
           p.q = up(qh);
           void* out = nullptr;
-          check(cudaMalloc(&out, qh.size() * 2), "malloc out");
+          check_cuda(cudaMalloc(&out, qh.size() * 2), "malloc out");
           owned.push_back(out);
           p.out = out;
           p.k_cache = k_cache;
@@ -315,24 +311,24 @@ int main(int argc, char** argv) {
           if (plan.needs_merge) {
             void* po = nullptr;
             void* pl = nullptr;
-            check(cudaMalloc(&po, static_cast<size_t>(plan.num_partial_rows) * kHq * kD * 4),
-                  "partials");
-            check(cudaMalloc(&pl, static_cast<size_t>(plan.num_partial_rows) * kHq * 4),
-                  "partials");
+            check_cuda(cudaMalloc(&po, static_cast<size_t>(plan.num_partial_rows) * kHq * kD * 4),
+                       "partials");
+            check_cuda(cudaMalloc(&pl, static_cast<size_t>(plan.num_partial_rows) * kHq * 4),
+                       "partials");
             owned.push_back(po);
             owned.push_back(pl);
             p.partial_out = static_cast<float*>(po);
             p.partial_lse = static_cast<float*>(pl);
           }
           for (int w = 0; w < 3; ++w)
-            check(arbor::kernels::launch_paged_tree_attention(p, stream), "warmup");
+            check_cuda(arbor::kernels::launch_paged_tree_attention(p, stream), "warmup");
           std::vector<float> times;
           for (int it = 0; it < iters; ++it) {
             flush_l2(stream, flush, flush_bytes, sink, prop.multiProcessorCount);
             cudaEventRecord(e0, stream);
-            check(arbor::kernels::launch_paged_tree_attention(p, stream), "launch");
+            check_cuda(arbor::kernels::launch_paged_tree_attention(p, stream), "launch");
             cudaEventRecord(e1, stream);
-            check(cudaEventSynchronize(e1), "sync");
+            check_cuda(cudaEventSynchronize(e1), "sync");
             float ms = 0;
             cudaEventElapsedTime(&ms, e0, e1);
             times.push_back(ms * 1000.f);
@@ -354,6 +350,6 @@ int main(int argc, char** argv) {
           for (void* ptr : owned) cudaFree(ptr);
         }
       }
-  check(cudaGetLastError(), "end");
+  check_cuda(cudaGetLastError(), "end");
   return 0;
 }
