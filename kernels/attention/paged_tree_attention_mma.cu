@@ -1,7 +1,8 @@
 // Tensor-core path of paged tree attention (head_dim 64 and 128; bf16 or fp16 KV): one CTA
 // per work item (request, kv head, query-row tile, KV split), mma.sync m16n8k16 with fp32
 // accumulation, online softmax in fp32 (log2 domain), K/V tiles of 64 keys streamed through a
-// three-stage cp.async pipeline via the block table. See docs/kernels.md.
+// three-stage cp.async pipeline via the block table; on sm_90a (head_dim 128) warpgroup MMAs fed
+// by a producer warpgroup. See docs/kernels.md.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -20,6 +21,10 @@ namespace {
 constexpr int kTileN = kAttnKvTile;  // keys per KV tile
 constexpr int kStages = 3;           // K/V tiles in flight: two loading while one is used
 constexpr int kWarps = kAttnThreads / 32;
+// wgmma path: register budgets of the producer and consumer warpgroups (setmaxnreg). Two CTAs of
+// 2 x 128 threads per SM launch with 128 registers per thread; the budgets redistribute them.
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 232;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Element offset of (row, col) in a [rows][D] tile whose 16-byte chunks are XOR-swizzled by
@@ -121,6 +126,37 @@ __device__ __forceinline__ void stage_q_tile(const PagedTreeAttentionParams& p, 
     packed.z = pack2<KvT>(v[4], v[5]);
     packed.w = pack2<KvT>(v[6], v[7]);
     *reinterpret_cast<uint4*>(qs + swz<D>(i, chunk * 8)) = packed;
+  }
+}
+
+// The wgmma A fragments of Q straight from global memory (no shared-memory staging): thread
+// `lane` of a warp holds, for each 16-column step kk, rows rows[0] / rows[1] (= rows[0] + 8) at
+// columns kk * 16 + 2 * (lane % 4) + {0, 1} and the same + 8, rounded to the cache type as
+// stage_q_tile does; rows outside the tile are zero.
+template <typename IoT, typename KvT, int D>
+__device__ __forceinline__ void load_q_fragments(const PagedTreeAttentionParams& p,
+                                                 uint32_t (&qf)[D / 16][4], const int (&rows)[2],
+                                                 int row_begin, int tile_rows, int total_rows,
+                                                 int group, int q0, int kvh, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int prow = rows[h];
+    const bool valid = prow < total_rows && prow - row_begin < tile_rows;
+    const int t = valid ? prow / group : 0;
+    const int head = kvh * group + (valid ? prow % group : 0);
+    const IoT* src = static_cast<const IoT*>(p.q) +
+                     (static_cast<int64_t>(q0 + t) * p.num_q_heads + head) * D + 2 * (lane % 4);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float a = 0.f, b = 0.f;
+        if (valid) {
+          a = to_float(src[kk * 16 + c * 8]);
+          b = to_float(src[kk * 16 + c * 8 + 1]);
+        }
+        qf[kk][h + 2 * c] = pack2<KvT>(a, b);
+      }
   }
 }
 
@@ -260,9 +296,10 @@ __device__ __forceinline__ void p_fragment(const float (&s)[8][4], int ks16, uin
   a[3] = pack2<KvT>(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3]);
 }
 
-// kWgmma (head_dim 128): S and PV by warpgroup MMAs (the 4 warps as one m64 tile, K/V read
-// from shared memory once per CTA), with S of the next tile in flight while the softmax of
-// this one runs; else per-warp mma.sync with ldmatrix fragments (any rows-per-tile layout).
+// kWgmma (head_dim 128): S and PV by warpgroup MMAs (the 4 warps of warpgroup 0 as one m64
+// tile, K/V read from shared memory once per CTA), with S of the next tile in flight while the
+// softmax of this one runs, and warpgroup 1 as the K/V producer; else per-warp mma.sync with
+// ldmatrix fragments (any rows-per-tile layout).
 // One CTA's work item; kGroup: a tree group (item.nodes > 0), compiled separately so that
 // ordinary items carry none of the job-list logic in their tile loop.
 template <typename KvT, int D, bool kWgmma, bool kGroup>
@@ -396,7 +433,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   const int slot_bytes = p.num_kv_heads * D * static_cast<int>(sizeof(KvT));
   // wgmma loads (load_tile): thread tid copies chunk tid % 8 of both 64-element halves of key
   // rows tid / 8 + 16 i, i < 4; their swizzle term is the same (16 i is a multiple of 8).
-  const int wg_row0 = tid / 8;
+  const int wg_row0 = (tid % kAttnThreads) / 8;  // the producer warpgroup's threads on wgmma
   const int wg_dst0 = wg_row0 * 64 + (((tid % 8) ^ (wg_row0 & 7)) << 3);
   const char* wg_k = reinterpret_cast<const char*>(k_cache + kvh * D + (tid % 8) * 8);
   const char* wg_v = reinterpret_cast<const char*>(v_cache + kvh * D + (tid % 8) * 8);
@@ -467,24 +504,73 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     }
   };
 
-  // Prologue: tiles 0 and 1 in flight (one commit group each, empty groups included, so the
-  // wait counts below hold for any tile count); the slots of tile 2 resolved.
+  // wgmma path: warp-specialised. Warpgroup 1 (the producer, few registers) streams K/V tiles
+  // into the stage ring and signals full[stage] as each thread's copies land; warpgroup 0 (the
+  // consumer, the registers the MMAs and the softmax need) waits on full[stage], computes, and
+  // releases the stage on empty[stage] once its MMAs have read it.
+  __shared__ uint64_t full_bar[kStages], empty_bar[kStages];
+  if constexpr (kWgmma) {
+    if (tid == 0) {
+#pragma unroll
+      for (int st = 0; st < kStages; ++st) {
+        mbarrier_init(&full_bar[st], kAttnThreads);  // one arrival per producer thread
+        mbarrier_init(&empty_bar[st], kWarps);       // one per consumer warp
+      }
+    }
+    __syncthreads();
+    if (tid >= kAttnThreads) {
+      setmaxnreg_dec<kProducerRegs>();
+      TileSlots ts;
+      if (num_tiles > 0) resolve_slots(0, ts);  // block tables: written before the previous kernel
+      grid_dependency_wait();                   // (pdl_launch.cuh) K/V are read only from here
+      for (int t = 0; t < num_tiles; ++t) {
+        const int st = t % kStages;
+        if (t >= kStages) mbarrier_wait(&empty_bar[st], ((t / kStages) - 1) & 1);
+        load_tile(st, ts);
+        cp_async_mbarrier_arrive(&full_bar[st]);
+        if (t + 1 < num_tiles) resolve_slots(t + 1, ts);
+      }
+      cp_async_wait<0>();
+      return;
+    }
+    setmaxnreg_inc<kConsumerRegs>();
+  }
+
+  // Prologue (mma.sync path): tiles 0 and 1 in flight (one commit group each, empty groups
+  // included, so the wait counts below hold for any tile count); the slots of tile 2 resolved.
   TileSlots slots;
-  if (num_tiles > 0) resolve_slots(0, slots);  // block tables: written before the previous kernel
+  if constexpr (!kWgmma) {  // block tables: written before the previous kernel
+    if (num_tiles > 0) resolve_slots(0, slots);
+  }
   // Launched as a programmatic dependent (pdl_launch.cuh): Q and the K/V written by the kernels
   // before this one are read only from here.
   grid_dependency_wait();
-  if (num_tiles > 0) load_tile(0, slots);
-  cp_async_commit();
-  if (num_tiles > 1) {
-    resolve_slots(1, slots);
-    load_tile(1, slots);
+  if constexpr (!kWgmma) {
+    if (num_tiles > 0) load_tile(0, slots);
+    cp_async_commit();
+    if (num_tiles > 1) {
+      resolve_slots(1, slots);
+      load_tile(1, slots);
+    }
+    cp_async_commit();
+    if (num_tiles > 2) resolve_slots(2, slots);
   }
-  cp_async_commit();
-  if (num_tiles > 2) resolve_slots(2, slots);
 
-  // Q tile -> shared (K stage 2, free until tile 2 is loaded) -> registers.
-  {
+  const int row_a = row_begin + wm * 16 + lane / 4;  // this thread's two packed rows
+  const int rows[2] = {row_a, row_a + 8};
+  uint32_t qf[D / 16][4];
+  if constexpr (kWgmma) {
+    if (p.io_type == ElemType::kF32)
+      load_q_fragments<float, KvT, D>(p, qf, rows, row_begin, tile_rows, total_rows, group, q0, kvh,
+                                      lane);
+    else if (p.io_type == ElemType::kBF16)
+      load_q_fragments<__nv_bfloat16, KvT, D>(p, qf, rows, row_begin, tile_rows, total_rows, group,
+                                              q0, kvh, lane);
+    else
+      load_q_fragments<__half, KvT, D>(p, qf, rows, row_begin, tile_rows, total_rows, group, q0,
+                                       kvh, lane);
+  } else {
+    // Q tile -> shared (K stage 2, free until tile 2 is loaded) -> registers.
     KvT* qs = k_smem + 2 * kTileN * D;
     if (p.io_type == ElemType::kF32)
       stage_q_tile<float, KvT, D>(p, qs, tile_rows, row_begin, total_rows, group, q0, kvh, tid);
@@ -493,16 +579,16 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
                                           tid);
     else
       stage_q_tile<__half, KvT, D>(p, qs, tile_rows, row_begin, total_rows, group, q0, kvh, tid);
-  }
-  __syncthreads();
-  uint32_t qf[D / 16][4];
-  {
-    const KvT* qs = k_smem + 2 * kTileN * D;
+    __syncthreads();
+    {
+      const KvT* qs = k_smem + 2 * kTileN * D;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      ldmatrix_x4(qf[kk], smem_addr(qs + swz<D>(wm * 16 + (lane % 16), kk * 16 + (lane / 16) * 8)));
+      for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4(qf[kk],
+                    smem_addr(qs + swz<D>(wm * 16 + (lane % 16), kk * 16 + (lane / 16) * 8)));
+    }
+    __syncthreads();
   }
-  __syncthreads();
   if (unsigned long long* phase = phase_stamps(p)) {
     phase[2] = clock64();
     phase[6] = num_tiles;
@@ -514,8 +600,6 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
   const float scale_log2 = p.sm_scale * kLog2e;
-  const int row_a = row_begin + wm * 16 + lane / 4;  // this thread's two packed rows
-  const int rows[2] = {row_a, row_a + 8};
   const int col0 = wn * cols_per_warp;  // this warp's first column in the KV tile
   auto job_needs_mask = [&](int n0, int node) {
     return node >= 0 || (node == -2 && (n0 + kTileN > committed || n0 + kTileN > kv_end));
@@ -544,10 +628,13 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     for (int nt = 0; nt < 8; ++nt)
       s_cur[nt][0] = s_cur[nt][1] = s_cur[nt][2] = s_cur[nt][3] = s_next[nt][0] = s_next[nt][1] =
           s_next[nt][2] = s_next[nt][3] = 0.f;
+    // Tile t is in stage t % kStages, full after the (t / kStages)-th fill of that stage.
+    auto wait_full = [&](int t) {
+      mbarrier_wait(&full_bar[t % kStages], (t / kStages) & 1);
+      fence_proxy_async_smem();  // the producer's generic-proxy copies before the MMAs' reads
+    };
     if (num_tiles > 0) {
-      cp_async_wait<1>();  // tile 0 landed
-      fence_proxy_async_smem();
-      __syncthreads();
+      wait_full(0);
       issue_s(s_cur, 0);
       wgmma_wait<0>();
       fence_accumulators(s_cur);
@@ -555,16 +642,11 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     for (int it = 0; it < num_tiles; ++it) {
       const int n0 = job_n0(it);
       const int node = job_of(it);
-      // Tile it + 2 goes into the stage of tile it - 1 (its K and V were consumed by waited
-      // MMAs before the barrier that ended the previous iteration).
-      if (it + 2 < num_tiles) load_tile((it + 2) % kStages, slots);
-      cp_async_commit();
-      if (it + 3 < num_tiles) resolve_slots(it + 3, slots);  // used next iteration
-      cp_async_wait<1>();                                    // tile it + 1 landed
-      fence_proxy_async_smem();
-      __syncthreads();
       const bool has_next = it + 1 < num_tiles;
-      if (has_next) issue_s(s_next, (it + 1) % kStages);  // overlaps the softmax below
+      if (has_next) {
+        wait_full(it + 1);
+        issue_s(s_next, (it + 1) % kStages);  // overlaps the softmax below
+      }
       softmax_tile<D>(s_cur, o, m_run, l_run, 8, 0, lane, job_needs_mask(n0, node), n0, kv_end,
                       committed, tree_len, causal, mask, words, rows, total_rows, group, scale_log2,
                       node, node >= 0 ? node_kv_end[node] : 0);
@@ -589,7 +671,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s_cur[nt][e] = s_next[nt][e];
-      __syncthreads();  // the next iteration's loads overwrite tile it's stage
+      if (lane == 0) mbarrier_arrive(&empty_bar[it % kStages]);  // K and V of tile it are read
     }
   } else {
     for (int it = 0; it < num_tiles; ++it) {
@@ -789,7 +871,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
 }
 
 template <typename KvT, int D, bool kWgmma>
-__global__ void __launch_bounds__(kAttnThreads, D == 128 ? 2 : 3)
+__global__ void __launch_bounds__(kWgmma ? 2 * kAttnThreads : kAttnThreads, D == 128 ? 2 : 3)
     tree_attention_mma_kernel(const PagedTreeAttentionParams p) {
   // The split merge (a programmatic dependent launch) may start now: it waits for this whole
   // grid's completion before it reads any partial.
@@ -816,8 +898,8 @@ cudaError_t launch_typed(const PagedTreeAttentionParams& p, cudaStream_t stream)
     if (e != cudaSuccess) return e;
     configured = true;
   }
-  return launch_pdl(tree_attention_mma_kernel<KvT, D, kWgmma>, dim3(p.num_work), dim3(kAttnThreads),
-                    smem, stream, p);
+  return launch_pdl(tree_attention_mma_kernel<KvT, D, kWgmma>, dim3(p.num_work),
+                    dim3(kWgmma ? 2 * kAttnThreads : kAttnThreads), smem, stream, p);
 }
 
 template <int D, bool kWgmma>

@@ -58,6 +58,59 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
+// Shared-memory mbarriers (one 64-bit word each) for a producer / consumer stage ring.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+#if ARBOR_HAS_WGMMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+               "r"(count)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+#if ARBOR_HAS_WGMMA
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+               : "memory");
+#endif
+}
+// Arrives on `bar` once all of this thread's earlier cp.async copies have landed (the barrier's
+// expected count includes this arrival).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
+#if ARBOR_HAS_WGMMA
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+               : "memory");
+#endif
+}
+// Blocks until the phase with parity `parity` of `bar` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+#if ARBOR_HAS_WGMMA
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// Warpgroup register budgets (warp specialisation): every warp of the warpgroup runs the same
+// one; the budgets of a CTA's warpgroups must fit the registers it was launched with.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if ARBOR_HAS_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if ARBOR_HAS_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
 // Keeps the compiler from moving accumulator reads/writes across the async MMAs.
 template <int N>
 __device__ __forceinline__ void fence_accumulators(float (&d)[N][4]) {
