@@ -189,15 +189,14 @@ __device__ __forceinline__ void store_pair(void* out, ElemType t, int64_t i, flo
 // Online-softmax state update for one 64-key tile whose raw scores (q.k, unscaled) are in
 // s (this warp's columns): masks invisible keys when the tile reaches the tree's own keys or the
 // split's end, updates the running max / sum of the thread's two rows, leaves P = 2^(s*scale -
-// m) in s and rescales the O accumulators when the max moved.
-template <int D>
-__device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[D / 8][4],
-                                             float (&m_run)[2], float (&l_run)[2], int warp_ntiles,
-                                             int col0, int lane, bool need_mask, int n0, int kv_end,
-                                             int committed, int tree_len, bool causal,
-                                             const uint32_t* mask, int words, const int (&rows)[2],
-                                             int total_rows, int group, float scale_log2,
-                                             int job_node, int job_end) {
+// m) in s and in alpha the factor by which O must be rescaled (rescale_o) before this tile's PV.
+__device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&alpha)[2], float (&m_run)[2],
+                                             float (&l_run)[2], int warp_ntiles, int col0, int lane,
+                                             bool need_mask, int n0, int kv_end, int committed,
+                                             int tree_len, bool causal, const uint32_t* mask,
+                                             int words, const int (&rows)[2], int total_rows,
+                                             int group, float scale_log2, int job_node,
+                                             int job_end) {
   // The thread's two rows go through each phase together (their reductions, shuffles and
   // exponentials are independent), so one row's latency hides behind the other's work; each
   // row's own arithmetic and its order are those of a row processed alone.
@@ -244,7 +243,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[D / 8]
     mx[0] = fmaxf(mx[0], o0);
     mx[1] = fmaxf(mx[1], o1);
   }
-  float alpha[2], m_use[2];
+  float m_use[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     // Running max in the scaled (log2) domain; scale > 0 keeps the order of raw scores.
@@ -275,7 +274,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&o)[D / 8]
       for (int nt = 0; nt < w; ++nt) part[h][nt] += part[h][nt + w];
 #pragma unroll
   for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + part[h][0];
-  // One vote for both rows: multiplying a row whose max did not move by alpha = 1 is exact.
+}
+
+// O *= alpha per row, after softmax_tile. One vote for both rows: multiplying a row whose max
+// did not move by alpha = 1 is exact, so a warp whose rows all kept their max skips it.
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&o)[D / 8][4], const float (&alpha)[2]) {
   if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
@@ -623,37 +627,32 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
       }
       wgmma_commit();
     };
-    float s_cur[8][4], s_next[8][4];
+    // FlashAttention-3's intra-warpgroup order: S of tile t + 1 and PV of tile t are in flight
+    // together, and the softmax of tile t + 1 runs under PV(t); O is rescaled by tile t + 1's
+    // factor once PV(t) has landed. Each row's arithmetic and its order are those of the plain
+    // order (rescale, then PV, tile after tile), so results are bitwise unchanged.
+    float s_acc[8][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-      s_cur[nt][0] = s_cur[nt][1] = s_cur[nt][2] = s_cur[nt][3] = s_next[nt][0] = s_next[nt][1] =
-          s_next[nt][2] = s_next[nt][3] = 0.f;
+    for (int nt = 0; nt < 8; ++nt) s_acc[nt][0] = s_acc[nt][1] = s_acc[nt][2] = s_acc[nt][3] = 0.f;
+    uint32_t p_cur[4][4], p_next[4][4];  // P of tile t (read by PV(t)) and of tile t + 1
+    float alpha[2];
     // Tile t is in stage t % kStages, full after the (t / kStages)-th fill of that stage.
     auto wait_full = [&](int t) {
       mbarrier_wait(&full_bar[t % kStages], (t / kStages) & 1);
       fence_proxy_async_smem();  // the producer's generic-proxy copies before the MMAs' reads
     };
-    if (num_tiles > 0) {
-      wait_full(0);
-      issue_s(s_cur, 0);
-      wgmma_wait<0>();
-      fence_accumulators(s_cur);
-    }
-    for (int it = 0; it < num_tiles; ++it) {
-      const int n0 = job_n0(it);
-      const int node = job_of(it);
-      const bool has_next = it + 1 < num_tiles;
-      if (has_next) {
-        wait_full(it + 1);
-        issue_s(s_next, (it + 1) % kStages);  // overlaps the softmax below
-      }
-      softmax_tile<D>(s_cur, o, m_run, l_run, 8, 0, lane, job_needs_mask(n0, node), n0, kv_end,
-                      committed, tree_len, causal, mask, words, rows, total_rows, group, scale_log2,
-                      node, node >= 0 ? node_kv_end[node] : 0);
-      uint32_t a[4][4];
+    // Softmax of tile t (its S in s_acc, waited for) -> P fragments; alpha for rescale_o.
+    auto softmax_to_p = [&](int t, uint32_t(&pf)[4][4]) {
+      const int n0 = job_n0(t);
+      const int node = job_of(t);
+      softmax_tile(s_acc, alpha, m_run, l_run, 8, 0, lane, job_needs_mask(n0, node), n0, kv_end,
+                   committed, tree_len, causal, mask, words, rows, total_rows, group, scale_log2,
+                   node, node >= 0 ? node_kv_end[node] : 0);
 #pragma unroll
-      for (int ks16 = 0; ks16 < 4; ++ks16) p_fragment<KvT>(s_cur, ks16, a[ks16]);
-      const uint64_t v_desc = wgmma_desc_advance(v_desc0, (it % kStages) * kStageBytes);
+      for (int ks16 = 0; ks16 < 4; ++ks16) p_fragment<KvT>(s_acc, ks16, pf[ks16]);
+    };
+    auto issue_pv = [&](int t, const uint32_t(&pf)[4][4]) {
+      const uint64_t v_desc = wgmma_desc_advance(v_desc0, (t % kStages) * kStageBytes);
       fence_accumulators(o);
       wgmma_fence();
 #pragma unroll
@@ -661,18 +660,45 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
         // MN-major B: keys 16 * ks16.. are two 8-row groups (1024 bytes each); the two
         // 64-column blocks of d are 8 KiB apart.
         const uint64_t desc = wgmma_desc_advance(v_desc, ks16 * 2048);
-        wgmma_mma<KvT, 1>(o, a[ks16], desc, 1);
+        wgmma_mma<KvT, 1>(o, pf[ks16], desc, 1);
       }
       wgmma_commit();
-      wgmma_wait<0>();  // S of the next tile and this PV
-      fence_accumulators(o);
-      fence_accumulators(s_next);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s_cur[nt][e] = s_next[nt][e];
-      if (lane == 0) mbarrier_arrive(&empty_bar[it % kStages]);  // K and V of tile it are read
+    };
+    if (num_tiles > 0) {
+      wait_full(0);
+      issue_s(s_acc, 0);
+      wgmma_wait<0>();
+      fence_accumulators(s_acc);
+      softmax_to_p(0, p_cur);  // O is still zero: no rescale
     }
+    // One step: tile it's PV with P in p_in, the softmax of tile it + 1 into p_out. Steps go in
+    // pairs with the P buffers swapped (no register copies, which ptxas would coalesce into the
+    // PV's in-flight operands and serialise every wgmma); the odd step runs after the loop.
+    auto step = [&](int it, const uint32_t(&p_in)[4][4], uint32_t(&p_out)[4][4]) {
+      wait_full(it + 1);
+      issue_s(s_acc, (it + 1) % kStages);  // s_acc is free: P of tile it is packed
+      issue_pv(it, p_in);
+      wgmma_wait<1>();  // S of tile it + 1 (PV of tile it may still run)
+      fence_accumulators(s_acc);
+      softmax_to_p(it + 1, p_out);
+      wgmma_wait<0>();  // PV of tile it
+      fence_accumulators(o);
+      rescale_o<D>(o, alpha);
+      if (lane == 0) mbarrier_arrive(&empty_bar[it % kStages]);  // K and V of tile it are read
+    };
+    int it = 0;
+    for (; it + 2 < num_tiles; it += 2) {
+      step(it, p_cur, p_next);
+      step(it + 1, p_next, p_cur);
+    }
+    if (it + 1 < num_tiles) {  // two tiles left: one step, then the last PV from p_next
+      step(it, p_cur, p_next);
+      issue_pv(it + 1, p_next);
+    } else if (num_tiles > 0) {
+      issue_pv(it, p_cur);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(o);
   } else {
     for (int it = 0; it < num_tiles; ++it) {
       const int n0 = job_n0(it);
@@ -706,9 +732,11 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
           }
         }
       }
-      softmax_tile<D>(s, o, m_run, l_run, warp_ntiles, col0, lane, job_needs_mask(n0, node), n0,
-                      kv_end, committed, tree_len, causal, mask, words, rows, total_rows, group,
-                      scale_log2, node, node >= 0 ? node_kv_end[node] : 0);
+      float alpha[2];
+      softmax_tile(s, alpha, m_run, l_run, warp_ntiles, col0, lane, job_needs_mask(n0, node), n0,
+                   kv_end, committed, tree_len, causal, mask, words, rows, total_rows, group,
+                   scale_log2, node, node >= 0 ? node_kv_end[node] : 0);
+      rescale_o<D>(o, alpha);
       // O += P V over this warp's columns (16 keys per step).
 #pragma unroll
       for (int ks16 = 0; ks16 < 4; ++ks16) {
