@@ -127,7 +127,8 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   // nothing is split. A second wave costs more than the shorter splits save: on the H200 the
   // old rule (chunk = ceil(total tiles / wave)) rounded (8, 2048, 64) into 2 splits and 512
   // CTAs, 72 us against 54 us unsplit (docs/benchmarks.md "Thirteenth session").
-  // Resident CTAs per SM of the tensor-core kernel: 2 at head_dim 128 (243 registers), else 3.
+  // Resident CTAs per SM of the tensor-core kernel: 2 at head_dim 128 (mma.sync: 128 threads
+  // at up to 255 registers; wgmma: 256 threads at 128), else 3.
   const int32_t ctas_per_sm = in.ctas_per_sm > 0 ? in.ctas_per_sm : in.head_dim == 128 ? 2 : 3;
   const int64_t wave = static_cast<int64_t>(in.num_sms) * ctas_per_sm;
   int32_t max_kv_tiles = 1;

@@ -19,7 +19,8 @@ namespace arbor::kernels::detail {
 namespace {
 
 constexpr int kTileN = kAttnKvTile;  // keys per KV tile
-constexpr int kStages = 3;           // K/V tiles in flight: two loading while one is used
+constexpr int kStages = 3;  // K/V tile stages (mma.sync: two loading while one is used; wgmma:
+                            // S(t + 1) and PV(t) read two while the producer fills the third)
 constexpr int kWarps = kAttnThreads / 32;
 // wgmma path: register budgets of the producer and consumer warpgroups (setmaxnreg). Two CTAs of
 // 2 x 128 threads per SM launch with 128 registers per thread; the budgets redistribute them.
@@ -301,8 +302,8 @@ __device__ __forceinline__ void p_fragment(const float (&s)[8][4], int ks16, uin
 }
 
 // kWgmma (head_dim 128): S and PV by warpgroup MMAs (the 4 warps of warpgroup 0 as one m64
-// tile, K/V read from shared memory once per CTA), with S of the next tile in flight while the
-// softmax of this one runs, and warpgroup 1 as the K/V producer; else per-warp mma.sync with
+// tile, K/V read from shared memory once per CTA), S(t + 1) and PV(t) in flight while the
+// softmax of tile t + 1 runs, and warpgroup 1 as the K/V producer; else per-warp mma.sync with
 // ldmatrix fragments (any rows-per-tile layout).
 // One CTA's work item; kGroup: a tree group (item.nodes > 0), compiled separately so that
 // ordinary items carry none of the job-list logic in their tile loop.
@@ -435,14 +436,18 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   const char* k_thread = reinterpret_cast<const char*>(k_cache + head_off);
   const char* v_thread = reinterpret_cast<const char*>(v_cache + head_off);
   const int slot_bytes = p.num_kv_heads * D * static_cast<int>(sizeof(KvT));
-  // wgmma loads (load_tile): thread tid copies chunk tid % 8 of both 64-element halves of key
-  // rows tid / 8 + 16 i, i < 4; their swizzle term is the same (16 i is a multiple of 8).
-  const int wg_row0 = (tid % kAttnThreads) / 8;  // the producer warpgroup's threads on wgmma
+  // wgmma loads (load_tile, producer warpgroup): its thread i = tid - 128 copies chunk i % 8 of
+  // both 64-element halves of key rows i / 8 + 16 j, j < 4; their swizzle term is the same (16 j
+  // is a multiple of 8).
+  static_assert(!kWgmma || (kAttnThreads == 128 && kTileN == 64),
+                "the wgmma copy mapping is one warpgroup of 16 row groups x 4 rows per tile");
+  const int wg_row0 = (tid % kAttnThreads) / 8;
   const int wg_dst0 = wg_row0 * 64 + (((tid % 8) ^ (wg_row0 & 7)) << 3);
   const char* wg_k = reinterpret_cast<const char*>(k_cache + kvh * D + (tid % 8) * 8);
   const char* wg_v = reinterpret_cast<const char*>(v_cache + kvh * D + (tid % 8) * 8);
 
-  // Page-table lookups, off the critical path: lane l of every warp resolves logical keys
+  // Page-table lookups, off the critical path: lane l of every loading warp (the producer's on
+  // the wgmma path) resolves logical keys
   // n0 + l and n0 + 32 + l of a tile (path remap, then the block-table entry) one tile before
   // the tile is loaded, so each lane has two independent load chains in flight per tile instead
   // of one dependent chain per row of the load; load_tile then takes each row's slot from the
@@ -534,7 +539,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
         cp_async_mbarrier_arrive(&full_bar[st]);
         if (t + 1 < num_tiles) resolve_slots(t + 1, ts);
       }
-      cp_async_wait<0>();
+      cp_async_wait_all();  // (the consumer waits on `full` for every tile before it exits)
       return;
     }
     setmaxnreg_inc<kConsumerRegs>();

@@ -2,7 +2,9 @@
 // descriptors for 128-byte-swizzled tiles, the fence / commit / wait instructions, and
 // m64nNk16 MMAs with A from registers (the per-warp A layout equals mma.sync m16n8k16's) and B
 // from shared memory. The MMA wrappers are generated (64 or 128 accumulator operands each).
-// Built for other targets, every wrapper traps: the host only picks the wgmma path on sm_90.
+// Also the mbarrier and setmaxnreg wrappers of the attention kernel's producer / consumer split.
+// Built for other targets, the MMA wrappers trap and the others are empty: the host only picks
+// the wgmma path on sm_90a.
 #pragma once
 
 #include <cstdint>
@@ -51,8 +53,9 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
-// Orders this thread's generic-proxy shared-memory writes (cp.async, st.shared) before later
-// async-proxy reads (wgmma operands).
+// Orders generic-proxy shared-memory writes (cp.async, st.shared) that this thread wrote or
+// has observed (e.g. through an mbarrier wait) before its later async-proxy reads (wgmma
+// operands).
 __device__ __forceinline__ void fence_proxy_async_smem() {
 #if ARBOR_HAS_WGMMA
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
