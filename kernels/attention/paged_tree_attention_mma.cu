@@ -247,10 +247,17 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&alpha)[2]
   float m_use[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    // Running max in the scaled (log2) domain; scale > 0 keeps the order of raw scores.
-    const float m_new = fmaxf(m_run[h], mx[h] * scale_log2);
+    // Reference max in the scaled (log2) domain (scale > 0 keeps the order of raw scores),
+    // lazy as in FlashAttention-4: it moves only when the tile's max exceeds it by more than 8
+    // (a factor 2^8), so P <= 256 and O is rarely rescaled. The rule depends on the row's own
+    // scores only, so a row's result stays independent of the batch around it.
+    const float m_tile = mx[h] * scale_log2;
+    const float m_new = m_tile > m_run[h] + 8.f ? m_tile : m_run[h];
     m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-    alpha[h] = fast_exp2(m_run[h] - m_use[h]);
+    // A row whose max did not move keeps alpha = 1 (exp2(0) for a finite max; a row that has
+    // seen no visible key yet has O = 0 and l = 0, for which 1 is as exact as 0), so warps of
+    // padding rows do not vote for a rescale on every tile.
+    alpha[h] = m_new == m_run[h] ? 1.f : fast_exp2(m_run[h] - m_use[h]);
     m_run[h] = m_new;
   }
 #pragma unroll
