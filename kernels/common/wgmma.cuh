@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "kernels/common/device_utils.cuh"
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ARBOR_HAS_WGMMA 1
 #else
@@ -64,25 +66,20 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 // Shared-memory mbarriers (one 64-bit word each) for a producer / consumer stage ring.
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
 #if ARBOR_HAS_WGMMA
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
-               "r"(count)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
                : "memory");
 #endif
 }
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
 #if ARBOR_HAS_WGMMA
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
-               : "memory");
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 #endif
 }
 // Arrives on `bar` once all of this thread's earlier cp.async copies have landed (the barrier's
 // expected count includes this arrival).
 __device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
 #if ARBOR_HAS_WGMMA
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
                : "memory");
 #endif
 }
@@ -95,7 +92,7 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       "WAIT:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT;\n"
-      "}\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+      "}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
 #endif

@@ -64,6 +64,9 @@ int main() {
     const kernels::ChainGemmParams p{x, w, static_cast<float*>(y), 1, sh.k, sh.o};
     if (!kernels::chain_gemm_supported(p)) {
       std::printf("%s: chain GEMM unsupported\n", sh.name);
+      cudaFree(w);
+      cudaFree(x);
+      cudaFree(y);
       continue;
     }
     const int64_t pf_bytes = std::min<int64_t>(wbytes, 40ll << 20);
