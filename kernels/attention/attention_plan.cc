@@ -103,6 +103,19 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     return plan;
   }
 
+  // Wide wgmma tiles (128 rows, two consumer warpgroups on each K/V tile the producer stages):
+  // half the K/V traffic from L2 into shared memory per row, where the rows fill them. Not in
+  // batch-invariant plans (their tree groups and single-row virtual requests are 64-row work).
+  if (plan.wgmma && !in.batch_invariant && in.wide != 0) {
+    int64_t padded64 = 0, padded128 = 0;
+    for (int32_t r = 0; r < r_count; ++r) {
+      const int64_t rows = static_cast<int64_t>(in.qo_indptr[r + 1] - in.qo_indptr[r]) * group;
+      padded64 += (rows + 63) / 64 * 64;
+      padded128 += (rows + 127) / 128 * 128;
+    }
+    plan.wide = in.wide == 1 || padded128 * 8 <= padded64 * 9;
+  }
+
   // Rows per tile and tiles per (request, kv head).
   std::vector<int32_t> warps_m(r_count), row_tiles(r_count), kv_tiles(r_count);
   int64_t units = 0;
@@ -110,10 +123,15 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     const int32_t t = in.qo_indptr[r + 1] - in.qo_indptr[r];
     const int32_t rows = t * group;
     // mma.sync: the smallest tile that holds the rows (the other warps split the KV tile);
-    // wgmma: always one m64 tile.
+    // wgmma: always one m64 tile per consumer warpgroup (two when wide).
     // Batch-invariant: one layout for every row count (16-row tiles, the 4 warps splitting
     // each KV tile's columns), so a row's reduction order never depends on its neighbours.
-    warps_m[r] = plan.wgmma ? 4 : in.batch_invariant ? 1 : rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+    warps_m[r] = plan.wide            ? 8
+                 : plan.wgmma         ? 4
+                 : in.batch_invariant ? 1
+                 : rows <= 16         ? 1
+                 : rows <= 32         ? 2
+                                      : 4;
     row_tiles[r] = (rows + 16 * warps_m[r] - 1) / (16 * warps_m[r]);
     const int32_t kv_len = in.committed_len[r] + t;
     kv_tiles[r] = (kv_len + kAttnKvTile - 1) / kAttnKvTile;
@@ -128,8 +146,12 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   // old rule (chunk = ceil(total tiles / wave)) rounded (8, 2048, 64) into 2 splits and 512
   // CTAs, 72 us against 54 us unsplit (docs/benchmarks.md "Thirteenth session").
   // Resident CTAs per SM of the tensor-core kernel: 2 at head_dim 128 (mma.sync: 128 threads
-  // at up to 255 registers; wgmma: 256 threads at 128), else 3.
-  const int32_t ctas_per_sm = in.ctas_per_sm > 0 ? in.ctas_per_sm : in.head_dim == 128 ? 2 : 3;
+  // at up to 255 registers; wgmma: 256 threads at 128), 1 wide (384 threads, 193 KiB of
+  // stages), else 3.
+  const int32_t ctas_per_sm = in.ctas_per_sm > 0   ? in.ctas_per_sm
+                              : plan.wide          ? 1
+                              : in.head_dim == 128 ? 2
+                                                   : 3;
   const int64_t wave = static_cast<int64_t>(in.num_sms) * ctas_per_sm;
   int32_t max_kv_tiles = 1;
   for (int32_t r = 0; r < r_count; ++r) max_kv_tiles = std::max(max_kv_tiles, kv_tiles[r]);

@@ -67,6 +67,10 @@ struct AttentionPlanInputs {
   int32_t fixed_splits = 0;  // > 0: every request in that many splits (at most one per KV tile;
                              // benchmarks sweep it; not with batch_invariant)
   bool wgmma = false;        // plan for the wgmma kernel (head_dim 128: every tile 64 rows)
+  // wgmma, not batch-invariant: tiles of 128 rows (two consumer warpgroups sharing each K/V
+  // tile, one CTA per SM). -1: where the rows fill them (at most 1/8 more padded rows than
+  // 64-row tiles); 0: never; 1: always.
+  int32_t wide = -1;
   // Batch-invariant plan (docs/kernels.md "Batch invariance"): every query row's result is a
   // function of its own query and visible keys only. Fixed KV split chunk
   // (kAttnInvariantChunkTiles), fixed warp layout, and each tree node scored as its own T = 1
@@ -110,6 +114,7 @@ struct AttentionVirtualRequests {
 struct AttentionPlan {
   bool tensor_core = false;                  // head_dim 64/128 path; else the generic path
   bool wgmma = false;                        // tensor-core path through wgmma (sm_90a)
+  bool wide = false;                         // wgmma with 128-row tiles (AttentionPlanInputs)
   std::vector<AttentionWorkItem> work;       // [W] (tensor-core path only)
   std::vector<int32_t> request_splits;       // [R] KV splits of each request (>= 1)
   std::vector<int32_t> request_kv_chunk;     // [R] keys per split (multiple of kAttnKvTile)
@@ -165,6 +170,7 @@ struct PagedTreeAttentionParams {
   // Plan (device copies of AttentionPlan's arrays).
   bool tensor_core = false;
   bool wgmma = false;  // the plan's choice; only on sm_90a (attention_wgmma_available)
+  bool wide = false;   // the plan's choice: 128-row wgmma tiles
   const AttentionWorkItem* work = nullptr;  // [num_work]
   int32_t num_work = 0;
   const int32_t* request_splits = nullptr;       // [R]

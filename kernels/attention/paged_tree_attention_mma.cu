@@ -21,11 +21,18 @@ namespace {
 constexpr int kTileN = kAttnKvTile;  // keys per KV tile
 constexpr int kStages = 3;  // K/V tile stages (mma.sync: two loading while one is used; wgmma:
                             // S(t + 1) and PV(t) read two while the producer fills the third)
+// Wide wgmma CTAs (128 rows: two consumer warpgroups sharing one producer, one CTA per SM): K/V
+// stages of the ring, the SM's shared memory allowing six.
+constexpr int kStagesWide = 6;
 constexpr int kWarps = kAttnThreads / 32;
-// wgmma path: register budgets of the producer and consumer warpgroups (setmaxnreg). Two CTAs of
-// 2 x 128 threads per SM launch with 128 registers per thread; the budgets redistribute them.
+// wgmma path: register budgets of the producer and consumer warpgroups (setmaxnreg). Narrow:
+// two CTAs of 2 x 128 threads per SM launch with 128 registers per thread; wide: one CTA of
+// 3 x 128 threads with 168. The budgets redistribute them.
 constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 232;
+template <int kConsumers>
+constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 232;
+template <bool kWgmma, int kConsumers>
+constexpr int kStagesOf = kWgmma&& kConsumers == 2 ? kStagesWide : kStages;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Element offset of (row, col) in a [rows][D] tile whose 16-byte chunks are XOR-swizzled by
@@ -308,16 +315,19 @@ __device__ __forceinline__ void p_fragment(const float (&s)[8][4], int ks16, uin
   a[3] = pack2<KvT>(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3]);
 }
 
-// kWgmma (head_dim 128): S and PV by warpgroup MMAs (the 4 warps of warpgroup 0 as one m64
-// tile, K/V read from shared memory once per CTA), S(t + 1) and PV(t) in flight while the
-// softmax of tile t + 1 runs, and warpgroup 1 as the K/V producer; else per-warp mma.sync with
-// ldmatrix fragments (any rows-per-tile layout).
+// kWgmma (head_dim 128): S and PV by warpgroup MMAs (each consumer warpgroup's 4 warps as one
+// m64 tile, K/V read from shared memory once per CTA), S(t + 1) and PV(t) in flight while the
+// softmax of tile t + 1 runs, and the last warpgroup as the K/V producer; kConsumers = 2 (wide):
+// a 128-row tile, consumer c owning rows 64 c.., both reading every K/V tile the producer
+// stages once. Else per-warp mma.sync with ldmatrix fragments (any rows-per-tile layout).
 // One CTA's work item; kGroup: a tree group (item.nodes > 0), compiled separately so that
 // ordinary items carry none of the job-list logic in their tile loop.
-template <typename KvT, int D, bool kWgmma, bool kGroup>
+template <typename KvT, int D, bool kWgmma, int kConsumers, bool kGroup>
 __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
                                               const AttentionWorkItem item) {
   static_assert(!kWgmma || D == 128, "the wgmma path is built for head_dim 128");
+  static_assert(kConsumers == 1 || (kWgmma && !kGroup), "wide CTAs: wgmma, ordinary items");
+  constexpr int kStages = kStagesOf<kWgmma, kConsumers>;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   // 1024-byte aligned base (the swizzle atoms of the wgmma descriptors need it).
   unsigned char* smem_raw = smem_dyn + ((1024 - (smem_addr(smem_dyn) & 1023)) & 1023);
@@ -338,10 +348,11 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   const int warps_n = kWarps / warps_m;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
-  const int wm = warp % warps_m, wn = warp / warps_m;
-  const int cols_per_warp = kTileN / warps_n;  // 16, 32 or 64
-  const int warp_ntiles = cols_per_warp / 8;   // n8 tiles of S per warp: 2, 4 or 8
-  const int tile_rows = 16 * warps_m;
+  const int wm = warp % warps_m, wn = kWgmma ? 0 : warp / warps_m;
+  const int consumer = kWgmma ? tid / kAttnThreads : 0;  // (the producer's is kConsumers)
+  const int cols_per_warp = kTileN / warps_n;            // 16, 32 or 64
+  const int warp_ntiles = cols_per_warp / 8;             // n8 tiles of S per warp: 2, 4 or 8
+  const int tile_rows = kWgmma ? 64 * kConsumers : 16 * warps_m;
 
   // A tree group (batch-invariant plans, item.nodes > 0): virtual requests r .. r + nodes - 1
   // are consecutive nodes of one tree (one query row each, rows packed node * group + head),
@@ -526,15 +537,17 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   // releases the stage on empty[stage] once its MMAs have read it.
   __shared__ uint64_t full_bar[kStages], empty_bar[kStages];
   if constexpr (kWgmma) {
+    // A wide CTA whose second 64 rows are all padding runs one consumer; the other exits.
+    const int consumers = kConsumers == 2 && row_begin + 64 >= total_rows ? 1 : kConsumers;
     if (tid == 0) {
 #pragma unroll
       for (int st = 0; st < kStages; ++st) {
-        mbarrier_init(&full_bar[st], kAttnThreads);  // one arrival per producer thread
-        mbarrier_init(&empty_bar[st], kWarps);       // one per consumer warp
+        mbarrier_init(&full_bar[st], kAttnThreads);         // one arrival per producer thread
+        mbarrier_init(&empty_bar[st], kWarps * consumers);  // one per consumer warp
       }
     }
     __syncthreads();
-    if (tid >= kAttnThreads) {
+    if (tid >= kConsumers * kAttnThreads) {
       setmaxnreg_dec<kProducerRegs>();
       TileSlots ts;
       if (num_tiles > 0) resolve_slots(0, ts);  // block tables: written before the previous kernel
@@ -546,10 +559,11 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
         cp_async_mbarrier_arrive(&full_bar[st]);
         if (t + 1 < num_tiles) resolve_slots(t + 1, ts);
       }
-      cp_async_wait_all();  // (the consumer waits on `full` for every tile before it exits)
+      cp_async_wait_all();  // (the consumers wait on `full` for every tile before they exit)
       return;
     }
-    setmaxnreg_inc<kConsumerRegs>();
+    if (consumer >= consumers) return;
+    setmaxnreg_inc<kConsumerRegs<kConsumers>>();
   }
 
   // Prologue (mma.sync path): tiles 0 and 1 in flight (one commit group each, empty groups
@@ -572,7 +586,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     if (num_tiles > 2) resolve_slots(2, slots);
   }
 
-  const int row_a = row_begin + wm * 16 + lane / 4;  // this thread's two packed rows
+  const int row_a = row_begin + consumer * 64 + wm * 16 + lane / 4;  // this thread's two rows
   const int rows[2] = {row_a, row_a + 8};
   uint32_t qf[D / 16][4];
   if constexpr (kWgmma) {
@@ -910,8 +924,11 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   stamp_end(p);
 }
 
-template <typename KvT, int D, bool kWgmma>
-__global__ void __launch_bounds__(kWgmma ? 2 * kAttnThreads : kAttnThreads, D == 128 ? 2 : 3)
+template <typename KvT, int D, bool kWgmma, int kConsumers>
+__global__ void __launch_bounds__(kWgmma ? (kConsumers + 1) * kAttnThreads : kAttnThreads,
+                                  kConsumers == 2 ? 1
+                                  : D == 128      ? 2
+                                                  : 3)
     tree_attention_mma_kernel(const PagedTreeAttentionParams p) {
   // The split merge (a programmatic dependent launch) may start now: it waits for this whole
   // grid's completion before it reads any partial.
@@ -921,40 +938,48 @@ __global__ void __launch_bounds__(kWgmma ? 2 * kAttnThreads : kAttnThreads, D ==
     grid_dependency_wait();  // complete only after the kernels before (pdl_launch.cuh)
     return;
   }
-  if (item.nodes > 0)
-    attention_cta<KvT, D, kWgmma, true>(p, item);
-  else
-    attention_cta<KvT, D, kWgmma, false>(p, item);
+  if constexpr (kConsumers == 1) {
+    if (item.nodes > 0) {
+      attention_cta<KvT, D, kWgmma, 1, true>(p, item);
+      return;
+    }
+  }
+  attention_cta<KvT, D, kWgmma, kConsumers, false>(p, item);  // (wide plans have no groups)
 }
 
-template <typename KvT, int D, bool kWgmma>
+template <typename KvT, int D, bool kWgmma, int kConsumers>
 cudaError_t launch_typed(const PagedTreeAttentionParams& p, cudaStream_t stream) {
   // K/V stages plus slack to align the base to 1024 bytes.
-  const int smem = 2 * kStages * kTileN * D * static_cast<int>(sizeof(KvT)) + 1024;
+  const int smem =
+      2 * kStagesOf<kWgmma, kConsumers> * kTileN * D * static_cast<int>(sizeof(KvT)) + 1024;
   static bool configured = false;  // one attribute call per instantiation
   if (!configured) {
-    const cudaError_t e = cudaFuncSetAttribute(tree_attention_mma_kernel<KvT, D, kWgmma>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    const cudaError_t e =
+        cudaFuncSetAttribute(tree_attention_mma_kernel<KvT, D, kWgmma, kConsumers>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     configured = true;
   }
-  return launch_pdl(tree_attention_mma_kernel<KvT, D, kWgmma>, dim3(p.num_work),
-                    dim3(kWgmma ? 2 * kAttnThreads : kAttnThreads), smem, stream, p);
+  return launch_pdl(tree_attention_mma_kernel<KvT, D, kWgmma, kConsumers>, dim3(p.num_work),
+                    dim3(kWgmma ? (kConsumers + 1) * kAttnThreads : kAttnThreads), smem, stream, p);
 }
 
-template <int D, bool kWgmma>
+template <int D, bool kWgmma, int kConsumers>
 cudaError_t launch_dim(const PagedTreeAttentionParams& p, cudaStream_t stream) {
-  return p.kv_type == ElemType::kBF16 ? launch_typed<__nv_bfloat16, D, kWgmma>(p, stream)
-                                      : launch_typed<__half, D, kWgmma>(p, stream);
+  return p.kv_type == ElemType::kBF16
+             ? launch_typed<__nv_bfloat16, D, kWgmma, kConsumers>(p, stream)
+             : launch_typed<__half, D, kWgmma, kConsumers>(p, stream);
 }
 
 }  // namespace
 
 cudaError_t launch_tree_attention_mma(const PagedTreeAttentionParams& p, cudaStream_t stream) {
   if (p.num_work == 0) return cudaSuccess;
-  if (p.head_dim == 64) return launch_dim<64, false>(p, stream);  // wgmma: head_dim 128 only
-  if (p.head_dim == 128)
-    return p.wgmma ? launch_dim<128, true>(p, stream) : launch_dim<128, false>(p, stream);
+  if (p.head_dim == 64) return launch_dim<64, false, 1>(p, stream);  // wgmma: head_dim 128 only
+  if (p.head_dim == 128) {
+    if (!p.wgmma) return launch_dim<128, false, 1>(p, stream);
+    return p.wide ? launch_dim<128, true, 2>(p, stream) : launch_dim<128, true, 1>(p, stream);
+  }
   return cudaErrorInvalidValue;
 }
 

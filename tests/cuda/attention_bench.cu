@@ -9,7 +9,9 @@
 //
 //   attention_bench [--batch 1,8,16,32,64] [--context 1024,2048,8192,32768]
 //                   [--tree 16,32,64,128] [--iters 30] [--max-splits 0] [--splits 0,1,2,4]
-//                   [--kernel wgmma|mma] [--phases 0|1]
+//                   [--kernel wgmma|mma] [--wide -1|0|1] [--phases 0|1]
+//   --wide: 128-row wgmma tiles where the rows fill them (-1, the planner's rule), never or
+//   always.
 //   --phases 1: after each point's timing, one more launch with per-CTA phase stamps
 //   (PagedTreeAttentionParams::phase_ns) and a line of medians: prologue, KV loop (and per
 //   tile), epilogue, CTA total, and how many CTAs started in a later wave.
@@ -137,6 +139,7 @@ int main(int argc, char** argv) {
   bool phases = false;                  // --phases 1: one more launch with per-CTA phase stamps
   std::vector<int> fixed_splits = {0};  // --splits: 0 = the planner's choice, N = N splits
   bool wgmma = true;
+  int wide = -1;  // --wide: 128-row wgmma tiles (AttentionPlanInputs::wide: -1 auto, 0, 1)
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--batch")
@@ -153,6 +156,8 @@ int main(int argc, char** argv) {
       fixed_splits = parse_list(argv[i + 1]);
     else if (a == "--phases")
       phases = std::atoi(argv[i + 1]) != 0;
+    else if (a == "--wide")
+      wide = std::atoi(argv[i + 1]);
     else if (a == "--kernel")
       wgmma = std::string(argv[i + 1]) != "mma";
   }
@@ -257,6 +262,7 @@ int main(int argc, char** argv) {
           in.max_splits = max_splits;
           in.fixed_splits = fs;
           in.wgmma = wgmma;
+          in.wide = wide;
           const arbor::kernels::AttentionPlan plan = arbor::kernels::plan_paged_tree_attention(in);
 
           auto upload = [&](const auto& v) {
@@ -302,6 +308,7 @@ int main(int argc, char** argv) {
           p.sm_scale = 1.f / std::sqrt(static_cast<float>(kD));
           p.tensor_core = plan.tensor_core;
           p.wgmma = plan.wgmma;
+          p.wide = plan.wide;
           p.work = static_cast<const arbor::kernels::AttentionWorkItem*>(up(plan.work));
           p.num_work = static_cast<int32_t>(plan.work.size());
           p.request_splits = static_cast<const int32_t*>(up(plan.request_splits));

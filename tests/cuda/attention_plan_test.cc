@@ -28,7 +28,8 @@ struct Batch {
   }
 };
 
-AttentionPlan plan_for(const Batch& b, bool wgmma, int32_t fixed = 0, int32_t max_splits = 0) {
+AttentionPlan plan_for(const Batch& b, bool wgmma, int32_t fixed = 0, int32_t max_splits = 0,
+                       int32_t wide = -1, bool invariant = false) {
   AttentionPlanInputs in;
   in.qo_indptr = b.qo.data();
   in.committed_len = b.committed.data();
@@ -40,6 +41,9 @@ AttentionPlan plan_for(const Batch& b, bool wgmma, int32_t fixed = 0, int32_t ma
   in.wgmma = wgmma;
   in.fixed_splits = fixed;
   in.max_splits = max_splits;
+  in.wide = wide;
+  in.batch_invariant = invariant;
+  in.num_tokens = b.qo.back();
   return kernels::plan_paged_tree_attention(in);
 }
 
@@ -71,8 +75,7 @@ int64_t check_items(const Batch& b, const AttentionPlan& p, bool automatic = tru
 
 TEST(AttentionPlan, SplitsFillOneWaveAndNoMore) {
   std::mt19937 rng(5);
-  const int64_t wave = 132 * 2;  // head_dim 128: 2 resident CTAs per SM
-  int split_plans = 0;
+  int split_plans = 0, wide_split_plans = 0;
   for (int trial = 0; trial < 400; ++trial) {
     const bool wgmma = trial % 2 == 0;
     Batch b;
@@ -82,6 +85,8 @@ TEST(AttentionPlan, SplitsFillOneWaveAndNoMore) {
       b.add(t_choice[std::uniform_int_distribution<int>(0, 5)(rng)],
             std::uniform_int_distribution<int>(0, trial % 3 == 0 ? 40000 : 3000)(rng));
     const AttentionPlan p = plan_for(b, wgmma);
+    // head_dim 128: 2 resident CTAs per SM, 1 with 128-row wgmma tiles.
+    const int64_t wave = 132 * (p.wide ? 1 : 2);
     const int64_t items = check_items(b, p);
     // Units: items without splits.
     int64_t units = 0;
@@ -92,6 +97,7 @@ TEST(AttentionPlan, SplitsFillOneWaveAndNoMore) {
     }
     if (p.max_splits_used == 1) continue;
     ++split_plans;
+    wide_split_plans += p.wide;
     EXPECT_LE(items, wave) << trial << ": a split started a second wave";
     // The chunk is the shortest that fits: one tile less would need more than a wave (or the
     // chunk is the minimum, 2 tiles, or a request is at the 256-split limit).
@@ -109,6 +115,7 @@ TEST(AttentionPlan, SplitsFillOneWaveAndNoMore) {
     EXPECT_GT(shorter, wave) << trial << ": chunk " << chunk << " is not the shortest";
   }
   EXPECT_GT(split_plans, 50);  // the random batches do exercise the split rule
+  EXPECT_GT(wide_split_plans, 5);
 }
 
 TEST(AttentionPlan, IssuePointsAndExamples) {
@@ -116,12 +123,17 @@ TEST(AttentionPlan, IssuePointsAndExamples) {
   Batch a;
   for (int r = 0; r < 8; ++r) a.add(64, 2048);
   EXPECT_EQ(plan_for(a, true).max_splits_used, 1);
-  // (1, 32768, 64): 32 units; 8 splits of 65 tiles give 256 CTAs.
+  // (1, 32768, 64): 32 units of 64 rows; 8 splits of 65 tiles give 256 CTAs.
   Batch c;
   c.add(64, 32768);
-  const AttentionPlan pc = plan_for(c, true);
+  const AttentionPlan pc = plan_for(c, true, 0, 0, /*wide=*/0);
   EXPECT_EQ(pc.request_splits[0], 8);
   EXPECT_EQ(check_items(c, pc), 256);
+  // The same with 128-row tiles (the default here): 16 units, one CTA per SM, 8 splits give 128.
+  const AttentionPlan pw = plan_for(c, true);
+  EXPECT_TRUE(pw.wide);
+  EXPECT_EQ(pw.request_splits[0], 8);
+  EXPECT_EQ(check_items(c, pw), 128);
   // One long request beside many short ones: only the long one is split.
   Batch d;
   d.add(1, 30000);
@@ -130,6 +142,37 @@ TEST(AttentionPlan, IssuePointsAndExamples) {
   EXPECT_GT(pd.request_splits[0], 1);
   for (int r = 1; r <= 20; ++r) EXPECT_EQ(pd.request_splits[r], 1) << r;
   check_items(d, pd);
+}
+
+// 128-row wgmma tiles: taken where they add at most 1/8 padded rows over 64-row tiles, only
+// on the wgmma path and only in shape-tuned plans; items then start every 128 rows.
+TEST(AttentionPlan, WideTiles) {
+  auto batch = [](int32_t n, int32_t t, int32_t c) {
+    Batch b;
+    for (int r = 0; r < n; ++r) b.add(t, c);
+    return b;
+  };
+  const Batch t64 = batch(8, 64, 2048);  // 256 rows per (request, kv head)
+  const AttentionPlan w = plan_for(t64, true);
+  EXPECT_TRUE(w.wide);
+  EXPECT_EQ(check_items(t64, w), 8 * 8 * 2);
+  for (const auto& item : w.work) EXPECT_EQ(item.row_begin % 128, 0);
+  EXPECT_TRUE(plan_for(batch(32, 32, 4096), true).wide);  // 128 rows: no padding
+  EXPECT_TRUE(plan_for(batch(4, 60, 500), true).wide);    // 240 rows: 256 padded either way
+  EXPECT_FALSE(plan_for(batch(4, 40, 500), true).wide);   // 160 rows: 256 against 192 padded
+  EXPECT_FALSE(plan_for(batch(8, 16, 2048), true).wide);  // 64 rows: twice the padded rows
+  EXPECT_FALSE(plan_for(batch(8, 1, 2048), true).wide);   // decode rows
+  EXPECT_FALSE(plan_for(t64, false).wide);                // mma.sync
+  EXPECT_FALSE(plan_for(t64, true, 0, 0, /*wide=*/0).wide);
+  EXPECT_FALSE(plan_for(t64, true, 0, 0, -1, /*invariant=*/true).wide);
+  const Batch t16 = batch(8, 16, 2048);
+  const AttentionPlan forced = plan_for(t16, true, 0, 0, /*wide=*/1);
+  EXPECT_TRUE(forced.wide);
+  check_items(t16, forced);
+  int64_t units = 0;  // one 128-row tile per (request, kv head); 64 units split in two
+  for (const auto& item : forced.work) units += item.split == 0 && item.row_begin == 0;
+  EXPECT_EQ(units, 8 * 8);
+  EXPECT_EQ(forced.work.size(), 2u * 8 * 8);
 }
 
 TEST(AttentionPlan, FixedAndMaxSplits) {

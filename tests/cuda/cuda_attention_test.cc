@@ -34,7 +34,7 @@ struct AttnCase {
   int max_splits = 0;         // backend option (0 = from the shape)
   int expect_splits = 0;      // > 0: the plan must split at least this much; -1: no split
   bool share_prefix = false;  // request 1 reuses request 0's full prefix blocks
-  int kernel = 0;             // backend attention_kernel: 1 mma.sync, 2 wgmma
+  int kernel = 0;             // backend attention_kernel: 1 mma.sync, 2 wgmma, 3 wide wgmma
   bool shape_tuned = false;   // the shape-tuned plan (not batch-invariant)
 };
 
@@ -201,12 +201,16 @@ void run_case(const AttnCase& c) {
         "(request %d: committed %d, T %d)\n",
         c.name.c_str(), static_cast<long long>(layer),
         !tc                          ? "generic"
+        : gpu.last_attention_wide()  ? "wgmma wide"
         : gpu.last_attention_wgmma() ? "wgmma"
                                      : "mma.sync",
         gpu.last_attention_splits(), err, nm, worst_row, worst_req, c.reqs[worst_req].committed,
         c.reqs[worst_req].t);
-    if (c.kernel == 2 && tc) {
+    if ((c.kernel == 2 || c.kernel == 3) && tc) {
       EXPECT_TRUE(gpu.last_attention_wgmma()) << c.name;
+    }
+    if (c.kernel == 3 && tc) {  // wide tiles in shape-tuned plans only
+      EXPECT_EQ(gpu.last_attention_wide(), !opts.batch_invariant) << c.name;
     }
     if (c.kernel == 1) {
       EXPECT_FALSE(gpu.last_attention_wgmma()) << c.name;
@@ -316,6 +320,14 @@ std::vector<AttnCase> cases() {
       w.kernel = 2;
       w.name += "_wgmma";
       all.push_back(w);
+      // Shape-tuned plans through 128-row tiles too (requests of <= 64 rows leave the second
+      // consumer warpgroup idle; trees of 40 and 70 nodes end mid-tile).
+      if (c.shape_tuned || c.max_splits != 0 || c.expect_splits != 0) {
+        AttnCase wide = c;
+        wide.kernel = 3;
+        wide.name += "_wide";
+        all.push_back(wide);
+      }
     }
   }
   return all;

@@ -267,7 +267,9 @@ struct CudaBackend::State {
   int32_t last_splits = 1;
   bool last_tensor_core = false;
   bool use_wgmma = false;
+  int32_t attention_wide = -1;  // AttentionPlanInputs::wide
   bool last_wgmma = false;
+  bool last_wide = false;
   int last_tree_groups = 0;
 
   // RoPE inverse frequencies, cached by parameters.
@@ -464,14 +466,15 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
   s_->kv_type = elem(options.kv_dtype);
   bool wgmma = false;
   cuda_check(kernels::attention_wgmma_available(&wgmma), "attention_wgmma_available");
-  if (options.attention_kernel == 2 && !wgmma)
+  if ((options.attention_kernel == 2 || options.attention_kernel == 3) && !wgmma)
     throw_error(ErrorCode::kUnsupported,
                 "cuda backend: the wgmma attention kernel needs an sm_90a build on a Hopper GPU");
-  if (options.attention_kernel < 0 || options.attention_kernel > 2)
-    throw_error(ErrorCode::kInvalidArgument, "cuda backend: attention_kernel " +
-                                                 std::to_string(options.attention_kernel) +
-                                                 " (0 auto, 1 mma.sync, 2 wgmma)");
+  if (options.attention_kernel < 0 || options.attention_kernel > 3)
+    throw_error(ErrorCode::kInvalidArgument,
+                "cuda backend: attention_kernel " + std::to_string(options.attention_kernel) +
+                    " (0 auto, 1 mma.sync, 2 wgmma, 3 wgmma with 128-row tiles)");
   s_->use_wgmma = wgmma && options.attention_kernel != 1;
+  s_->attention_wide = options.attention_kernel == 3 ? 1 : -1;
   if (options.batch_invariant_gemm < 0 || options.batch_invariant_gemm > 2)
     throw_error(ErrorCode::kInvalidArgument,
                 "cuda backend: batch_invariant_gemm " +
@@ -1046,6 +1049,9 @@ int64_t CudaBackend::splits_consumed_in_place() const {
 bool CudaBackend::last_attention_wgmma() const {
   return s_->last_wgmma;
 }
+bool CudaBackend::last_attention_wide() const {
+  return s_->last_wide;
+}
 int CudaBackend::last_attention_tree_groups() const {
   return s_->last_tree_groups;
 }
@@ -1484,6 +1490,7 @@ void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int
   in.num_sms = num_sms;
   in.max_splits = options.attention_max_splits;
   in.wgmma = use_wgmma;
+  in.wide = attention_wide;
   in.batch_invariant = options.batch_invariant;
   const int32_t split_keys = options.invariant_split_keys != 0 ? options.invariant_split_keys
                              : num_kv_heads >= 8               ? 512
@@ -1598,6 +1605,7 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
   p.sm_scale = 1.0f / std::sqrt(static_cast<float>(d));
   p.tensor_core = s.plan.tensor_core;
   p.wgmma = s.plan.wgmma;
+  p.wide = s.plan.wide;
   p.work = s.d_work;
   p.num_work = s.plan_num_work;
   p.request_splits = s.d_splits;
@@ -1622,6 +1630,7 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
   s.last_splits = s.plan.max_splits_used;
   s.last_tensor_core = s.plan.tensor_core;
   s.last_wgmma = s.plan.wgmma;
+  s.last_wide = s.plan.wide;
   s.last_tree_groups = s.plan.tree_group_items;
 }
 
@@ -1642,7 +1651,8 @@ bool CudaBackend::prepare_step_graph(int64_t num_q_heads, std::vector<int64_t>* 
   // number of (virtual) requests, the kernel.
   key->insert(key->end(),
               {num_q_heads, s.plan_num_work, static_cast<int64_t>(s.plan.request_splits.size()),
-               s.plan.tensor_core ? 1 : 0, s.plan.wgmma ? 1 : 0, s.plan_needs_merge ? 1 : 0});
+               s.plan.tensor_core ? 1 : 0, s.plan.wgmma ? (s.plan.wide ? 2 : 1) : 0,
+               s.plan_needs_merge ? 1 : 0});
   return true;
 }
 

@@ -62,7 +62,8 @@ struct CudaBackendOptions {
   int32_t max_tree_nodes = 1024;  // largest masked (tree) request accepted by set_step
   // Tensor-core attention kernel: 0 = wgmma for head_dim 128 where the build and GPU have it
   // (sm_90a), else mma.sync (head_dim 64 always); 1 = mma.sync; 2 = wgmma for head_dim 128
-  // (kUnsupported where unavailable).
+  // (kUnsupported where unavailable); 3 = wgmma with 128-row tiles in every shape-tuned plan
+  // (tests; 0 and 2 take them where the rows fill them).
   int attention_kernel = 0;
   // Batch-invariant attention: score a tree's nodes in groups that read the shared prefix once
   // (docs/kernels.md "Tree groups") instead of one CTA per node re-reading it. Same values.
@@ -144,6 +145,7 @@ class CudaBackend final : public Backend {
   int32_t last_attention_splits() const;
   bool last_attention_tensor_core() const;
   bool last_attention_wgmma() const;
+  bool last_attention_wide() const;  // 128-row wgmma tiles
   // Work items of the last attention call that were tree groups (attention_tree_groups).
   int last_attention_tree_groups() const;
   // split_cols calls whose outputs RoPE or SiLU * up consumed in place (no split launch).
