@@ -531,14 +531,14 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     }
   };
 
-  // wgmma path: warp-specialised. Warpgroup 1 (the producer, few registers) streams K/V tiles
-  // into the stage ring and signals full[stage] as each thread's copies land; warpgroup 0 (the
-  // consumer, the registers the MMAs and the softmax need) waits on full[stage], computes, and
-  // releases the stage on empty[stage] once its MMAs have read it.
+  // wgmma path: warp-specialised. The last warpgroup (the producer, few registers) streams K/V
+  // tiles into the stage ring and signals full[stage] as each thread's copies land; the
+  // consumer warpgroups (the registers the MMAs and the softmax need) wait on full[stage],
+  // compute, and release the stage on empty[stage] once their MMAs have read it.
   __shared__ uint64_t full_bar[kStages], empty_bar[kStages];
+  // A wide CTA whose second 64 rows are all padding runs one consumer; the other exits.
+  const int consumers = kConsumers == 2 && row_begin + 64 >= total_rows ? 1 : kConsumers;
   if constexpr (kWgmma) {
-    // A wide CTA whose second 64 rows are all padding runs one consumer; the other exits.
-    const int consumers = kConsumers == 2 && row_begin + 64 >= total_rows ? 1 : kConsumers;
     if (tid == 0) {
 #pragma unroll
       for (int st = 0; st < kStages; ++st) {
@@ -690,9 +690,23 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
       }
       wgmma_commit();
     };
+    // Wide CTAs: FlashAttention-3's ping-pong. The two consumers take turns issuing their MMAs
+    // (named barriers 1 and 2, one per consumer: each waits for its turn, issues, and passes the
+    // turn on), so one's tensor-core work runs while the other is in its softmax. Consumer 0
+    // goes first (consumer 1's first arrival) and takes consumer 1's last hand-off at the end.
+    const bool pingpong = kConsumers == 2 && consumers == 2;
+    auto turn_wait = [&] {
+      if (pingpong) named_barrier_sync(1 + consumer, 2 * kAttnThreads);
+    };
+    auto turn_pass = [&] {
+      if (pingpong) named_barrier_arrive(2 - consumer, 2 * kAttnThreads);
+    };
+    if (pingpong && consumer == 1) named_barrier_arrive(1, 2 * kAttnThreads);
     if (num_tiles > 0) {
       wait_full(0);
+      turn_wait();
       issue_s(s_acc, 0);
+      turn_pass();
       wgmma_wait<0>();
       fence_accumulators(s_acc);
       softmax_to_p(0, p_cur);  // O is still zero: no rescale
@@ -702,8 +716,10 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     // PV's in-flight operands and serialise every wgmma); the odd step runs after the loop.
     auto step = [&](int it, const uint32_t(&p_in)[4][4], uint32_t(&p_out)[4][4]) {
       wait_full(it + 1);
+      turn_wait();
       issue_s(s_acc, (it + 1) % kStages);  // s_acc is free: P of tile it is packed
       issue_pv(it, p_in);
+      turn_pass();
       wgmma_wait<1>();  // S of tile it + 1 (PV of tile it may still run)
       fence_accumulators(s_acc);
       softmax_to_p(it + 1, p_out);
@@ -719,10 +735,15 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     }
     if (it + 1 < num_tiles) {  // two tiles left: one step, then the last PV from p_next
       step(it, p_cur, p_next);
+      turn_wait();
       issue_pv(it + 1, p_next);
+      turn_pass();
     } else if (num_tiles > 0) {
+      turn_wait();
       issue_pv(it, p_cur);
+      turn_pass();
     }
+    if (pingpong && consumer == 0) named_barrier_sync(1, 2 * kAttnThreads);
     wgmma_wait<0>();
     fence_accumulators(o);
   } else {

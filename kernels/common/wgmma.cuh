@@ -97,6 +97,15 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 #endif
 }
+// Named CTA barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32):
+// sync waits until that many have arrived, itself included; arrive counts the caller and goes
+// on (producer / consumer hand-offs between warpgroups, e.g. FlashAttention-3's ping-pong).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Warpgroup register budgets (warp specialisation): every warp of the warpgroup runs the same
 // one; the budgets of a CTA's warpgroups must fit the registers it was launched with.
 template <int N>
