@@ -104,9 +104,11 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   }
 
   // Wide wgmma tiles (128 rows, two consumer warpgroups on each K/V tile the producer stages):
-  // half the K/V traffic from L2 into shared memory per row, where the rows fill them. Not in
-  // batch-invariant plans (their tree groups and single-row virtual requests are 64-row work).
-  if (plan.wgmma && !in.batch_invariant && in.wide != 0) {
+  // half the K/V traffic from L2 into shared memory per row, where the rows fill them. A row's
+  // arithmetic is that of a 64-row tile (its consumer warpgroup runs the same code over the same
+  // tiles), so batch-invariant plans take them too (prefill chunks); their tree groups are then
+  // off (groups are 64-row work; scoring nodes one by one gives the same bits).
+  if (plan.wgmma && in.wide != 0) {
     int64_t padded64 = 0, padded128 = 0;
     for (int32_t r = 0; r < r_count; ++r) {
       const int64_t rows = static_cast<int64_t>(in.qo_indptr[r + 1] - in.qo_indptr[r]) * group;
@@ -210,7 +212,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   // the last tile wholly below the prefix fit in kAttnMaxGroupTailTiles tiles and its split
   // is at most kAttnMaxGroupSplitTiles (the CTA's job list stays within kAttnMaxGroupJobs).
   std::vector<int32_t> group_of(r_count, 0);  // > 0: first node of a group of that size; -1: in one
-  if (in.batch_invariant && in.tree_groups > 0) {
+  if (in.batch_invariant && in.tree_groups > 0 && !plan.wide) {
     const int32_t tile_rows = plan.wgmma ? 64 : 16;
     // Grouping trades parallelism for fewer prefix reads: a group's node tails run one after
     // another in its CTA. So groups only grow until the items still fill the GPU (results

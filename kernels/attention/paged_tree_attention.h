@@ -67,9 +67,9 @@ struct AttentionPlanInputs {
   int32_t fixed_splits = 0;  // > 0: every request in that many splits (at most one per KV tile;
                              // benchmarks sweep it; not with batch_invariant)
   bool wgmma = false;        // plan for the wgmma kernel (head_dim 128: every tile 64 rows)
-  // wgmma, not batch-invariant: tiles of 128 rows (two consumer warpgroups sharing each K/V
-  // tile, one CTA per SM). -1: where the rows fill them (at most 1/8 more padded rows than
-  // 64-row tiles); 0: never; 1: always.
+  // wgmma: tiles of 128 rows (two consumer warpgroups sharing each K/V tile, one CTA per SM;
+  // same bits per row as 64-row tiles; no tree groups then). -1: where the rows fill them (at
+  // most 1/8 more padded rows than 64-row tiles); 0: never; 1: always.
   int32_t wide = -1;
   // Batch-invariant plan (docs/kernels.md "Batch invariance"): every query row's result is a
   // function of its own query and visible keys only. Fixed KV split chunk

@@ -164,7 +164,13 @@ TEST(AttentionPlan, WideTiles) {
   EXPECT_FALSE(plan_for(batch(8, 1, 2048), true).wide);   // decode rows
   EXPECT_FALSE(plan_for(t64, false).wide);                // mma.sync
   EXPECT_FALSE(plan_for(t64, true, 0, 0, /*wide=*/0).wide);
-  EXPECT_FALSE(plan_for(t64, true, 0, 0, -1, /*invariant=*/true).wide);
+  // Batch-invariant plans: a causal chunk is one request (here 256 rows: wide, and its rows
+  // get the bits of 64-row tiles), a decode row or tree node a 4-row one (not wide).
+  const AttentionPlan inv = plan_for(t64, true, 0, 0, -1, /*invariant=*/true);
+  EXPECT_TRUE(inv.wide);
+  EXPECT_EQ(inv.tree_group_items, 0);
+  EXPECT_FALSE(plan_for(batch(8, 1, 2048), true, 0, 0, -1, /*invariant=*/true).wide);
+
   const Batch t16 = batch(8, 16, 2048);
   const AttentionPlan forced = plan_for(t16, true, 0, 0, /*wide=*/1);
   EXPECT_TRUE(forced.wide);

@@ -322,21 +322,48 @@ TEST_P(CudaAttentionInvariance, RequestAloneEqualsMixedBatchAndTreeRowEqualsChai
       }
     }
   }
+
+  // Prefill rows vs decode rows: a causal chunk of 64 tokens after request 3's prefix (256
+  // rows per kv head: 128-row tiles on the wgmma path) against the same tokens decoded one per
+  // step (4-row tiles) on a fresh copy of that prefix.
+  constexpr int64_t kChunk = 64;
+  auto fresh_prefix = [&] {
+    const int s = batch.add_sequence();
+    run(batch.step({{s, tokens(static_cast<size_t>(prefix[3])), false}}),
+        causal_ids(data[3], 0, static_cast<size_t>(prefix[3])));
+    return s;
+  };
+  const int s_chunk = fresh_prefix();
+  const auto chunk =
+      run(batch.step({{s_chunk, tokens(kChunk), false}}), causal_ids(data[3], prefix[3], kChunk));
+  const bool chunk_wide = b_->last_attention_wide();
+  if (GetParam().attention_kernel >= 2) {
+    EXPECT_TRUE(chunk_wide);
+  }
+  const int s_decode = fresh_prefix();
+  int decode_equal = 0;
+  for (int64_t i = 0; i < kChunk; ++i) {
+    const auto out = run(batch.step({{s_decode, tokens(1), false}}), {{data[3], prefix[3] + i}});
+    decode_equal += bitwise_equal(out.data(), chunk.data() + i * qw, static_cast<size_t>(qw));
+  }
+  EXPECT_EQ(decode_equal, kChunk) << "prefill rows that differ from their decode";
   std::printf(
       "  attention d%lld kernel %d tree groups %d (%d work items): tree rows alone == mixed "
-      "batch: %zu/%zu; tree row == chain decode: %d/%d\n",
+      "batch: %zu/%zu; tree row == chain decode: %d/%d; prefill row%s == decode: %d/%lld\n",
       static_cast<long long>(d_), GetParam().attention_kernel, GetParam().tree_groups, groups,
-      parents0.size() - differ, parents0.size(), chain_equal, chains);
+      parents0.size() - differ, parents0.size(), chain_equal, chains, chunk_wide ? " (wide)" : "",
+      decode_equal, static_cast<long long>(kChunk));
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionInvariance,
                          ::testing::Values(AttnCase{64, 1}, AttnCase{128, 1}, AttnCase{128, 2},
-                                           AttnCase{16, 0}, AttnCase{64, 1, 0},
-                                           AttnCase{128, 2, 0}),
+                                           AttnCase{16, 0}, AttnCase{64, 1, 0}, AttnCase{128, 2, 0},
+                                           AttnCase{128, 3, 0}),
                          [](const auto& info) {
                            const AttnCase& c = info.param;
                            return "d" + std::to_string(c.head_dim) +
-                                  (c.attention_kernel == 2   ? "_wgmma"
+                                  (c.attention_kernel == 3   ? "_wide"
+                                   : c.attention_kernel == 2 ? "_wgmma"
                                    : c.attention_kernel == 1 ? "_mma"
                                                              : "_generic") +
                                   (c.tree_groups > 0 ? "" : "_pernode");
