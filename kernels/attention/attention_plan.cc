@@ -13,6 +13,11 @@ namespace {
 // Shortest split (KV tiles). Short contexts at batch 1 are latency-bound: 2-tile splits beat 4
 // (docs/benchmarks.md "Thirteenth session").
 constexpr int32_t kMinTilesPerSplit = 2;
+// Wide wgmma CTAs only where some CTA runs at least this many KV tiles: a wide CTA has its SM
+// alone (its prologue and epilogue are not hidden behind a second CTA), which cost 1-4% on
+// launches of 2-9 tiles per CTA and gains 1-17% from 16 up (docs/benchmarks.md, "Twenty-first
+// session").
+constexpr int32_t kMinWideTiles = 16;
 }  // namespace
 
 std::string attention_unsupported_reason(int32_t num_q_heads, int32_t num_kv_heads,
@@ -106,8 +111,9 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   // Wide wgmma tiles (128 rows, two consumer warpgroups on each K/V tile the producer stages):
   // half the K/V traffic from L2 into shared memory per row, where the rows fill them. A row's
   // arithmetic is that of a 64-row tile (its consumer warpgroup runs the same code over the same
-  // tiles), so batch-invariant plans take them too (prefill chunks); their tree groups are then
-  // off (groups are 64-row work; scoring nodes one by one gives the same bits).
+  // tiles), so batch-invariant plans may take them too (prefill chunks, when their splits are
+  // long enough, kMinWideTiles); their tree groups are then off (groups are 64-row work;
+  // scoring nodes one by one gives the same bits).
   if (plan.wgmma && in.wide != 0) {
     int64_t padded64 = 0, padded128 = 0;
     for (int32_t r = 0; r < r_count; ++r) {
@@ -204,6 +210,17 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
       plan.request_partial_row[r] = static_cast<int32_t>(plan.num_partial_rows);
       plan.num_partial_rows += splits * (in.qo_indptr[r + 1] - in.qo_indptr[r]);
       plan.max_splits_used = std::max(plan.max_splits_used, static_cast<int32_t>(splits));
+    }
+  }
+
+  if (plan.wide && in_real.wide < 0) {  // the automatic choice: long enough CTAs only
+    int32_t longest = 0;
+    for (int32_t r = 0; r < r_count; ++r)
+      longest = std::max(longest, std::min(plan.request_kv_chunk[r] / kAttnKvTile, kv_tiles[r]));
+    if (longest < kMinWideTiles) {
+      AttentionPlanInputs narrow = in_real;
+      narrow.wide = 0;
+      return plan_paged_tree_attention(narrow);
     }
   }
 

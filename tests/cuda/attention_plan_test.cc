@@ -84,7 +84,8 @@ TEST(AttentionPlan, SplitsFillOneWaveAndNoMore) {
     for (int r = 0; r < r_count; ++r)
       b.add(t_choice[std::uniform_int_distribution<int>(0, 5)(rng)],
             std::uniform_int_distribution<int>(0, trial % 3 == 0 ? 40000 : 3000)(rng));
-    const AttentionPlan p = plan_for(b, wgmma);
+    // (a quarter of the trials with 128-row tiles forced, the rest the automatic choice)
+    const AttentionPlan p = plan_for(b, wgmma, 0, 0, trial % 4 == 2 ? 1 : -1);
     // head_dim 128: 2 resident CTAs per SM, 1 with 128-row wgmma tiles.
     const int64_t wave = 132 * (p.wide ? 1 : 2);
     const int64_t items = check_items(b, p);
@@ -158,18 +159,21 @@ TEST(AttentionPlan, WideTiles) {
   EXPECT_EQ(check_items(t64, w), 8 * 8 * 2);
   for (const auto& item : w.work) EXPECT_EQ(item.row_begin % 128, 0);
   EXPECT_TRUE(plan_for(batch(32, 32, 4096), true).wide);  // 128 rows: no padding
-  EXPECT_TRUE(plan_for(batch(4, 60, 500), true).wide);    // 240 rows: 256 padded either way
+  EXPECT_TRUE(plan_for(batch(4, 60, 2000), true).wide);   // 240 rows: 256 padded either way
   EXPECT_FALSE(plan_for(batch(4, 40, 500), true).wide);   // 160 rows: 256 against 192 padded
   EXPECT_FALSE(plan_for(batch(8, 16, 2048), true).wide);  // 64 rows: twice the padded rows
   EXPECT_FALSE(plan_for(batch(8, 1, 2048), true).wide);   // decode rows
   EXPECT_FALSE(plan_for(t64, false).wide);                // mma.sync
   EXPECT_FALSE(plan_for(t64, true, 0, 0, /*wide=*/0).wide);
-  // Batch-invariant plans: a causal chunk is one request (here 256 rows: wide, and its rows
-  // get the bits of 64-row tiles), a decode row or tree node a 4-row one (not wide).
-  const AttentionPlan inv = plan_for(t64, true, 0, 0, -1, /*invariant=*/true);
+  // Short CTAs (here 4 splits of <= 5 tiles) stay narrow unless forced.
+  EXPECT_FALSE(plan_for(batch(1, 64, 1024), true).wide);
+  EXPECT_TRUE(plan_for(batch(1, 64, 1024), true, 0, 0, /*wide=*/1).wide);
+  // Batch-invariant plans: a causal chunk is one request (here 256 rows, whose rows get the
+  // bits of 64-row tiles), but their fixed 8-tile splits are short: wide only when forced.
+  EXPECT_FALSE(plan_for(t64, true, 0, 0, -1, /*invariant=*/true).wide);
+  const AttentionPlan inv = plan_for(t64, true, 0, 0, /*wide=*/1, /*invariant=*/true);
   EXPECT_TRUE(inv.wide);
   EXPECT_EQ(inv.tree_group_items, 0);
-  EXPECT_FALSE(plan_for(batch(8, 1, 2048), true, 0, 0, -1, /*invariant=*/true).wide);
 
   const Batch t16 = batch(8, 16, 2048);
   const AttentionPlan forced = plan_for(t16, true, 0, 0, /*wide=*/1);

@@ -337,7 +337,7 @@ TEST_P(CudaAttentionInvariance, RequestAloneEqualsMixedBatchAndTreeRowEqualsChai
   const auto chunk =
       run(batch.step({{s_chunk, tokens(kChunk), false}}), causal_ids(data[3], prefix[3], kChunk));
   const bool chunk_wide = b_->last_attention_wide();
-  if (GetParam().attention_kernel >= 2) {
+  if (GetParam().attention_kernel == 3) {  // (automatic: 8-tile splits are too short for it)
     EXPECT_TRUE(chunk_wide);
   }
   const int s_decode = fresh_prefix();
