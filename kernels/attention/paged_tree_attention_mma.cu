@@ -828,6 +828,54 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     return true;
   };
   if constexpr (kWgmma) {
+    if constexpr (kConsumers == 2) {
+      // Wide CTAs with 16-bit outputs and no split: O goes through this consumer's tile in
+      // shared memory (after the ring; [64 rows][16 chunks of 8 elements], chunk ^= row % 8, so
+      // both the 4-byte writes from the accumulators and the 16-byte reads are conflict-free)
+      // and leaves as 16-byte stores, two whole 256-byte rows per warp instruction, instead of
+      // 4-byte stores spread over 8 rows.
+      if (splits == 1 && p.io_type != ElemType::kF32 && p.out_bf16 == nullptr) {
+        uint32_t* ot = reinterpret_cast<uint32_t*>(
+            smem_raw + 2 * kStages * kTileN * D * sizeof(KvT) + consumer * 64 * D * 2);
+        const bool bf16_out = p.io_type == ElemType::kBF16;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int lr = wm * 16 + lane / 4 + 8 * h;  // row within this consumer's 64
+          const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
+#pragma unroll
+          for (int dt = 0; dt < D / 8; ++dt) {
+            const float a = o[dt][2 * h] * inv, b = o[dt][2 * h + 1] * inv;
+            uint32_t v;
+            if (bf16_out) {
+              const __nv_bfloat162 x = __floats2bfloat162_rn(a, b);
+              v = *reinterpret_cast<const uint32_t*>(&x);
+            } else {
+              const __half2 x = __floats2half2_rn(a, b);
+              v = *reinterpret_cast<const uint32_t*>(&x);
+            }
+            ot[lr * (D / 2) + ((dt ^ (lr & 7)) * 4) + lane % 4] = v;
+          }
+        }
+        named_barrier_sync(3 + consumer, kAttnThreads);  // this consumer's tile is written
+        const int ltid = tid % kAttnThreads;
+        const int chunk = ltid % (D / 8);
+#pragma unroll
+        for (int k = 0; k < 64 / (kAttnThreads / (D / 8)); ++k) {
+          const int lr = ltid / (D / 8) + (kAttnThreads / (D / 8)) * k;
+          const int prow = row_begin + consumer * 64 + lr;
+          if (prow >= total_rows) continue;
+          const int t = prow / group;
+          const int head = kvh * group + prow % group;
+          const uint4 v =
+              *reinterpret_cast<const uint4*>(ot + lr * (D / 2) + ((chunk ^ (lr & 7)) * 4));
+          *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) +
+                                    (static_cast<int64_t>(q0 + t) * p.num_q_heads + head) * D +
+                                    chunk * 8) = v;
+        }
+        stamp_end(p);
+        return;
+      }
+    }
     // One warpgroup owns whole rows (no column split): each thread normalises and writes its
     // two rows straight from the accumulators.
 #pragma unroll
@@ -971,8 +1019,9 @@ __global__ void __launch_bounds__(kWgmma ? (kConsumers + 1) * kAttnThreads : kAt
 template <typename KvT, int D, bool kWgmma, int kConsumers>
 cudaError_t launch_typed(const PagedTreeAttentionParams& p, cudaStream_t stream) {
   // K/V stages plus slack to align the base to 1024 bytes.
-  const int smem =
-      2 * kStagesOf<kWgmma, kConsumers> * kTileN * D * static_cast<int>(sizeof(KvT)) + 1024;
+  // Wide CTAs: plus each consumer's 16-bit O tile for the epilogue.
+  const int smem = 2 * kStagesOf<kWgmma, kConsumers> * kTileN * D * static_cast<int>(sizeof(KvT)) +
+                   (kConsumers == 2 ? kConsumers * 64 * D * 2 : 0) + 1024;
   static bool configured = false;  // one attribute call per instantiation
   if (!configured) {
     const cudaError_t e =

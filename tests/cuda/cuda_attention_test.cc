@@ -5,7 +5,12 @@
 // block sizes 8/16/32, shared prefix blocks, split-KV forced off and chosen from the shape.
 // The KV cache is poisoned with NaN first, so a read of any slot outside a request's keys (or
 // of a padded tail) shows up as NaN; outputs are poisoned too.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 #include <numeric>
 #include <random>
@@ -14,6 +19,7 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/spec/tree_mask.h"
+#include "kernels/attention/paged_tree_attention.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace arbor {
@@ -330,6 +336,130 @@ std::vector<AttnCase> cases() {
     }
   }
   return all;
+}
+
+// Kernel level, 16-bit Q / O (the engine's attention runs fp32 I/O, so its cases above never take
+// the wide CTAs' staged bf16 / fp16 epilogue): wide and 64-row wgmma CTAs compute each row with
+// the same arithmetic, so with one split each their outputs are bitwise equal. Trees whose row
+// counts leave the second consumer of the last CTA partly or wholly idle (160 and 132 rows), a
+// causal chunk, scrambled blocks.
+TEST(CudaAttentionKernel, WideEqualsNarrowWith16BitOutputs) {
+  ARBOR_REQUIRE_GPU();
+  bool wgmma = false;
+  ASSERT_EQ(kernels::attention_wgmma_available(&wgmma), cudaSuccess);
+  if (!wgmma) GTEST_SKIP() << "no sm_90a wgmma kernel on this GPU";
+  constexpr int32_t kHq = 8, kHkv = 2, kD = 128, kBs = 16;
+  const std::vector<Req> reqs = {
+      {1000, 64, true}, {777, 40, true}, {70, 33, true}, {300, 128, false}, {5, 1, false}};
+  std::mt19937 rng(2024);
+  std::vector<int32_t> qo{0}, committed, tables, mask_indptr{0};
+  std::vector<uint32_t> mask;
+  int32_t max_blocks = 0;
+  for (const Req& r : reqs) max_blocks = std::max(max_blocks, (r.committed + r.t + kBs - 1) / kBs);
+  const int32_t r_count = static_cast<int32_t>(reqs.size());
+  std::vector<int32_t> pool(static_cast<size_t>(r_count * max_blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  for (int32_t r = 0; r < r_count; ++r) {
+    qo.push_back(qo.back() + reqs[r].t);
+    committed.push_back(reqs[r].committed);
+    tables.insert(tables.end(), pool.begin() + r * max_blocks, pool.begin() + (r + 1) * max_blocks);
+    if (reqs[r].tree) {
+      std::vector<int32_t> parent(reqs[r].t, -1);
+      for (int32_t i = 1; i < reqs[r].t; ++i)
+        parent[i] = std::uniform_int_distribution<int32_t>(std::max(0, i - 6), i - 1)(rng);
+      const std::vector<uint32_t> m = pack_ancestor_mask(parent);
+      mask.insert(mask.end(), m.begin(), m.end());
+    }
+    mask_indptr.push_back(static_cast<int32_t>(mask.size()));
+  }
+  const int32_t n = qo.back();
+  const size_t cache_elems = static_cast<size_t>(r_count) * max_blocks * kBs * kHkv * kD;
+  auto bits16 = [&](size_t count, bool bf16) {
+    std::uniform_real_distribution<float> d(-2.f, 2.f);
+    std::vector<uint16_t> v(count);
+    for (auto& x : v) x = bf16 ? f32_to_bf16(d(rng)) : testing::f32_to_f16_bits(d(rng) * 0.5f);
+    return v;
+  };
+  std::vector<void*> owned;
+  auto upload = [&](const auto& v) {
+    void* ptr = nullptr;
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(v.size() * sizeof(v[0]), 16)), cudaSuccess);
+    if (!v.empty()) cudaMemcpy(ptr, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice);
+    owned.push_back(ptr);
+    return ptr;
+  };
+  for (const bool bf16 : {true, false}) {
+    const kernels::ElemType type = bf16 ? kernels::ElemType::kBF16 : kernels::ElemType::kF16;
+    void* q = upload(bits16(static_cast<size_t>(n) * kHq * kD, bf16));
+    void* k_cache = upload(bits16(cache_elems, bf16));
+    void* v_cache = upload(bits16(cache_elems, bf16));
+    std::vector<uint16_t> outs[2];
+    bool planned_wide[2] = {false, false};
+    for (const int wide : {1, 0}) {
+      kernels::AttentionPlanInputs in;
+      in.qo_indptr = qo.data();
+      in.committed_len = committed.data();
+      in.num_requests = r_count;
+      in.num_q_heads = kHq;
+      in.num_kv_heads = kHkv;
+      in.head_dim = kD;
+      in.max_splits = 1;  // one split each: the staged epilogue, and no merge order to differ
+      in.wgmma = true;
+      in.wide = wide;
+      const kernels::AttentionPlan plan = kernels::plan_paged_tree_attention(in);
+      planned_wide[wide] = plan.wide;
+      std::vector<uint16_t> poison(static_cast<size_t>(n) * kHq * kD, 0x7fc1);  // NaN
+      void* out = upload(poison);
+      kernels::PagedTreeAttentionParams p;
+      p.q = q;
+      p.out = out;
+      p.k_cache = k_cache;
+      p.v_cache = v_cache;
+      p.io_type = type;
+      p.kv_type = type;
+      p.qo_indptr = static_cast<const int32_t*>(upload(qo));
+      p.committed_len = static_cast<const int32_t*>(upload(committed));
+      p.block_tables = static_cast<const int32_t*>(upload(tables));
+      p.tree_mask = static_cast<const uint32_t*>(upload(mask));
+      p.mask_indptr = static_cast<const int32_t*>(upload(mask_indptr));
+      p.max_blocks_per_request = max_blocks;
+      p.num_requests = r_count;
+      p.num_tokens = n;
+      p.num_q_heads = kHq;
+      p.num_kv_heads = kHkv;
+      p.head_dim = kD;
+      p.block_size = kBs;
+      p.sm_scale = 1.f / std::sqrt(static_cast<float>(kD));
+      p.tensor_core = plan.tensor_core;
+      p.wgmma = plan.wgmma;
+      p.wide = plan.wide;
+      p.work = static_cast<const kernels::AttentionWorkItem*>(upload(plan.work));
+      p.num_work = static_cast<int32_t>(plan.work.size());
+      p.request_splits = static_cast<const int32_t*>(upload(plan.request_splits));
+      p.request_kv_chunk = static_cast<const int32_t*>(upload(plan.request_kv_chunk));
+      p.request_partial_row = static_cast<const int32_t*>(upload(plan.request_partial_row));
+      p.needs_merge = plan.needs_merge;
+      ASSERT_FALSE(plan.needs_merge);
+      ASSERT_EQ(kernels::launch_paged_tree_attention(p, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      outs[wide] = poison;
+      cudaMemcpy(outs[wide].data(), out, poison.size() * 2, cudaMemcpyDeviceToHost);
+    }
+    EXPECT_TRUE(planned_wide[1]);
+    EXPECT_FALSE(planned_wide[0]);
+    int64_t differ = 0, nan = 0;
+    for (size_t i = 0; i < outs[0].size(); ++i) {
+      differ += outs[0][i] != outs[1][i];
+      const uint16_t e = bf16 ? 0x7f80 : 0x7c00;
+      nan += (outs[1][i] & e) == e;
+    }
+    EXPECT_EQ(differ, 0) << (bf16 ? "bf16" : "fp16");
+    EXPECT_EQ(nan, 0) << (bf16 ? "bf16" : "fp16") << ": unwritten (poisoned) or non-finite outputs";
+    std::printf("  wide vs 64-row wgmma CTAs, %s Q / O: %lld of %zu outputs differ\n",
+                bf16 ? "bf16" : "fp16", static_cast<long long>(differ), outs[0].size());
+  }
+  for (void* ptr : owned) cudaFree(ptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention, ::testing::ValuesIn(cases()),
