@@ -339,11 +339,12 @@ std::vector<AttnCase> cases() {
 }
 
 // Kernel level, 16-bit Q / O (the engine's attention runs fp32 I/O, so its cases above never take
-// the wide CTAs' staged bf16 / fp16 epilogue): wide and 64-row wgmma CTAs compute each row with
-// the same arithmetic, so with one split each their outputs are bitwise equal. Trees whose row
-// counts leave the second consumer of the last CTA partly or wholly idle (160 and 132 rows), a
-// causal chunk, scrambled blocks.
-TEST(CudaAttentionKernel, WideEqualsNarrowWith16BitOutputs) {
+// the wide CTAs' staged 16-bit epilogue): wide and 64-row wgmma CTAs compute each row with the
+// same arithmetic, so with one split their outputs are bitwise equal, and equal to the bf16 copy
+// that fp32 I/O writes straight from the accumulators (the same values, rounded the same way).
+// Trees whose row counts leave the second consumer of the last CTA partly or wholly idle (160
+// and 132 rows), a causal chunk, a decode row, scrambled blocks, outputs poisoned with NaN.
+TEST(CudaAttentionKernel, StagedEpilogueMatchesDirectStores) {
   ARBOR_REQUIRE_GPU();
   bool wgmma = false;
   ASSERT_EQ(kernels::attention_wgmma_available(&wgmma), cudaSuccess);
@@ -391,12 +392,16 @@ TEST(CudaAttentionKernel, WideEqualsNarrowWith16BitOutputs) {
   };
   for (const bool bf16 : {true, false}) {
     const kernels::ElemType type = bf16 ? kernels::ElemType::kBF16 : kernels::ElemType::kF16;
-    void* q = upload(bits16(static_cast<size_t>(n) * kHq * kD, bf16));
+    const std::vector<uint16_t> q_bits = bits16(static_cast<size_t>(n) * kHq * kD, bf16);
+    void* q = upload(q_bits);
     void* k_cache = upload(bits16(cache_elems, bf16));
     void* v_cache = upload(bits16(cache_elems, bf16));
-    std::vector<uint16_t> outs[2];
-    bool planned_wide[2] = {false, false};
-    for (const int wide : {1, 0}) {
+    // Runs: 0 = wide CTAs (the staged epilogue), 1 = 64-row CTAs, both 16-bit Q / O; 2 (bf16
+    // only) = 64-row CTAs with fp32 Q / O and the bf16 copy of O (out_bf16), whose 4-byte
+    // stores straight from the accumulators are the reference for the staged tile's bits.
+    std::vector<uint16_t> outs[3];
+    bool planned_wide[3] = {false, false, false};
+    for (int run = 0; run < (bf16 ? 3 : 2); ++run) {
       kernels::AttentionPlanInputs in;
       in.qo_indptr = qo.data();
       in.committed_len = committed.data();
@@ -406,17 +411,26 @@ TEST(CudaAttentionKernel, WideEqualsNarrowWith16BitOutputs) {
       in.head_dim = kD;
       in.max_splits = 1;  // one split each: the staged epilogue, and no merge order to differ
       in.wgmma = true;
-      in.wide = wide;
+      in.wide = run == 0 ? 1 : 0;
       const kernels::AttentionPlan plan = kernels::plan_paged_tree_attention(in);
-      planned_wide[wide] = plan.wide;
+      planned_wide[run] = plan.wide;
       std::vector<uint16_t> poison(static_cast<size_t>(n) * kHq * kD, 0x7fc1);  // NaN
-      void* out = upload(poison);
       kernels::PagedTreeAttentionParams p;
-      p.q = q;
-      p.out = out;
+      void* out16 = upload(poison);
+      if (run < 2) {
+        p.q = q;
+        p.out = out16;
+        p.io_type = type;
+      } else {
+        std::vector<float> q32(q_bits.size());
+        for (size_t i = 0; i < q_bits.size(); ++i) q32[i] = bf16_to_f32(q_bits[i]);
+        p.q = upload(q32);
+        p.out = upload(std::vector<float>(q32.size(), std::nanf("")));
+        p.out_bf16 = out16;
+        p.io_type = kernels::ElemType::kF32;
+      }
       p.k_cache = k_cache;
       p.v_cache = v_cache;
-      p.io_type = type;
       p.kv_type = type;
       p.qo_indptr = static_cast<const int32_t*>(upload(qo));
       p.committed_len = static_cast<const int32_t*>(upload(committed));
@@ -443,21 +457,28 @@ TEST(CudaAttentionKernel, WideEqualsNarrowWith16BitOutputs) {
       ASSERT_FALSE(plan.needs_merge);
       ASSERT_EQ(kernels::launch_paged_tree_attention(p, nullptr), cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      outs[wide] = poison;
-      cudaMemcpy(outs[wide].data(), out, poison.size() * 2, cudaMemcpyDeviceToHost);
+      outs[run] = poison;
+      cudaMemcpy(outs[run].data(), out16, poison.size() * 2, cudaMemcpyDeviceToHost);
     }
-    EXPECT_TRUE(planned_wide[1]);
-    EXPECT_FALSE(planned_wide[0]);
-    int64_t differ = 0, nan = 0;
-    for (size_t i = 0; i < outs[0].size(); ++i) {
-      differ += outs[0][i] != outs[1][i];
-      const uint16_t e = bf16 ? 0x7f80 : 0x7c00;
-      nan += (outs[1][i] & e) == e;
+    EXPECT_TRUE(planned_wide[0]);
+    EXPECT_FALSE(planned_wide[1]);
+    const int ref = bf16 ? 2 : 1;  // fp16: wide against 64-row CTAs only
+    for (int run = 0; run < ref; ++run) {
+      int64_t differ = 0, nan = 0;
+      for (size_t i = 0; i < outs[ref].size(); ++i) {
+        differ += outs[run][i] != outs[ref][i];
+        const uint16_t e = bf16 ? 0x7f80 : 0x7c00;
+        nan += (outs[run][i] & e) == e;
+      }
+      const char* what = run == 0 ? "wide CTAs (staged epilogue)" : "64-row CTAs";
+      EXPECT_EQ(differ, 0) << what << (bf16 ? ", bf16" : ", fp16");
+      EXPECT_EQ(nan, 0) << what << (bf16 ? ", bf16" : ", fp16")
+                        << ": unwritten (poisoned) or non-finite outputs";
+      std::printf("  %s, %s Q / O vs %s: %lld of %zu outputs differ\n", what,
+                  bf16 ? "bf16" : "fp16",
+                  bf16 ? "fp32 I/O's bf16 copy (direct stores)" : "64-row CTAs",
+                  static_cast<long long>(differ), outs[ref].size());
     }
-    EXPECT_EQ(differ, 0) << (bf16 ? "bf16" : "fp16");
-    EXPECT_EQ(nan, 0) << (bf16 ? "bf16" : "fp16") << ": unwritten (poisoned) or non-finite outputs";
-    std::printf("  wide vs 64-row wgmma CTAs, %s Q / O: %lld of %zu outputs differ\n",
-                bf16 ? "bf16" : "fp16", static_cast<long long>(differ), outs[0].size());
   }
   for (void* ptr : owned) cudaFree(ptr);
 }
