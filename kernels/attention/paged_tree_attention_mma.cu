@@ -158,12 +158,23 @@ __device__ __forceinline__ void load_q_fragments(const PagedTreeAttentionParams&
     for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        float a = 0.f, b = 0.f;
-        if (valid) {
-          a = to_float(src[kk * 16 + c * 8]);
-          b = to_float(src[kk * 16 + c * 8 + 1]);
+        // The pair is one aligned 4-byte (16-bit I/O) or 8-byte (fp32) load; I/O of the cache's
+        // own type is already the packed fragment.
+        if constexpr (std::is_same_v<IoT, KvT>) {
+          qf[kk][h + 2 * c] =
+              valid ? *reinterpret_cast<const uint32_t*>(src + kk * 16 + c * 8) : 0u;
+        } else if constexpr (std::is_same_v<IoT, float>) {
+          const float2 v = valid ? *reinterpret_cast<const float2*>(src + kk * 16 + c * 8)
+                                 : make_float2(0.f, 0.f);
+          qf[kk][h + 2 * c] = pack2<KvT>(v.x, v.y);
+        } else {
+          float a = 0.f, b = 0.f;
+          if (valid) {
+            a = to_float(src[kk * 16 + c * 8]);
+            b = to_float(src[kk * 16 + c * 8 + 1]);
+          }
+          qf[kk][h + 2 * c] = pack2<KvT>(a, b);
         }
-        qf[kk][h + 2 * c] = pack2<KvT>(a, b);
       }
   }
 }
