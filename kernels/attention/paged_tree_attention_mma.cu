@@ -2,7 +2,8 @@
 // per work item (request, kv head, query-row tile, KV split), mma.sync m16n8k16 with fp32
 // accumulation, online softmax in fp32 (log2 domain), K/V tiles of 64 keys streamed through a
 // three-stage cp.async pipeline via the block table; on sm_90a (head_dim 128) warpgroup MMAs fed
-// by a producer warpgroup. See docs/kernels.md.
+// by a producer warpgroup, for one 64-row consumer warpgroup or two ("wide" 128-row CTAs, a
+// six-stage ring, ping-ponged MMAs). See docs/kernels.md.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,7 +23,8 @@ constexpr int kTileN = kAttnKvTile;  // keys per KV tile
 constexpr int kStages = 3;  // K/V tile stages (mma.sync: two loading while one is used; wgmma:
                             // S(t + 1) and PV(t) read two while the producer fills the third)
 // Wide wgmma CTAs (128 rows: two consumer warpgroups sharing one producer, one CTA per SM): K/V
-// stages of the ring, the SM's shared memory allowing six.
+// stages of the ring (six, plus the two consumers' 16 KiB output tiles, fill the SM's shared
+// memory; four measured the same).
 constexpr int kStagesWide = 6;
 constexpr int kWarps = kAttnThreads / 32;
 // wgmma path: register budgets of the producer and consumer warpgroups (setmaxnreg). Narrow:
