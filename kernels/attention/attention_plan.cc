@@ -18,6 +18,14 @@ constexpr int32_t kMinTilesPerSplit = 2;
 // launches of 2-9 tiles per CTA and gains 1-17% from 16 up (docs/benchmarks.md, "Twenty-first
 // session").
 constexpr int32_t kMinWideTiles = 16;
+
+// Split length (64-key tiles) of a batch-invariant plan for a request of `kv_tiles` tiles:
+// `base`, doubled only as often as keeps the splits within kAttnMaxSplits.
+int32_t invariant_chunk_tiles(int32_t kv_tiles, int32_t base) {
+  int32_t chunk = base;
+  while ((kv_tiles + chunk - 1) / chunk > kAttnMaxSplits) chunk *= 2;
+  return chunk;
+}
 }  // namespace
 
 std::string attention_unsupported_reason(int32_t num_q_heads, int32_t num_kv_heads,
@@ -114,14 +122,26 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   // tiles), so batch-invariant plans may take them too (prefill chunks, when their splits are
   // long enough, kMinWideTiles); their tree groups are then off (groups are 64-row work;
   // scoring nodes one by one gives the same bits).
+  const int32_t invariant_base =
+      in.invariant_chunk_tiles > 0 ? in.invariant_chunk_tiles : kAttnInvariantChunkTiles;
   if (plan.wgmma && in.wide != 0) {
     int64_t padded64 = 0, padded128 = 0;
+    int32_t longest_invariant = 0;  // longest CTA of a batch-invariant plan (fixed splits)
     for (int32_t r = 0; r < r_count; ++r) {
-      const int64_t rows = static_cast<int64_t>(in.qo_indptr[r + 1] - in.qo_indptr[r]) * group;
+      const int32_t t = in.qo_indptr[r + 1] - in.qo_indptr[r];
+      const int64_t rows = static_cast<int64_t>(t) * group;
       padded64 += (rows + 63) / 64 * 64;
       padded128 += (rows + 127) / 128 * 128;
+      if (in.batch_invariant) {
+        const int32_t tiles = (in.committed_len[r] + t + kAttnKvTile - 1) / kAttnKvTile;
+        longest_invariant = std::max(longest_invariant,
+                                     std::min(tiles, invariant_chunk_tiles(tiles, invariant_base)));
+      }
     }
     plan.wide = in.wide == 1 || padded128 * 8 <= padded64 * 9;
+    // The automatic choice also needs a CTA of kMinWideTiles or more. Batch-invariant splits
+    // are known here; shape-tuned ones are checked once the splits are chosen (below).
+    if (in.wide < 0 && in.batch_invariant && longest_invariant < kMinWideTiles) plan.wide = false;
   }
 
   // Rows per tile and tiles per (request, kv head).
@@ -189,9 +209,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     if (in.batch_invariant) {
       // Fixed boundaries: a row's splits are those of a plain decode at its position (extra,
       // empty splits of a longer causal chunk merge with weight exactly 0).
-      chunk_tiles =
-          in.invariant_chunk_tiles > 0 ? in.invariant_chunk_tiles : kAttnInvariantChunkTiles;
-      while ((kv_tiles[r] + chunk_tiles - 1) / chunk_tiles > kAttnMaxSplits) chunk_tiles *= 2;
+      chunk_tiles = invariant_chunk_tiles(kv_tiles[r], invariant_base);
       splits = std::max<int64_t>(1, (kv_tiles[r] + chunk_tiles - 1) / chunk_tiles);
     } else {
       splits =
@@ -213,7 +231,9 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     }
   }
 
-  if (plan.wide && in_real.wide < 0) {  // the automatic choice: long enough CTAs only
+  // The automatic choice: long enough CTAs only (batch-invariant plans were checked above, so
+  // only a shape-tuned plan is ever planned again).
+  if (plan.wide && in_real.wide < 0) {
     int32_t longest = 0;
     for (int32_t r = 0; r < r_count; ++r)
       longest = std::max(longest, std::min(plan.request_kv_chunk[r] / kAttnKvTile, kv_tiles[r]));

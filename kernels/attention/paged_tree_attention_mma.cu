@@ -35,6 +35,12 @@ template <int kConsumers>
 constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 232;
 template <bool kWgmma, int kConsumers>
 constexpr int kStagesOf = kWgmma&& kConsumers == 2 ? kStagesWide : kStages;
+// Shared memory of a CTA (after its 1024-byte alignment): the K and V stage rings, then (wide
+// CTAs) each consumer's 16-bit [64][D] output tile for the staged epilogue.
+template <typename KvT, int D, bool kWgmma, int kConsumers>
+constexpr int kRingBytes = 2 * kStagesOf<kWgmma, kConsumers>* kTileN* D * sizeof(KvT);
+template <int D>
+constexpr int kOutTileBytes = 64 * D * 2;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Element offset of (row, col) in a [rows][D] tile whose 16-byte chunks are XOR-swizzled by
@@ -849,7 +855,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
       // 4-byte stores spread over 8 rows.
       if (splits == 1 && p.io_type != ElemType::kF32 && p.out_bf16 == nullptr) {
         uint32_t* ot = reinterpret_cast<uint32_t*>(
-            smem_raw + 2 * kStages * kTileN * D * sizeof(KvT) + consumer * 64 * D * 2);
+            smem_raw + kRingBytes<KvT, D, kWgmma, kConsumers> + consumer * kOutTileBytes<D>);
         const bool bf16_out = p.io_type == ElemType::kBF16;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -858,15 +864,8 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
 #pragma unroll
           for (int dt = 0; dt < D / 8; ++dt) {
             const float a = o[dt][2 * h] * inv, b = o[dt][2 * h + 1] * inv;
-            uint32_t v;
-            if (bf16_out) {
-              const __nv_bfloat162 x = __floats2bfloat162_rn(a, b);
-              v = *reinterpret_cast<const uint32_t*>(&x);
-            } else {
-              const __half2 x = __floats2half2_rn(a, b);
-              v = *reinterpret_cast<const uint32_t*>(&x);
-            }
-            ot[lr * (D / 2) + ((dt ^ (lr & 7)) * 4) + lane % 4] = v;
+            ot[lr * (D / 2) + ((dt ^ (lr & 7)) * 4) + lane % 4] =
+                bf16_out ? pack2<__nv_bfloat16>(a, b) : pack2<__half>(a, b);
           }
         }
         named_barrier_sync(3 + consumer, kAttnThreads);  // this consumer's tile is written
@@ -1031,10 +1030,9 @@ __global__ void __launch_bounds__(kWgmma ? (kConsumers + 1) * kAttnThreads : kAt
 
 template <typename KvT, int D, bool kWgmma, int kConsumers>
 cudaError_t launch_typed(const PagedTreeAttentionParams& p, cudaStream_t stream) {
-  // K/V stages plus slack to align the base to 1024 bytes.
-  // Wide CTAs: plus each consumer's 16-bit O tile for the epilogue.
-  const int smem = 2 * kStagesOf<kWgmma, kConsumers> * kTileN * D * static_cast<int>(sizeof(KvT)) +
-                   (kConsumers == 2 ? kConsumers * 64 * D * 2 : 0) + 1024;
+  // K/V stages (and wide CTAs' output tiles) plus slack to align the base to 1024 bytes.
+  const int smem = kRingBytes<KvT, D, kWgmma, kConsumers> +
+                   (kConsumers == 2 ? kConsumers * kOutTileBytes<D> : 0) + 1024;
   static bool configured = false;  // one attribute call per instantiation
   if (!configured) {
     const cudaError_t e =

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernels/attention/paged_tree_attention.h"
+#include "tests/cuda/attention_params.h"
 #include "tests/cuda/cold_timing.h"
 #include "tests/cuda/device_rates.h"
 
@@ -292,29 +293,10 @@ int main(int argc, char** argv) {
           p.v_cache = v_cache;
           p.io_type = arbor::kernels::ElemType::kBF16;
           p.kv_type = arbor::kernels::ElemType::kBF16;
-          p.qo_indptr = static_cast<const int32_t*>(up(qo));
-          p.committed_len = static_cast<const int32_t*>(up(committed));
-          p.block_tables = static_cast<const int32_t*>(up(tables));
-          p.tree_mask = static_cast<const uint32_t*>(up(mask));
-          p.mask_indptr = static_cast<const int32_t*>(up(mask_indptr));
+          arbor::testing::set_step_params(p, {kHq, kHkv, kD, kBlock}, qo, committed, tables,
+                                          blocks_per_req, mask, mask_indptr, up);
           p.token_request = static_cast<const int32_t*>(up(token_request));
-          p.max_blocks_per_request = blocks_per_req;
-          p.num_requests = b;
-          p.num_tokens = n;
-          p.num_q_heads = kHq;
-          p.num_kv_heads = kHkv;
-          p.head_dim = kD;
-          p.block_size = kBlock;
-          p.sm_scale = 1.f / std::sqrt(static_cast<float>(kD));
-          p.tensor_core = plan.tensor_core;
-          p.wgmma = plan.wgmma;
-          p.wide = plan.wide;
-          p.work = static_cast<const arbor::kernels::AttentionWorkItem*>(up(plan.work));
-          p.num_work = static_cast<int32_t>(plan.work.size());
-          p.request_splits = static_cast<const int32_t*>(up(plan.request_splits));
-          p.request_kv_chunk = static_cast<const int32_t*>(up(plan.request_kv_chunk));
-          p.request_partial_row = static_cast<const int32_t*>(up(plan.request_partial_row));
-          p.needs_merge = plan.needs_merge;
+          arbor::testing::set_plan_params(p, plan, up);
           if (plan.needs_merge) {
             void* po = nullptr;
             void* pl = nullptr;

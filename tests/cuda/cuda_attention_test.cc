@@ -20,6 +20,7 @@
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/spec/tree_mask.h"
 #include "kernels/attention/paged_tree_attention.h"
+#include "tests/cuda/attention_params.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace arbor {
@@ -432,28 +433,9 @@ TEST(CudaAttentionKernel, StagedEpilogueMatchesDirectStores) {
       p.k_cache = k_cache;
       p.v_cache = v_cache;
       p.kv_type = type;
-      p.qo_indptr = static_cast<const int32_t*>(upload(qo));
-      p.committed_len = static_cast<const int32_t*>(upload(committed));
-      p.block_tables = static_cast<const int32_t*>(upload(tables));
-      p.tree_mask = static_cast<const uint32_t*>(upload(mask));
-      p.mask_indptr = static_cast<const int32_t*>(upload(mask_indptr));
-      p.max_blocks_per_request = max_blocks;
-      p.num_requests = r_count;
-      p.num_tokens = n;
-      p.num_q_heads = kHq;
-      p.num_kv_heads = kHkv;
-      p.head_dim = kD;
-      p.block_size = kBs;
-      p.sm_scale = 1.f / std::sqrt(static_cast<float>(kD));
-      p.tensor_core = plan.tensor_core;
-      p.wgmma = plan.wgmma;
-      p.wide = plan.wide;
-      p.work = static_cast<const kernels::AttentionWorkItem*>(upload(plan.work));
-      p.num_work = static_cast<int32_t>(plan.work.size());
-      p.request_splits = static_cast<const int32_t*>(upload(plan.request_splits));
-      p.request_kv_chunk = static_cast<const int32_t*>(upload(plan.request_kv_chunk));
-      p.request_partial_row = static_cast<const int32_t*>(upload(plan.request_partial_row));
-      p.needs_merge = plan.needs_merge;
+      testing::set_step_params(p, {kHq, kHkv, kD, kBs}, qo, committed, tables, max_blocks, mask,
+                               mask_indptr, upload);
+      testing::set_plan_params(p, plan, upload);
       ASSERT_FALSE(plan.needs_merge);
       ASSERT_EQ(kernels::launch_paged_tree_attention(p, nullptr), cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -267,7 +267,6 @@ struct CudaBackend::State {
   int32_t last_splits = 1;
   bool last_tensor_core = false;
   bool use_wgmma = false;
-  int32_t attention_wide = -1;  // AttentionPlanInputs::wide
   bool last_wgmma = false;
   bool last_wide = false;
   int last_tree_groups = 0;
@@ -474,7 +473,6 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
                 "cuda backend: attention_kernel " + std::to_string(options.attention_kernel) +
                     " (0 auto, 1 mma.sync, 2 wgmma, 3 wgmma with 128-row tiles)");
   s_->use_wgmma = wgmma && options.attention_kernel != 1;
-  s_->attention_wide = options.attention_kernel == 3 ? 1 : -1;
   if (options.batch_invariant_gemm < 0 || options.batch_invariant_gemm > 2)
     throw_error(ErrorCode::kInvalidArgument,
                 "cuda backend: batch_invariant_gemm " +
@@ -1490,7 +1488,7 @@ void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int
   in.num_sms = num_sms;
   in.max_splits = options.attention_max_splits;
   in.wgmma = use_wgmma;
-  in.wide = attention_wide;
+  in.wide = options.attention_kernel == 3 ? 1 : -1;  // 3: 128-row tiles forced
   in.batch_invariant = options.batch_invariant;
   const int32_t split_keys = options.invariant_split_keys != 0 ? options.invariant_split_keys
                              : num_kv_heads >= 8               ? 512
