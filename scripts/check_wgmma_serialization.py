@@ -5,7 +5,7 @@ ptxas answers some code shapes (a wgmma in a data-dependent branch, accumulator 
 touched by other instructions while MMAs are in flight, ...) by inserting a wait after every
 wgmma of the function. It says so only in an `info` line (codes C7510-C7520, "wgmma.mma_async
 instructions are serialized"), which no warning flag turns into an error, and the kernel stays
-correct, only much slower (a 128-key attention variant lost 19-25% to it). This re-runs the
+correct, only much slower (a 128-key attention variant lost 19-33% to it). This re-runs the
 compile commands of the sources that use wgmma (from the build's compile_commands.json) with
 `-Xptxas -v` and lists every such line; it first compiles a negative fixture
 (tests/cuda/fixtures/wgmma_in_branch.cu) and fails unless that one is reported, so a change
