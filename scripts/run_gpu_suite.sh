@@ -21,6 +21,9 @@ cd "$ROOT"
 
 if [ "${1:-}" = pack ]; then
   BUILD="${2:-build-cuda}"
+  # ptxas must not have serialised the warpgroup MMAs of what gets packed (it says so only in an
+  # info line; the WgmmaNotSerialized ctest runs the same check).
+  python3 scripts/check_wgmma_serialization.py --build-dir "$BUILD" || exit 1
   STAGE="$(mktemp -d)"
   mkdir -p "$STAGE/lib" .gpu
   cp "$BUILD/tests/cuda/arbor_cuda_tests" "$BUILD/tests/cuda/attention_bench" "$STAGE/"
