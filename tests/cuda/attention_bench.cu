@@ -252,13 +252,8 @@ int main(int argc, char** argv) {
         }
         const int n = qo[b];
         for (const int fs : fixed_splits) {
-          arbor::kernels::AttentionPlanInputs in;
-          in.qo_indptr = qo.data();
-          in.committed_len = committed.data();
-          in.num_requests = b;
-          in.num_q_heads = kHq;
-          in.num_kv_heads = kHkv;
-          in.head_dim = kD;
+          arbor::kernels::AttentionPlanInputs in =
+              arbor::testing::step_plan_inputs({kHq, kHkv, kD, kBlock}, qo, committed);
           in.num_sms = prop.multiProcessorCount;
           in.max_splits = max_splits;
           in.fixed_splits = fs;

@@ -40,6 +40,21 @@ void set_step_params(kernels::PagedTreeAttentionParams& p, const AttentionShape&
   p.mask_indptr = static_cast<const int32_t*>(upload(mask_indptr));
 }
 
+// The planner's inputs for that step (host arrays, which must outlive the call to the planner);
+// splits, SM count and kernel choices stay the caller's.
+inline kernels::AttentionPlanInputs step_plan_inputs(const AttentionShape& shape,
+                                                     const std::vector<int32_t>& qo_indptr,
+                                                     const std::vector<int32_t>& committed_len) {
+  kernels::AttentionPlanInputs in;
+  in.qo_indptr = qo_indptr.data();
+  in.committed_len = committed_len.data();
+  in.num_requests = static_cast<int32_t>(qo_indptr.size()) - 1;
+  in.num_q_heads = shape.num_q_heads;
+  in.num_kv_heads = shape.num_kv_heads;
+  in.head_dim = shape.head_dim;
+  return in;
+}
+
 template <typename Upload>
 void set_plan_params(kernels::PagedTreeAttentionParams& p, const kernels::AttentionPlan& plan,
                      Upload&& upload) {

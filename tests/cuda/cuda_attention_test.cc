@@ -403,13 +403,8 @@ TEST(CudaAttentionKernel, StagedEpilogueMatchesDirectStores) {
     std::vector<uint16_t> outs[3];
     bool planned_wide[3] = {false, false, false};
     for (int run = 0; run < (bf16 ? 3 : 2); ++run) {
-      kernels::AttentionPlanInputs in;
-      in.qo_indptr = qo.data();
-      in.committed_len = committed.data();
-      in.num_requests = r_count;
-      in.num_q_heads = kHq;
-      in.num_kv_heads = kHkv;
-      in.head_dim = kD;
+      kernels::AttentionPlanInputs in =
+          testing::step_plan_inputs({kHq, kHkv, kD, kBs}, qo, committed);
       in.max_splits = 1;  // one split each: the staged epilogue, and no merge order to differ
       in.wgmma = true;
       in.wide = run == 0 ? 1 : 0;
