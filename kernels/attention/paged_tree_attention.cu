@@ -112,12 +112,19 @@ __global__ void __launch_bounds__(kGenericWarps * 32)
 
 // out[n, h] = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M) over the splits of n's request.
 // One warp per (row, head): the lanes reduce over the splits (max, then weights into shared
-// memory), then over head_dim with the split loop unrolled so the partial loads overlap.
+// memory), then over head_dim, the loads of several splits issued before their sums. kBatch 8:
+// 56 registers, so one wave of merge CTAs covers the many rows of a batched launch; 16 (launches
+// with more than 8 splits, which have few rows): LSEs loaded once and 16 partial loads in
+// flight, fewer round trips at ~170 registers. Per element the same sum in the same split order
+// for either kBatch, so the bits do not depend on the launch.
 // Launched as a programmatic dependent of the attention kernel (sm_90): its CTAs may start
 // while the attention CTAs still run, read the step metadata (written before the attention
-// launch), and wait for the attention grid's completion before reading the partials. Every
-// thread waits, also those with nothing to merge: a grid that completed without waiting would
-// let the kernel after it (which waits only for this grid) run before the attention finished.
+// launch; all of it before the wait, so after it only the LSEs and then the partials are
+// dependent round trips), and wait for the attention grid's completion before reading the
+// partials. Every thread waits, also those with nothing to merge: a grid that completed without
+// waiting would let the kernel after it (which waits only for this grid) run before the
+// attention finished.
+template <int kBatch>
 __global__ void __launch_bounds__(128) attention_merge_kernel(const PagedTreeAttentionParams p) {
   __shared__ float weights[4][kAttnMaxSplits];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -127,23 +134,50 @@ __global__ void __launch_bounds__(128) attention_merge_kernel(const PagedTreeAtt
   const int h = in_range ? static_cast<int>(unit % p.num_q_heads) : 0;
   const int r = in_range ? p.token_request[n] : 0;
   const int splits = in_range ? p.request_splits[r] : 0;
+  const int q0 = splits > 1 ? p.qo_indptr[r] : 0;
+  const int q1 = splits > 1 ? p.qo_indptr[r + 1] : 0;
+  const int partial_row = splits > 1 ? p.request_partial_row[r] : 0;
   grid_dependency_wait();  // the attention grid's partials and LSEs are complete from here
   if (!in_range || splits <= 1) return;  // split-free rows: written by the attention kernel
-  const int q0 = p.qo_indptr[r];
-  const int tree_len = p.qo_indptr[r + 1] - q0;
+  const int tree_len = q1 - q0;
   const int D = p.head_dim;
-  const int64_t first = static_cast<int64_t>(p.request_partial_row[r]) + (n - q0);
+  const int64_t first = static_cast<int64_t>(partial_row) + (n - q0);
   const int64_t row_stride = static_cast<int64_t>(tree_len) * p.num_q_heads;  // between splits
   const float* lse = p.partial_lse + first * p.num_q_heads + h;
+  // kBatch 16: each lane's LSEs (splits lane, lane + 32, ...) loaded once, all in flight; 8: a
+  // max pass and a weight pass (the second from L1), fewer registers.
+  constexpr int kLsePerLane = kBatch == 16 ? kAttnMaxSplits / 32 : 1;
+  float lv[kLsePerLane];
   float mx = -INFINITY;
-  for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, lse[s * row_stride]);
+  if constexpr (kBatch == 16) {
+#pragma unroll
+    for (int k = 0; k < kLsePerLane; ++k) {
+      const int s = lane + 32 * k;
+      lv[k] = s < splits ? lse[s * row_stride] : -INFINITY;
+      mx = fmaxf(mx, lv[k]);
+    }
+  } else {
+    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, lse[s * row_stride]);
+  }
   mx = warp_max(mx);
   const float m_use = mx == -INFINITY ? 0.f : mx;
   float total = 0.f;
-  for (int s = lane; s < splits; s += 32) {
-    const float w = exp2f(lse[s * row_stride] - m_use);
-    weights[warp][s] = w;
-    total += w;
+  if constexpr (kBatch == 16) {
+#pragma unroll
+    for (int k = 0; k < kLsePerLane; ++k) {
+      const int s = lane + 32 * k;
+      if (s < splits) {
+        const float w = exp2f(lv[k] - m_use);
+        weights[warp][s] = w;
+        total += w;
+      }
+    }
+  } else {
+    for (int s = lane; s < splits; s += 32) {
+      const float w = exp2f(lse[s * row_stride] - m_use);
+      weights[warp][s] = w;
+      total += w;
+    }
   }
   total = warp_sum(total);
   __syncwarp();
@@ -152,19 +186,37 @@ __global__ void __launch_bounds__(128) attention_merge_kernel(const PagedTreeAtt
   const int64_t part_stride = row_stride * D;
   const int64_t out_base = (static_cast<int64_t>(n) * p.num_q_heads + h) * D;
   if (D % 4 == 0) {
-    // Four dims per lane with 16-byte loads (partial rows are 16-byte aligned when D % 4 == 0):
-    // every split's load of a lane is issued before the sums, instead of one round trip per
-    // dim. Per element the same sum, in the same split order.
+    // Four dims per lane with 16-byte loads (partial rows are 16-byte aligned when D % 4 == 0).
     for (int d = 4 * lane; d < D; d += 128) {
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      if constexpr (kBatch == 16) {  // kBatch loads in flight, then their sums in split order
+        for (int s0 = 0; s0 < splits; s0 += kBatch) {
+          float4 v[kBatch];
+#pragma unroll
+          for (int k = 0; k < kBatch; ++k)
+            if (s0 + k < splits)
+              v[k] = *reinterpret_cast<const float4*>(part + (s0 + k) * part_stride + d);
+#pragma unroll
+          for (int k = 0; k < kBatch; ++k) {
+            if (s0 + k < splits) {
+              const float ws = weights[warp][s0 + k];
+              acc.x += ws * v[k].x;
+              acc.y += ws * v[k].y;
+              acc.z += ws * v[k].z;
+              acc.w += ws * v[k].w;
+            }
+          }
+        }
+      } else {
 #pragma unroll 8
-      for (int s = 0; s < splits; ++s) {
-        const float ws = weights[warp][s];
-        const float4 v = *reinterpret_cast<const float4*>(part + s * part_stride + d);
-        acc.x += ws * v.x;
-        acc.y += ws * v.y;
-        acc.z += ws * v.z;
-        acc.w += ws * v.w;
+        for (int s = 0; s < splits; ++s) {
+          const float ws = weights[warp][s];
+          const float4 v = *reinterpret_cast<const float4*>(part + s * part_stride + d);
+          acc.x += ws * v.x;
+          acc.y += ws * v.y;
+          acc.z += ws * v.z;
+          acc.w += ws * v.w;
+        }
       }
       const float r[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
 #pragma unroll
@@ -202,8 +254,10 @@ cudaError_t launch_attention_merge(const PagedTreeAttentionParams& p, cudaStream
   if (units == 0) return cudaSuccess;
   // A programmatic dependent of the attention kernel: its launch and metadata loads overlap
   // the attention's tail; its grid_dependency_wait() orders the partial reads.
-  return launch_pdl(attention_merge_kernel, dim3(static_cast<unsigned>((units + 3) / 4)), dim3(128),
-                    0, stream, p);
+  const dim3 grid(static_cast<unsigned>((units + 3) / 4));
+  if (p.max_splits > 8)
+    return launch_pdl(attention_merge_kernel<16>, grid, dim3(128), 0, stream, p);
+  return launch_pdl(attention_merge_kernel<8>, grid, dim3(128), 0, stream, p);
 }
 
 __global__ void wgmma_probe_kernel(int* out) {

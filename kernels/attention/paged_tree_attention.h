@@ -178,6 +178,7 @@ struct PagedTreeAttentionParams {
   const int32_t* request_kv_chunk = nullptr;     // [R]
   const int32_t* request_partial_row = nullptr;  // [R]
   bool needs_merge = false;
+  int32_t max_splits = 0;  // AttentionPlan::max_splits_used (the merge kernel's unroll; 0: small)
   float* partial_out = nullptr;  // [num_partial_rows, num_q_heads, head_dim] fp32
   float* partial_lse = nullptr;  // [num_partial_rows, num_q_heads] fp32, log2 domain
   // Profiling only (attention_bench --phases): when set, thread 0 of each tensor-core CTA

@@ -67,6 +67,7 @@ void set_plan_params(kernels::PagedTreeAttentionParams& p, const kernels::Attent
   p.request_kv_chunk = static_cast<const int32_t*>(upload(plan.request_kv_chunk));
   p.request_partial_row = static_cast<const int32_t*>(upload(plan.request_partial_row));
   p.needs_merge = plan.needs_merge;
+  p.max_splits = plan.max_splits_used;
 }
 
 }  // namespace arbor::testing

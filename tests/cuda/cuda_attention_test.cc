@@ -345,52 +345,79 @@ std::vector<AttnCase> cases() {
 // that fp32 I/O writes straight from the accumulators (the same values, rounded the same way).
 // Trees whose row counts leave the second consumer of the last CTA partly or wholly idle (160
 // and 132 rows), a causal chunk, a decode row, scrambled blocks, outputs poisoned with NaN.
-TEST(CudaAttentionKernel, StagedEpilogueMatchesDirectStores) {
-  ARBOR_REQUIRE_GPU();
-  bool wgmma = false;
-  ASSERT_EQ(kernels::attention_wgmma_available(&wgmma), cudaSuccess);
-  if (!wgmma) GTEST_SKIP() << "no sm_90a wgmma kernel on this GPU";
-  constexpr int32_t kHq = 8, kHkv = 2, kD = 128, kBs = 16;
-  const std::vector<Req> reqs = {
-      {1000, 64, true}, {777, 40, true}, {70, 33, true}, {300, 128, false}, {5, 1, false}};
-  std::mt19937 rng(2024);
+// Ragged requests for the kernel-level tests: trees (random parents within 6) and causal
+// chunks, scrambled block tables, and the device buffers the launches share.
+struct KernelScene {
+  static constexpr int32_t kHq = 8, kHkv = 2, kD = 128, kBs = 16;
   std::vector<int32_t> qo{0}, committed, tables, mask_indptr{0};
   std::vector<uint32_t> mask;
-  int32_t max_blocks = 0;
-  for (const Req& r : reqs) max_blocks = std::max(max_blocks, (r.committed + r.t + kBs - 1) / kBs);
-  const int32_t r_count = static_cast<int32_t>(reqs.size());
-  std::vector<int32_t> pool(static_cast<size_t>(r_count * max_blocks));
-  std::iota(pool.begin(), pool.end(), 0);
-  std::shuffle(pool.begin(), pool.end(), rng);
-  for (int32_t r = 0; r < r_count; ++r) {
-    qo.push_back(qo.back() + reqs[r].t);
-    committed.push_back(reqs[r].committed);
-    tables.insert(tables.end(), pool.begin() + r * max_blocks, pool.begin() + (r + 1) * max_blocks);
-    if (reqs[r].tree) {
-      std::vector<int32_t> parent(reqs[r].t, -1);
-      for (int32_t i = 1; i < reqs[r].t; ++i)
-        parent[i] = std::uniform_int_distribution<int32_t>(std::max(0, i - 6), i - 1)(rng);
-      const std::vector<uint32_t> m = pack_ancestor_mask(parent);
-      mask.insert(mask.end(), m.begin(), m.end());
+  int32_t max_blocks = 0, n = 0;
+  size_t cache_elems = 0;
+  std::mt19937 rng{2024};
+  std::vector<void*> owned;
+
+  explicit KernelScene(const std::vector<Req>& reqs) {
+    for (const Req& r : reqs)
+      max_blocks = std::max(max_blocks, (r.committed + r.t + kBs - 1) / kBs);
+    const int32_t r_count = static_cast<int32_t>(reqs.size());
+    std::vector<int32_t> pool(static_cast<size_t>(r_count * max_blocks));
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    for (int32_t r = 0; r < r_count; ++r) {
+      qo.push_back(qo.back() + reqs[r].t);
+      committed.push_back(reqs[r].committed);
+      tables.insert(tables.end(), pool.begin() + r * max_blocks,
+                    pool.begin() + (r + 1) * max_blocks);
+      if (reqs[r].tree) {
+        std::vector<int32_t> parent(reqs[r].t, -1);
+        for (int32_t i = 1; i < reqs[r].t; ++i)
+          parent[i] = std::uniform_int_distribution<int32_t>(std::max(0, i - 6), i - 1)(rng);
+        const std::vector<uint32_t> m = pack_ancestor_mask(parent);
+        mask.insert(mask.end(), m.begin(), m.end());
+      }
+      mask_indptr.push_back(static_cast<int32_t>(mask.size()));
     }
-    mask_indptr.push_back(static_cast<int32_t>(mask.size()));
+    n = qo.back();
+    cache_elems = static_cast<size_t>(r_count) * max_blocks * kBs * kHkv * kD;
   }
-  const int32_t n = qo.back();
-  const size_t cache_elems = static_cast<size_t>(r_count) * max_blocks * kBs * kHkv * kD;
-  auto bits16 = [&](size_t count, bool bf16) {
+  ~KernelScene() {
+    for (void* ptr : owned) cudaFree(ptr);
+  }
+  std::vector<uint16_t> bits16(size_t count, bool bf16) {
     std::uniform_real_distribution<float> d(-2.f, 2.f);
     std::vector<uint16_t> v(count);
     for (auto& x : v) x = bf16 ? f32_to_bf16(d(rng)) : testing::f32_to_f16_bits(d(rng) * 0.5f);
     return v;
-  };
-  std::vector<void*> owned;
-  auto upload = [&](const auto& v) {
+  }
+  template <typename V>
+  void* upload(const V& v) {
     void* ptr = nullptr;
     EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(v.size() * sizeof(v[0]), 16)), cudaSuccess);
     if (!v.empty()) cudaMemcpy(ptr, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice);
     owned.push_back(ptr);
     return ptr;
-  };
+  }
+  kernels::AttentionPlanInputs plan_inputs() const {
+    return testing::step_plan_inputs({kHq, kHkv, kD, kBs}, qo, committed);
+  }
+  void set_step(kernels::PagedTreeAttentionParams& p) {
+    testing::set_step_params(p, {kHq, kHkv, kD, kBs}, qo, committed, tables, max_blocks, mask,
+                             mask_indptr, [&](const auto& v) { return upload(v); });
+  }
+};
+
+TEST(CudaAttentionKernel, StagedEpilogueMatchesDirectStores) {
+  ARBOR_REQUIRE_GPU();
+  bool wgmma = false;
+  ASSERT_EQ(kernels::attention_wgmma_available(&wgmma), cudaSuccess);
+  if (!wgmma) GTEST_SKIP() << "no sm_90a wgmma kernel on this GPU";
+  KernelScene sc(
+      {{1000, 64, true}, {777, 40, true}, {70, 33, true}, {300, 128, false}, {5, 1, false}});
+  constexpr int32_t kHq = KernelScene::kHq, kD = KernelScene::kD;
+  const int32_t n = sc.n;
+  auto upload = [&](const auto& v) { return sc.upload(v); };
+  auto bits16 = [&](size_t count, bool bf16) { return sc.bits16(count, bf16); };
+  const size_t cache_elems = sc.cache_elems;
   for (const bool bf16 : {true, false}) {
     const kernels::ElemType type = bf16 ? kernels::ElemType::kBF16 : kernels::ElemType::kF16;
     const std::vector<uint16_t> q_bits = bits16(static_cast<size_t>(n) * kHq * kD, bf16);
@@ -403,8 +430,7 @@ TEST(CudaAttentionKernel, StagedEpilogueMatchesDirectStores) {
     std::vector<uint16_t> outs[3];
     bool planned_wide[3] = {false, false, false};
     for (int run = 0; run < (bf16 ? 3 : 2); ++run) {
-      kernels::AttentionPlanInputs in =
-          testing::step_plan_inputs({kHq, kHkv, kD, kBs}, qo, committed);
+      kernels::AttentionPlanInputs in = sc.plan_inputs();
       in.max_splits = 1;  // one split each: the staged epilogue, and no merge order to differ
       in.wgmma = true;
       in.wide = run == 0 ? 1 : 0;
@@ -428,8 +454,7 @@ TEST(CudaAttentionKernel, StagedEpilogueMatchesDirectStores) {
       p.k_cache = k_cache;
       p.v_cache = v_cache;
       p.kv_type = type;
-      testing::set_step_params(p, {kHq, kHkv, kD, kBs}, qo, committed, tables, max_blocks, mask,
-                               mask_indptr, upload);
+      sc.set_step(p);
       testing::set_plan_params(p, plan, upload);
       ASSERT_FALSE(plan.needs_merge);
       ASSERT_EQ(kernels::launch_paged_tree_attention(p, nullptr), cudaSuccess);
@@ -457,7 +482,79 @@ TEST(CudaAttentionKernel, StagedEpilogueMatchesDirectStores) {
                   static_cast<long long>(differ), outs[ref].size());
     }
   }
-  for (void* ptr : owned) cudaFree(ptr);
+}
+
+// The merge kernel's two variants (PagedTreeAttentionParams::max_splits picks 16 partial loads
+// in flight above 8 splits, else 8): the same bits for every output, whichever a launch takes
+// (the choice follows the longest request of the launch, so a row's result must not depend on
+// it), for the wgmma kernel with 64- and 128-row CTAs and the mma.sync kernel, at 2-12 splits.
+TEST(CudaAttentionKernel, MergeVariantsGiveTheSameBits) {
+  ARBOR_REQUIRE_GPU();
+  bool have_wgmma = false;
+  ASSERT_EQ(kernels::attention_wgmma_available(&have_wgmma), cudaSuccess);
+  KernelScene sc({{1000, 64, true},
+                  {777, 40, true},
+                  {2100, 33, true},
+                  {300, 128, false},
+                  {5, 1, false},
+                  {4000, 16, true}});
+  constexpr int32_t kHq = KernelScene::kHq, kD = KernelScene::kD;
+  const size_t out_elems = static_cast<size_t>(sc.n) * kHq * kD;
+  void* q = sc.upload(sc.bits16(out_elems, true));
+  void* k_cache = sc.upload(sc.bits16(sc.cache_elems, true));
+  void* v_cache = sc.upload(sc.bits16(sc.cache_elems, true));
+  std::vector<int32_t> token_request;
+  for (size_t r = 0; r + 1 < sc.qo.size(); ++r)
+    token_request.insert(token_request.end(), sc.qo[r + 1] - sc.qo[r], static_cast<int>(r));
+  int kernels_run = 0;
+  for (const int variant : {0, 1, 2}) {  // wgmma wide, wgmma 64-row, mma.sync
+    if (variant < 2 && !have_wgmma) continue;
+    for (const int splits : {2, 5, 12}) {
+      kernels::AttentionPlanInputs in = sc.plan_inputs();
+      in.fixed_splits = splits;
+      in.wgmma = variant < 2;
+      in.wide = variant == 0 ? 1 : 0;
+      const kernels::AttentionPlan plan = kernels::plan_paged_tree_attention(in);
+      ASSERT_TRUE(plan.needs_merge);
+      kernels::PagedTreeAttentionParams p;
+      p.q = q;
+      p.io_type = kernels::ElemType::kBF16;
+      p.k_cache = k_cache;
+      p.v_cache = v_cache;
+      p.kv_type = kernels::ElemType::kBF16;
+      sc.set_step(p);
+      testing::set_plan_params(p, plan, [&](const auto& v) { return sc.upload(v); });
+      p.token_request = static_cast<const int32_t*>(sc.upload(token_request));
+      const size_t prows = static_cast<size_t>(plan.num_partial_rows);
+      p.partial_out = static_cast<float*>(sc.upload(std::vector<float>(prows * kHq * kD)));
+      p.partial_lse = static_cast<float*>(sc.upload(std::vector<float>(prows * kHq)));
+      const std::vector<uint16_t> poison(out_elems, 0x7fc1);  // NaN
+      std::vector<uint16_t> outs[2];
+      for (int run = 0; run < 2; ++run) {  // 8 loads in flight, then 16
+        p.max_splits = run == 0 ? 2 : 16;
+        p.out = sc.upload(poison);
+        ASSERT_EQ(kernels::launch_paged_tree_attention(p, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        outs[run] = poison;
+        cudaMemcpy(outs[run].data(), p.out, out_elems * 2, cudaMemcpyDeviceToHost);
+      }
+      int64_t nan = 0, differ = 0;
+      for (size_t i = 0; i < out_elems; ++i) {
+        nan += (outs[0][i] & 0x7f80) == 0x7f80;
+        differ += outs[1][i] != outs[0][i];
+      }
+      EXPECT_EQ(nan, 0) << "unwritten (poisoned) or non-finite outputs, variant " << variant;
+      EXPECT_EQ(differ, 0) << "variant " << variant << ", splits " << splits;
+      std::printf("  %s, %d splits (%zu CTAs): %lld of %zu outputs differ between the variants\n",
+                  variant == 0   ? "wgmma wide"
+                  : variant == 1 ? "wgmma 64-row"
+                                 : "mma.sync",
+                  plan.max_splits_used, plan.work.size(), static_cast<long long>(differ),
+                  out_elems);
+      ++kernels_run;
+    }
+  }
+  EXPECT_GT(kernels_run, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention, ::testing::ValuesIn(cases()),

@@ -1610,6 +1610,7 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
   p.request_kv_chunk = s.d_kv_chunk;
   p.request_partial_row = s.d_partial_row;
   p.needs_merge = s.plan_needs_merge;
+  p.max_splits = s.plan.max_splits_used;
   if (s.plan.batch_invariant) {  // the kernel sees the virtual requests (all causal)
     p.qo_indptr = s.d_virt.qo_indptr;
     p.committed_len = s.d_virt.committed_len;
