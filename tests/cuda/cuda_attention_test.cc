@@ -339,12 +339,6 @@ std::vector<AttnCase> cases() {
   return all;
 }
 
-// Kernel level, 16-bit Q / O (the engine's attention runs fp32 I/O, so its cases above never take
-// the wide CTAs' staged 16-bit epilogue): wide and 64-row wgmma CTAs compute each row with the
-// same arithmetic, so with one split their outputs are bitwise equal, and equal to the bf16 copy
-// that fp32 I/O writes straight from the accumulators (the same values, rounded the same way).
-// Trees whose row counts leave the second consumer of the last CTA partly or wholly idle (160
-// and 132 rows), a causal chunk, a decode row, scrambled blocks, outputs poisoned with NaN.
 // Ragged requests for the kernel-level tests: trees (random parents within 6) and causal
 // chunks, scrambled block tables, and the device buffers the launches share.
 struct KernelScene {
@@ -400,12 +394,23 @@ struct KernelScene {
   kernels::AttentionPlanInputs plan_inputs() const {
     return testing::step_plan_inputs({kHq, kHkv, kD, kBs}, qo, committed);
   }
+  // The step's metadata, with each token row's request (the merge kernel's map).
   void set_step(kernels::PagedTreeAttentionParams& p) {
     testing::set_step_params(p, {kHq, kHkv, kD, kBs}, qo, committed, tables, max_blocks, mask,
                              mask_indptr, [&](const auto& v) { return upload(v); });
+    std::vector<int32_t> token_request;
+    for (size_t r = 0; r + 1 < qo.size(); ++r)
+      token_request.insert(token_request.end(), qo[r + 1] - qo[r], static_cast<int32_t>(r));
+    p.token_request = static_cast<const int32_t*>(upload(token_request));
   }
 };
 
+// Kernel level, 16-bit Q / O (the engine's attention runs fp32 I/O, so its cases above never take
+// the wide CTAs' staged 16-bit epilogue): wide and 64-row wgmma CTAs compute each row with the
+// same arithmetic, so with one split their outputs are bitwise equal, and equal to the bf16 copy
+// that fp32 I/O writes straight from the accumulators (the same values, rounded the same way).
+// Trees whose row counts leave the second consumer of the last CTA partly or wholly idle (160
+// and 132 rows), a causal chunk, a decode row, scrambled blocks, outputs poisoned with NaN.
 TEST(CudaAttentionKernel, StagedEpilogueMatchesDirectStores) {
   ARBOR_REQUIRE_GPU();
   bool wgmma = false;
@@ -415,15 +420,13 @@ TEST(CudaAttentionKernel, StagedEpilogueMatchesDirectStores) {
       {{1000, 64, true}, {777, 40, true}, {70, 33, true}, {300, 128, false}, {5, 1, false}});
   constexpr int32_t kHq = KernelScene::kHq, kD = KernelScene::kD;
   const int32_t n = sc.n;
-  auto upload = [&](const auto& v) { return sc.upload(v); };
-  auto bits16 = [&](size_t count, bool bf16) { return sc.bits16(count, bf16); };
-  const size_t cache_elems = sc.cache_elems;
+  auto upload = [&](const auto& v) { return sc.upload(v); };  // (also set_plan_params' uploader)
   for (const bool bf16 : {true, false}) {
     const kernels::ElemType type = bf16 ? kernels::ElemType::kBF16 : kernels::ElemType::kF16;
-    const std::vector<uint16_t> q_bits = bits16(static_cast<size_t>(n) * kHq * kD, bf16);
+    const std::vector<uint16_t> q_bits = sc.bits16(static_cast<size_t>(n) * kHq * kD, bf16);
     void* q = upload(q_bits);
-    void* k_cache = upload(bits16(cache_elems, bf16));
-    void* v_cache = upload(bits16(cache_elems, bf16));
+    void* k_cache = upload(sc.bits16(sc.cache_elems, bf16));
+    void* v_cache = upload(sc.bits16(sc.cache_elems, bf16));
     // Runs: 0 = wide CTAs (the staged epilogue), 1 = 64-row CTAs, both 16-bit Q / O; 2 (bf16
     // only) = 64-row CTAs with fp32 Q / O and the bf16 copy of O (out_bf16), whose 4-byte
     // stores straight from the accumulators are the reference for the staged tile's bits.
@@ -503,9 +506,6 @@ TEST(CudaAttentionKernel, MergeVariantsGiveTheSameBits) {
   void* q = sc.upload(sc.bits16(out_elems, true));
   void* k_cache = sc.upload(sc.bits16(sc.cache_elems, true));
   void* v_cache = sc.upload(sc.bits16(sc.cache_elems, true));
-  std::vector<int32_t> token_request;
-  for (size_t r = 0; r + 1 < sc.qo.size(); ++r)
-    token_request.insert(token_request.end(), sc.qo[r + 1] - sc.qo[r], static_cast<int>(r));
   int kernels_run = 0;
   for (const int variant : {0, 1, 2}) {  // wgmma wide, wgmma 64-row, mma.sync
     if (variant < 2 && !have_wgmma) continue;
@@ -524,7 +524,6 @@ TEST(CudaAttentionKernel, MergeVariantsGiveTheSameBits) {
       p.kv_type = kernels::ElemType::kBF16;
       sc.set_step(p);
       testing::set_plan_params(p, plan, [&](const auto& v) { return sc.upload(v); });
-      p.token_request = static_cast<const int32_t*>(sc.upload(token_request));
       const size_t prows = static_cast<size_t>(plan.num_partial_rows);
       p.partial_out = static_cast<float*>(sc.upload(std::vector<float>(prows * kHq * kD)));
       p.partial_lse = static_cast<float*>(sc.upload(std::vector<float>(prows * kHq)));
