@@ -18,6 +18,19 @@ constexpr int32_t kMinTilesPerSplit = 2;
 // launches of 2-9 tiles per CTA and gains 1-17% from 16 up (docs/benchmarks.md, "Twenty-first
 // session").
 constexpr int32_t kMinWideTiles = 16;
+// No split of short units that are already balanced over the SMs. When the longest unit is at
+// most 9/8 of the tiles each SM would run with the work spread perfectly, splits only add a
+// second resident CTA per SM (the same tiles per SM): that streams KV ~8% faster, but the
+// partials' round trip and the merge launch cost ~4-6 us, which only long units repay. H200,
+// 128 units of 64 rows (batch 16, T 16) on 132 SMs, unsplit against 2 splits: 1024 keys 27.6
+// against 31.9 us, 2048 keys 44.2 against 46.9, 8192 keys 143.6 against 136.9, 32768 keys
+// 543.8 against 497.9 (docs/benchmarks.md, "Twenty-fourth session"). Decode units (4 rows)
+// have little to merge and gain from splits at every length (2048 keys: 42.3 unsplit, 41.6 in
+// 2), so the rule needs kBalancedMinRows rows. A long request beside many short ones is still
+// split: its units are far longer than the balance.
+constexpr int64_t kBalancedNinths = 9;     // longest unit <= 9/8 of the balanced per-SM load
+constexpr int32_t kBalancedMaxTiles = 64;  // ... and at most this many KV tiles long
+constexpr int32_t kBalancedMinRows = 32;   // ... and every unit's row tile this full
 
 // Split length (64-key tiles) of a batch-invariant plan for a request of `kv_tiles` tiles:
 // `base`, doubled only as often as keeps the splits within kAttnMaxSplits.
@@ -191,7 +204,16 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     return n;
   };
   int64_t tiles_per_cta = max_kv_tiles;  // no split
-  if (!in.batch_invariant && in.max_splits != 1 && units < wave &&
+  int64_t unit_tiles = 0;                // KV tiles over all unsplit units
+  for (int32_t r = 0; r < r_count; ++r)
+    unit_tiles += static_cast<int64_t>(in.num_kv_heads) * row_tiles[r] * kv_tiles[r];
+  int32_t min_rows = INT32_MAX;  // fewest packed rows of a (request, kv head)
+  for (int32_t r = 0; r < r_count; ++r)
+    min_rows = std::min(min_rows, (in.qo_indptr[r + 1] - in.qo_indptr[r]) * group);
+  const bool balanced =
+      max_kv_tiles <= kBalancedMaxTiles && min_rows >= kBalancedMinRows &&
+      static_cast<int64_t>(max_kv_tiles) * in.num_sms * 8 <= unit_tiles * kBalancedNinths;
+  if (!in.batch_invariant && in.max_splits != 1 && units < wave && !balanced &&
       max_kv_tiles > kMinTilesPerSplit) {
     int64_t lo = kMinTilesPerSplit, hi = max_kv_tiles;  // ctas_at(hi) = units < wave
     while (lo < hi) {
