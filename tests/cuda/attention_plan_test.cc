@@ -1,8 +1,8 @@
 // The shape-tuned attention plan's split-KV rule (kernels/attention/attention_plan.cc), host
 // only (no GPU needed): splits never start a second wave of CTAs, a shorter chunk would, every
-// split is non-empty, units already balanced over the SMs are not split, and fixed_splits /
-// max_splits are honoured. docs/kernels.md "Work
-// decomposition"; the sweep behind the rule is in docs/benchmarks.md "Thirteenth session".
+// split is non-empty, short units already balanced over the SMs are not split, and
+// fixed_splits / max_splits are honoured. docs/kernels.md "Work decomposition"; the sweeps
+// behind the rule are in docs/benchmarks.md "Thirteenth session" and "Twenty-fourth session".
 #include <gtest/gtest.h>
 
 #include <algorithm>
