@@ -160,6 +160,8 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   // Rows per tile and tiles per (request, kv head).
   std::vector<int32_t> warps_m(r_count), row_tiles(r_count), kv_tiles(r_count);
   int64_t units = 0;
+  int64_t unit_tiles = 0;        // KV tiles over all unsplit units
+  int32_t min_rows = INT32_MAX;  // fewest packed rows of a (request, kv head)
   for (int32_t r = 0; r < r_count; ++r) {
     const int32_t t = in.qo_indptr[r + 1] - in.qo_indptr[r];
     const int32_t rows = t * group;
@@ -177,6 +179,8 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     const int32_t kv_len = in.committed_len[r] + t;
     kv_tiles[r] = (kv_len + kAttnKvTile - 1) / kAttnKvTile;
     units += static_cast<int64_t>(in.num_kv_heads) * row_tiles[r];
+    unit_tiles += static_cast<int64_t>(in.num_kv_heads) * row_tiles[r] * kv_tiles[r];
+    min_rows = std::min(min_rows, rows);
   }
 
   // Split-KV: the shortest chunk (in KV tiles, at least kMinTilesPerSplit) whose CTAs all fit
@@ -204,12 +208,6 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
     return n;
   };
   int64_t tiles_per_cta = max_kv_tiles;  // no split
-  int64_t unit_tiles = 0;                // KV tiles over all unsplit units
-  for (int32_t r = 0; r < r_count; ++r)
-    unit_tiles += static_cast<int64_t>(in.num_kv_heads) * row_tiles[r] * kv_tiles[r];
-  int32_t min_rows = INT32_MAX;  // fewest packed rows of a (request, kv head)
-  for (int32_t r = 0; r < r_count; ++r)
-    min_rows = std::min(min_rows, (in.qo_indptr[r + 1] - in.qo_indptr[r]) * group);
   const bool balanced =
       max_kv_tiles <= kBalancedMaxTiles && min_rows >= kBalancedMinRows &&
       static_cast<int64_t>(max_kv_tiles) * in.num_sms * 8 <= unit_tiles * kBalancedNinths;
