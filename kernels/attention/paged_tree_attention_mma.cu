@@ -217,6 +217,7 @@ __device__ __forceinline__ void store_pair(void* out, ElemType t, int64_t i, flo
 // s (this warp's columns): masks invisible keys when the tile reaches the tree's own keys or the
 // split's end, updates the running max / sum of the thread's two rows, leaves P = 2^(s*scale -
 // m) in s and in alpha the factor by which O must be rescaled (rescale_o) before this tile's PV.
+template <bool kQuadVote>
 __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&alpha)[2], float (&m_run)[2],
                                              float (&l_run)[2], int warp_ntiles, int col0, int lane,
                                              bool need_mask, int n0, int kv_end, int committed,
@@ -262,29 +263,46 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&alpha)[2]
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int nt = 0; nt < w; ++nt) part[h][nt] = fmaxf(part[h][nt], part[h][nt + w]);
-  float mx[2] = {part[0][0], part[1][0]};
-#pragma unroll
-  for (int d = 1; d <= 2; d *= 2) {
-    const float o0 = __shfl_xor_sync(0xffffffffu, mx[0], d);
-    const float o1 = __shfl_xor_sync(0xffffffffu, mx[1], d);
-    mx[0] = fmaxf(mx[0], o0);
-    mx[1] = fmaxf(mx[1], o1);
-  }
+  // The lazy reference max (below) moves only when a row's tile max exceeds it by more than 8.
+  // kQuadVote: each thread's part of its rows decides that without the quad's shuffles. When
+  // no thread of the warp has a score past its row's threshold (the usual case), no row max is
+  // past it either (rounding is monotonic, so the largest scaled part is the scaled row max),
+  // and the reference stays, as the full rule below would decide: the same bits, 1.5-3% faster
+  // on the wgmma path (docs/benchmarks.md "Twenty-fifth session"). The mma.sync kernels keep
+  // the plain rule (there the branch made ptxas spill in the KV loop).
   float m_use[2];
+  const bool past = !kQuadVote || part[0][0] * scale_log2 > m_run[0] + 8.f ||
+                    part[1][0] * scale_log2 > m_run[1] + 8.f;
+  if (!kQuadVote || __any_sync(0xffffffffu, past)) {
+    float mx[2] = {part[0][0], part[1][0]};
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    // Reference max in the scaled (log2) domain (scale > 0 keeps the order of raw scores),
-    // lazy as in FlashAttention-4: it moves only when the tile's max exceeds it by more than 8
-    // (a factor 2^8), so P <= 256 and O is rarely rescaled. The rule depends on the row's own
-    // scores only, so a row's result stays independent of the batch around it.
-    const float m_tile = mx[h] * scale_log2;
-    const float m_new = m_tile > m_run[h] + 8.f ? m_tile : m_run[h];
-    m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-    // A row whose max did not move keeps alpha = 1 (exp2(0) for a finite max; a row that has
-    // seen no visible key yet has O = 0 and l = 0, for which 1 is as exact as 0), so warps of
-    // padding rows do not vote for a rescale on every tile.
-    alpha[h] = m_new == m_run[h] ? 1.f : fast_exp2(m_run[h] - m_use[h]);
-    m_run[h] = m_new;
+    for (int d = 1; d <= 2; d *= 2) {
+      const float o0 = __shfl_xor_sync(0xffffffffu, mx[0], d);
+      const float o1 = __shfl_xor_sync(0xffffffffu, mx[1], d);
+      mx[0] = fmaxf(mx[0], o0);
+      mx[1] = fmaxf(mx[1], o1);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // Reference max in the scaled (log2) domain (scale > 0 keeps the order of raw scores),
+      // lazy as in FlashAttention-4: it moves only when the tile's max exceeds it by more than
+      // 8 (a factor 2^8), so P <= 256 and O is rarely rescaled. The rule depends on the row's
+      // own scores only, so a row's result stays independent of the batch around it.
+      const float m_tile = mx[h] * scale_log2;
+      const float m_new = m_tile > m_run[h] + 8.f ? m_tile : m_run[h];
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+      // A row whose max did not move keeps alpha = 1 (exp2(0) for a finite max; a row that has
+      // seen no visible key yet has O = 0 and l = 0, for which 1 is as exact as 0), so warps of
+      // padding rows do not vote for a rescale on every tile.
+      alpha[h] = m_new == m_run[h] ? 1.f : fast_exp2(m_run[h] - m_use[h]);
+      m_run[h] = m_new;
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_use[h] = m_run[h] == -INFINITY ? 0.f : m_run[h];
+      alpha[h] = 1.f;
+    }
   }
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
@@ -690,9 +708,9 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     auto softmax_to_p = [&](int t, uint32_t(&pf)[4][4]) {
       const int n0 = job_n0(t);
       const int node = job_of(t);
-      softmax_tile(s_acc, alpha, m_run, l_run, 8, 0, lane, job_needs_mask(n0, node), n0, kv_end,
-                   committed, tree_len, causal, mask, words, rows, total_rows, group, scale_log2,
-                   node, node >= 0 ? node_kv_end[node] : 0);
+      softmax_tile<true>(s_acc, alpha, m_run, l_run, 8, 0, lane, job_needs_mask(n0, node), n0,
+                         kv_end, committed, tree_len, causal, mask, words, rows, total_rows, group,
+                         scale_log2, node, node >= 0 ? node_kv_end[node] : 0);
 #pragma unroll
       for (int ks16 = 0; ks16 < 4; ++ks16) p_fragment<KvT>(s_acc, ks16, pf[ks16]);
     };
@@ -799,9 +817,9 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
         }
       }
       float alpha[2];
-      softmax_tile(s, alpha, m_run, l_run, warp_ntiles, col0, lane, job_needs_mask(n0, node), n0,
-                   kv_end, committed, tree_len, causal, mask, words, rows, total_rows, group,
-                   scale_log2, node, node >= 0 ? node_kv_end[node] : 0);
+      softmax_tile<false>(s, alpha, m_run, l_run, warp_ntiles, col0, lane, job_needs_mask(n0, node),
+                          n0, kv_end, committed, tree_len, causal, mask, words, rows, total_rows,
+                          group, scale_log2, node, node >= 0 ? node_kv_end[node] : 0);
       rescale_o<D>(o, alpha);
       // O += P V over this warp's columns (16 keys per step).
 #pragma unroll
