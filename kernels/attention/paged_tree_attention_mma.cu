@@ -218,7 +218,7 @@ __device__ __forceinline__ void store_pair(void* out, ElemType t, int64_t i, flo
 // split's end, updates the running max / sum of the thread's two rows, leaves P = 2^(s*scale -
 // m) in s and in alpha the factor by which O must be rescaled (rescale_o) before this tile's PV.
 template <bool kQuadVote>
-__device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&alpha)[2], float (&m_run)[2],
+__device__ __forceinline__ bool softmax_tile(float (&s)[8][4], float (&alpha)[2], float (&m_run)[2],
                                              float (&l_run)[2], int warp_ntiles, int col0, int lane,
                                              bool need_mask, int n0, int kv_end, int committed,
                                              int tree_len, bool causal, const uint32_t* mask,
@@ -273,7 +273,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&alpha)[2]
   float m_use[2];
   const bool past = !kQuadVote || part[0][0] * scale_log2 > m_run[0] + 8.f ||
                     part[1][0] * scale_log2 > m_run[1] + 8.f;
-  if (!kQuadVote || __any_sync(0xffffffffu, past)) {
+  const bool moved = !kQuadVote || __any_sync(0xffffffffu, past);
+  if (moved) {
     float mx[2] = {part[0][0], part[1][0]};
 #pragma unroll
     for (int d = 1; d <= 2; d *= 2) {
@@ -326,6 +327,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[8][4], float (&alpha)[2]
       for (int nt = 0; nt < w; ++nt) part[h][nt] += part[h][nt + w];
 #pragma unroll
   for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + part[h][0];
+  return moved;
 }
 
 // O *= alpha per row, after softmax_tile. One vote for both rows: multiplying a row whose max
@@ -699,23 +701,30 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     for (int nt = 0; nt < 8; ++nt) s_acc[nt][0] = s_acc[nt][1] = s_acc[nt][2] = s_acc[nt][3] = 0.f;
     uint32_t p_cur[4][4], p_next[4][4];  // P of tile t (read by PV(t)) and of tile t + 1
     float alpha[2];
-    // Tile t is in stage t % kStages, full after the (t / kStages)-th fill of that stage.
-    auto wait_full = [&](int t) {
-      mbarrier_wait(&full_bar[t % kStages], (t / kStages) & 1);
+    // Tile t is in stage t % kStages, full after the (t / kStages)-th fill of that stage. The
+    // loop keeps both as running counters: st, the stage of the step's PV tile, and st_next /
+    // phase_next those of the tile after it.
+    int st = 0, st_next = 1;
+    uint32_t phase_next = 0;
+    auto wait_full = [&](int stage, uint32_t phase) {
+      mbarrier_wait(&full_bar[stage], phase);
       fence_proxy_async_smem();  // the producer's generic-proxy copies before the MMAs' reads
     };
-    // Softmax of tile t (its S in s_acc, waited for) -> P fragments; alpha for rescale_o.
+    // Softmax of tile t (its S in s_acc, waited for) -> P fragments; alpha for rescale_o, and
+    // false when the warp's alphas are all 1 (no rescale).
     auto softmax_to_p = [&](int t, uint32_t(&pf)[4][4]) {
       const int n0 = job_n0(t);
       const int node = job_of(t);
-      softmax_tile<true>(s_acc, alpha, m_run, l_run, 8, 0, lane, job_needs_mask(n0, node), n0,
-                         kv_end, committed, tree_len, causal, mask, words, rows, total_rows, group,
-                         scale_log2, node, node >= 0 ? node_kv_end[node] : 0);
+      const bool moved =
+          softmax_tile<true>(s_acc, alpha, m_run, l_run, 8, 0, lane, job_needs_mask(n0, node), n0,
+                             kv_end, committed, tree_len, causal, mask, words, rows, total_rows,
+                             group, scale_log2, node, node >= 0 ? node_kv_end[node] : 0);
 #pragma unroll
       for (int ks16 = 0; ks16 < 4; ++ks16) p_fragment<KvT>(s_acc, ks16, pf[ks16]);
+      return moved;
     };
-    auto issue_pv = [&](int t, const uint32_t(&pf)[4][4]) {
-      const uint64_t v_desc = wgmma_desc_advance(v_desc0, (t % kStages) * kStageBytes);
+    auto issue_pv = [&](int stage, const uint32_t(&pf)[4][4]) {
+      const uint64_t v_desc = wgmma_desc_advance(v_desc0, stage * kStageBytes);
       fence_accumulators(o);
       wgmma_fence();
 #pragma unroll
@@ -740,7 +749,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     };
     if (pingpong && consumer == 1) named_barrier_arrive(1, 2 * kAttnThreads);
     if (num_tiles > 0) {
-      wait_full(0);
+      wait_full(0, 0);
       turn_wait();
       issue_s(s_acc, 0);
       turn_pass();
@@ -752,18 +761,21 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     // pairs with the P buffers swapped (no register copies, which ptxas would coalesce into the
     // PV's in-flight operands and serialise every wgmma); the odd step runs after the loop.
     auto step = [&](int it, const uint32_t(&p_in)[4][4], uint32_t(&p_out)[4][4]) {
-      wait_full(it + 1);
+      wait_full(st_next, phase_next);
       turn_wait();
-      issue_s(s_acc, (it + 1) % kStages);  // s_acc is free: P of tile it is packed
-      issue_pv(it, p_in);
+      issue_s(s_acc, st_next);  // s_acc is free: P of tile it is packed
+      issue_pv(st, p_in);
       turn_pass();
       wgmma_wait<1>();  // S of tile it + 1 (PV of tile it may still run)
       fence_accumulators(s_acc);
-      softmax_to_p(it + 1, p_out);
+      const bool moved = softmax_to_p(it + 1, p_out);
       wgmma_wait<0>();  // PV of tile it
       fence_accumulators(o);
-      rescale_o<D>(o, alpha);
-      if (lane == 0) mbarrier_arrive(&empty_bar[it % kStages]);  // K and V of tile it are read
+      if (moved) rescale_o<D>(o, alpha);
+      if (lane == 0) mbarrier_arrive(&empty_bar[st]);  // K and V of tile it are read
+      st = st_next;
+      st_next = st_next + 1 == kStages ? 0 : st_next + 1;
+      phase_next ^= st_next == 0 ? 1u : 0u;
     };
     int it = 0;
     for (; it + 2 < num_tiles; it += 2) {
@@ -773,11 +785,11 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     if (it + 1 < num_tiles) {  // two tiles left: one step, then the last PV from p_next
       step(it, p_cur, p_next);
       turn_wait();
-      issue_pv(it + 1, p_next);
+      issue_pv(st, p_next);  // (tile it + 1's stage)
       turn_pass();
     } else if (num_tiles > 0) {
       turn_wait();
-      issue_pv(it, p_cur);
+      issue_pv(st, p_cur);
       turn_pass();
     }
     if (pingpong && consumer == 0) named_barrier_sync(1, 2 * kAttnThreads);
