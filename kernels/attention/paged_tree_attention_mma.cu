@@ -217,6 +217,8 @@ __device__ __forceinline__ void store_pair(void* out, ElemType t, int64_t i, flo
 // s (this warp's columns): masks invisible keys when the tile reaches the tree's own keys or the
 // split's end, updates the running max / sum of the thread's two rows, leaves P = 2^(s*scale -
 // m) in s and in alpha the factor by which O must be rescaled (rescale_o) before this tile's PV.
+// Returns false when the warp's alphas are all 1 (kQuadVote's usual case: no rescale needed);
+// without kQuadVote always true (the caller's rescale_o votes).
 template <bool kQuadVote>
 __device__ __forceinline__ bool softmax_tile(float (&s)[8][4], float (&alpha)[2], float (&m_run)[2],
                                              float (&l_run)[2], int warp_ntiles, int col0, int lane,
