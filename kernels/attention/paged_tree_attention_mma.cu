@@ -268,15 +268,18 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int slot = __shfl_sync(0xffffffffu, lane_slot[i / 2], wg_row0 + 16 * (i % 2));
-        const bool valid = slot >= 0;
-        const int64_t off = static_cast<int64_t>(valid ? slot : 0) * slot_bytes;
-        const int bytes = valid ? 16 : 0;
+        // Unsigned 32 x 32 -> 64-bit offsets: one wide multiply-add per address (a slot < 0 is
+        // past the end: zero fill).
+        const uint64_t off = static_cast<uint64_t>(static_cast<uint32_t>(max(slot, 0))) *
+                             static_cast<uint32_t>(slot_bytes);
+        const char* k_row = wg_k + off;
+        const char* v_row = wg_v + off;
 #pragma unroll
         for (int blk = 0; blk < D / 64; ++blk) {
           const int dst = wg_dst0 + i * 16 * 64 + blk * 64 * 64;
-          const int64_t half = off + blk * 64 * static_cast<int64_t>(sizeof(KvT));
-          cp_async_16(smem_addr(ks + dst), wg_k + half, bytes);
-          cp_async_16(smem_addr(vs + dst), wg_v + half, bytes);
+          const int half = blk * 64 * static_cast<int>(sizeof(KvT));
+          cp_async_16_or_zero(smem_addr(ks + dst), k_row + half, slot);
+          cp_async_16_or_zero(smem_addr(vs + dst), v_row + half, slot);
         }
       }
     } else {

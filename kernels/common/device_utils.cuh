@@ -168,6 +168,15 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
+// The same copy with zero fill as a predicate (ignore-src): when `slot` < 0 it writes 16 zero
+// bytes instead (src must still be a mapped address; callers clamp it). One compare instead
+// of the source-size arithmetic.
+__device__ __forceinline__ void cp_async_16_or_zero(uint32_t dst, const void* src, int slot) {
+  asm volatile(
+      "{\n.reg .pred z;\nsetp.lt.s32 z, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, "
+      "z;\n}\n" ::"r"(dst),
+      "l"(src), "r"(slot));
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n");
 }
