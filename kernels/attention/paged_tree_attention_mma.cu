@@ -228,16 +228,21 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   const char* wg_k = reinterpret_cast<const char*>(k_cache + kvh * D + (tid % 8) * 8);
   const char* wg_v = reinterpret_cast<const char*>(v_cache + kvh * D + (tid % 8) * 8);
 
-  // Page-table lookups, off the critical path: lane l of every loading warp (the producer's on
-  // the wgmma path) resolves logical keys
-  // n0 + l and n0 + 32 + l of a tile (path remap, then the block-table entry) one tile before
-  // the tile is loaded, so each lane has two independent load chains in flight per tile instead
-  // of one dependent chain per row of the load; load_tile then takes each row's slot from the
-  // lane that resolved it. `entry` is the block id (-1 past the end), `in_page` the offset.
+  // Page-table lookups, off the critical path: lane l of every loading warp resolves logical
+  // keys n0 + l and n0 + 32 + l of a tile (the wgmma producer's warps: only the 16 rows the warp
+  // copies, below) (path remap, then the block-table entry) one tile before the tile is loaded,
+  // so each lane has independent load chains in flight per tile instead of one dependent chain
+  // per row of the load; load_tile then takes each row's slot from the lane that resolved it.
+  // `entry` is the block id (-1 past the end), `in_page` the offset.
   struct TileSlots {
     int entry[2];
     int in_page[2];
   };
+  // wgmma producer: warp w copies key rows 4 w + q + 16 i (q = lane / 8, i < 4; see load_tile),
+  // so its lane l resolves only row 4 w + l % 4 + 16 (l / 4 % 4) (lanes 16-31 repeat 0-15), and
+  // row 4 w + q + 16 i is lane q + 4 i's.
+  constexpr int kResolveHalves = kWgmma ? 1 : 2;
+  const int wg_key = 4 * (warp % 4) + lane % 4 + 16 * ((lane / 4) % 4);
   auto resolve_slots = [&](int it, TileSlots& ts) {
     const int n0 = job_n0(it), node = job_of(it);
     // Shared prefix tiles lie wholly below path_base (no remap; kv_end is INT_MAX in a group); a
@@ -245,8 +250,8 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     const int end = node >= 0 ? node_kv_end[node] : kv_end;
     const int32_t* job_path = node >= 0 ? p.path + node_path_off[node] : path;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      int j = n0 + 32 * h + lane;
+    for (int h = 0; h < kResolveHalves; ++h) {
+      int j = n0 + (kWgmma ? wg_key : 32 * h + lane);
       const bool valid = j < end;
       if (valid && j >= path_base) j = path_base + job_path[j - path_base];
       const int page = bs_shift >= 0 ? j >> bs_shift : j / bs;
@@ -259,7 +264,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     KvT* vs = v_smem + stage * kTileN * D;
     int lane_slot[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < kResolveHalves; ++h)
       lane_slot[h] = ts.entry[h] < 0 ? -1 : ts.entry[h] * bs + ts.in_page[h];
     if constexpr (kWgmma) {
       // Eight threads per key row, each the same 16-byte chunk of both 128-byte halves: 4 rows
@@ -267,7 +272,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
       // instruction still 4 rows x 128 contiguous bytes (4 cache lines).
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int slot = __shfl_sync(0xffffffffu, lane_slot[i / 2], wg_row0 + 16 * (i % 2));
+        const int slot = __shfl_sync(0xffffffffu, lane_slot[0], wg_row0 % 4 + 4 * i);
         // Unsigned 32 x 32 -> 64-bit offsets: one wide multiply-add per address (a slot < 0 is
         // past the end: zero fill).
         const uint64_t off = static_cast<uint64_t>(static_cast<uint32_t>(max(slot, 0))) *
