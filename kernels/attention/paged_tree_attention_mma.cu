@@ -294,11 +294,11 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
         // is known at compile time.
         const int slot = __shfl_sync(0xffffffffu, lane_slot[(i * kRowStep) / 32],
                                      (load_row0 + i * kRowStep) % 32);
-        const bool valid = slot >= 0;
-        const int64_t off = static_cast<int64_t>(valid ? slot : 0) * slot_bytes;
+        const uint64_t off = static_cast<uint64_t>(static_cast<uint32_t>(max(slot, 0))) *
+                             static_cast<uint32_t>(slot_bytes);
         const int dst = load_dst0 + i * kRowStep * D;
-        cp_async_16(smem_addr(ks + dst), k_thread + off, valid ? 16 : 0);
-        cp_async_16(smem_addr(vs + dst), v_thread + off, valid ? 16 : 0);
+        cp_async_16_or_zero(smem_addr(ks + dst), k_thread + off, slot);
+        cp_async_16_or_zero(smem_addr(vs + dst), v_thread + off, slot);
       }
     }
   };
