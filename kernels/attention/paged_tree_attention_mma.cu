@@ -275,8 +275,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
         const int slot = __shfl_sync(0xffffffffu, lane_slot[0], wg_row0 % 4 + 4 * i);
         // Unsigned 32 x 32 -> 64-bit offsets: one wide multiply-add per address (a slot < 0 is
         // past the end: zero fill).
-        const uint64_t off = static_cast<uint64_t>(static_cast<uint32_t>(max(slot, 0))) *
-                             static_cast<uint32_t>(slot_bytes);
+        const uint64_t off = mul_wide_u32(max(slot, 0), slot_bytes);
         const char* k_row = wg_k + off;
         const char* v_row = wg_v + off;
 #pragma unroll
@@ -294,8 +293,7 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
         // is known at compile time.
         const int slot = __shfl_sync(0xffffffffu, lane_slot[(i * kRowStep) / 32],
                                      (load_row0 + i * kRowStep) % 32);
-        const uint64_t off = static_cast<uint64_t>(static_cast<uint32_t>(max(slot, 0))) *
-                             static_cast<uint32_t>(slot_bytes);
+        const uint64_t off = mul_wide_u32(max(slot, 0), slot_bytes);
         const int dst = load_dst0 + i * kRowStep * D;
         cp_async_16_or_zero(smem_addr(ks + dst), k_thread + off, slot);
         cp_async_16_or_zero(smem_addr(vs + dst), v_thread + off, slot);

@@ -168,6 +168,14 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
+// a * b as an unsigned 32 x 32 -> 64-bit product. Written in C++ (a 64-bit multiply of
+// zero-extended operands), ptxas adds the product's always-zero high part with an extra
+// instruction wherever the result is added to a pointer.
+__device__ __forceinline__ uint64_t mul_wide_u32(uint32_t a, uint32_t b) {
+  uint64_t r;
+  asm("mul.wide.u32 %0, %1, %2;" : "=l"(r) : "r"(a), "r"(b));
+  return r;
+}
 // The same copy with zero fill as a predicate (ignore-src): when `slot` < 0 it writes 16 zero
 // bytes instead (src must still be a mapped address; callers clamp it). One compare instead
 // of the source-size arithmetic.
