@@ -228,51 +228,50 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
   const char* wg_k = reinterpret_cast<const char*>(k_cache + kvh * D + (tid % 8) * 8);
   const char* wg_v = reinterpret_cast<const char*>(v_cache + kvh * D + (tid % 8) * 8);
 
-  // Page-table lookups, off the critical path: lane l of every loading warp resolves logical
-  // keys n0 + l and n0 + 32 + l of a tile (the wgmma producer's warps: only the 16 rows the warp
-  // copies, below) (path remap, then the block-table entry) one tile before the tile is loaded,
-  // so each lane has independent load chains in flight per tile instead of one dependent chain
-  // per row of the load; load_tile then takes each row's slot from the lane that resolved it.
-  // `entry` is the block id (-1 past the end), `in_page` the offset.
+  // Page-table lookups, off the critical path: each loading warp resolves the 16 key rows of a
+  // tile that it copies (path remap, then the block-table entry), one lookup per lane, one tile
+  // before the tile is loaded; load_tile then takes each row's slot from the lane that resolved
+  // it. `entry` is the block id (-1 past the end), `in_page` the offset.
   struct TileSlots {
-    int entry[2];
-    int in_page[2];
+    int entry;
+    int in_page;
   };
-  // wgmma producer: warp w copies key rows 4 w + q + 16 i (q = lane / 8, i < 4; see load_tile),
-  // so its lane l resolves only row 4 w + l % 4 + 16 (l / 4 % 4) (lanes 16-31 repeat 0-15), and
-  // row 4 w + q + 16 i is lane q + 4 i's.
-  constexpr int kResolveHalves = kWgmma ? 1 : 2;
-  const int wg_key = 4 * (warp % 4) + lane % 4 + 16 * ((lane / 4) % 4);
+  // A loading warp w (the wgmma producer's, or any warp of the mma.sync path) copies key rows
+  // kWarpRows w + q + kRowGap i: q = lane / (32 / kWarpRows) (the threads of one row are
+  // consecutive lanes), i < 16 / kWarpRows. Its lane l resolves row kWarpRows w + l % kWarpRows
+  // + kRowGap (l / kWarpRows % (16 / kWarpRows)) (lanes 16-31 repeat 0-15), so row (q, i) is
+  // lane q + kWarpRows i's.
+  constexpr int kWarpRows = kWgmma ? 4 : 32 / kChunks;
+  constexpr int kRowGap = kWgmma ? 16 : kRowStep;
+  static_assert(kRowGap * (16 / kWarpRows) == kTileN && 4 * kWarpRows == kRowGap,
+                "four warps of kWarpRows rows per step cover the tile's 64 rows");
+  const int resolve_key =
+      kWarpRows * (warp % 4) + lane % kWarpRows + kRowGap * ((lane / kWarpRows) % (16 / kWarpRows));
   auto resolve_slots = [&](int it, TileSlots& ts) {
     const int n0 = job_n0(it), node = job_of(it);
     // Shared prefix tiles lie wholly below path_base (no remap; kv_end is INT_MAX in a group); a
     // node's tiles end at its own key count and remap from path_base through its own path.
     const int end = node >= 0 ? node_kv_end[node] : kv_end;
     const int32_t* job_path = node >= 0 ? p.path + node_path_off[node] : path;
-#pragma unroll
-    for (int h = 0; h < kResolveHalves; ++h) {
-      int j = n0 + (kWgmma ? wg_key : 32 * h + lane);
-      const bool valid = j < end;
-      if (valid && j >= path_base) j = path_base + job_path[j - path_base];
-      const int page = bs_shift >= 0 ? j >> bs_shift : j / bs;
-      ts.in_page[h] = bs_shift >= 0 ? j & (bs - 1) : j % bs;
-      ts.entry[h] = valid ? table[page] : -1;
-    }
+    int j = n0 + resolve_key;
+    const bool valid = j < end;
+    if (valid && j >= path_base) j = path_base + job_path[j - path_base];
+    const int page = bs_shift >= 0 ? j >> bs_shift : j / bs;
+    ts.in_page = bs_shift >= 0 ? j & (bs - 1) : j % bs;
+    ts.entry = valid ? table[page] : -1;
   };
   auto load_tile = [&](int stage, const TileSlots& ts) {
     KvT* ks = k_smem + stage * kTileN * D;
     KvT* vs = v_smem + stage * kTileN * D;
-    int lane_slot[2];
-#pragma unroll
-    for (int h = 0; h < kResolveHalves; ++h)
-      lane_slot[h] = ts.entry[h] < 0 ? -1 : ts.entry[h] * bs + ts.in_page[h];
+    // This lane's resolved row (see resolve_key), shuffled to the lanes that copy it.
+    const int lane_slot = ts.entry < 0 ? -1 : ts.entry * bs + ts.in_page;
     if constexpr (kWgmma) {
       // Eight threads per key row, each the same 16-byte chunk of both 128-byte halves: 4 rows
       // per thread (half the slot shuffles and addresses of one column of 8 rows), each warp
       // instruction still 4 rows x 128 contiguous bytes (4 cache lines).
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int slot = __shfl_sync(0xffffffffu, lane_slot[0], wg_row0 % 4 + 4 * i);
+        const int slot = __shfl_sync(0xffffffffu, lane_slot, wg_row0 % 4 + 4 * i);
         // Unsigned 32 x 32 -> 64-bit offsets: one wide multiply-add per address (a slot < 0 is
         // past the end: zero fill).
         const uint64_t off = mul_wide_u32(max(slot, 0), slot_bytes);
@@ -289,10 +288,8 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
     } else {
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
-        // Key load_row0 + i * kRowStep of the tile; kRowStep divides 32, so which half it is in
-        // is known at compile time.
-        const int slot = __shfl_sync(0xffffffffu, lane_slot[(i * kRowStep) / 32],
-                                     (load_row0 + i * kRowStep) % 32);
+        // Key load_row0 + i * kRowStep of the tile (q = load_row0 % kWarpRows).
+        const int slot = __shfl_sync(0xffffffffu, lane_slot, load_row0 % kWarpRows + kWarpRows * i);
         const uint64_t off = mul_wide_u32(max(slot, 0), slot_bytes);
         const int dst = load_dst0 + i * kRowStep * D;
         cp_async_16_or_zero(smem_addr(ks + dst), k_thread + off, slot);
