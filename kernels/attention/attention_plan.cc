@@ -31,6 +31,15 @@ constexpr int32_t kMinWideTiles = 16;
 constexpr int64_t kBalancedNinths = 9;     // longest unit <= 9/8 of the balanced per-SM load
 constexpr int32_t kBalancedMaxTiles = 64;  // ... and at most this many KV tiles long
 constexpr int32_t kBalancedMinRows = 32;   // ... and every unit's row tile this full
+// One CTA per SM instead of two when two would leave splits this short (in KV tiles): with 2-4
+// tiles a CTA's prologue, partial stores and the merge weigh more than the second resident
+// CTA gains, so twice as long splits in half as many CTAs are faster. Only for the 64-row wgmma
+// CTAs of units with 16+ rows (decode units have little to merge, and keep the short splits).
+// H200, batch 1 (docs/benchmarks.md "Twenty-seventh session"): (1, 8192, 16) 33 -> 15 splits,
+// 21.3 -> 19.6 us; (1, 1024, 64) 6 -> 4, 15.8 -> 14.9; (1, 2048, 32) 11 -> 7, 16.0 -> 15.1;
+// at 5+ tiles the two CTAs win ((1, 1024, 128) 4 splits 17.9 us, 2 splits 19.8).
+constexpr int32_t kShortSplitTiles = 4;
+constexpr int32_t kShortSplitMinRows = 16;
 
 // Split length (64-key tiles) of a batch-invariant plan for a request of `kv_tiles` tiles:
 // `base`, doubled only as often as keeps the splits within kAttnMaxSplits.
@@ -211,17 +220,25 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   const bool balanced =
       max_kv_tiles <= kBalancedMaxTiles && min_rows >= kBalancedMinRows &&
       static_cast<int64_t>(max_kv_tiles) * in.num_sms * 8 <= unit_tiles * kBalancedNinths;
-  if (!in.batch_invariant && in.max_splits != 1 && units < wave && !balanced &&
-      max_kv_tiles > kMinTilesPerSplit) {
-    int64_t lo = kMinTilesPerSplit, hi = max_kv_tiles;  // ctas_at(hi) = units < wave
+  // The shortest chunk whose CTAs fit in `fill` resident CTAs (ctas_at(max_kv_tiles) = units).
+  auto shortest_chunk = [&](int64_t fill) {
+    int64_t lo = kMinTilesPerSplit, hi = max_kv_tiles;
     while (lo < hi) {
       const int64_t mid = (lo + hi) / 2;
-      if (ctas_at(mid) <= wave)
+      if (ctas_at(mid) <= fill)
         hi = mid;
       else
         lo = mid + 1;
     }
-    tiles_per_cta = lo;
+    return lo;
+  };
+  if (!in.batch_invariant && in.max_splits != 1 && units < wave && !balanced &&
+      max_kv_tiles > kMinTilesPerSplit) {
+    tiles_per_cta = shortest_chunk(wave);
+    if (plan.wgmma && !plan.wide && in.ctas_per_sm == 0 && ctas_per_sm == 2 &&
+        tiles_per_cta <= kShortSplitTiles && min_rows >= kShortSplitMinRows &&
+        units <= in.num_sms)
+      tiles_per_cta = shortest_chunk(in.num_sms);
   }
   for (int32_t r = 0; r < r_count; ++r) {
     int64_t splits = 0;

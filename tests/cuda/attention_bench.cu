@@ -141,6 +141,9 @@ int main(int argc, char** argv) {
   std::vector<int> fixed_splits = {0};  // --splits: 0 = the planner's choice, N = N splits
   bool wgmma = true;
   int wide = -1;  // --wide: 128-row wgmma tiles (AttentionPlanInputs::wide: -1 auto, 0, 1)
+  // --ctas-per-sm: the planner's resident CTAs per SM (AttentionPlanInputs::ctas_per_sm; 0: the
+  // kernel's own), i.e. the wave that splits fill.
+  int ctas_per_sm = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--batch")
@@ -159,6 +162,8 @@ int main(int argc, char** argv) {
       phases = std::atoi(argv[i + 1]) != 0;
     else if (a == "--wide")
       wide = std::atoi(argv[i + 1]);
+    else if (a == "--ctas-per-sm")
+      ctas_per_sm = std::atoi(argv[i + 1]);
     else if (a == "--kernel")
       wgmma = std::string(argv[i + 1]) != "mma";
   }
@@ -259,6 +264,7 @@ int main(int argc, char** argv) {
           in.fixed_splits = fs;
           in.wgmma = wgmma;
           in.wide = wide;
+          in.ctas_per_sm = ctas_per_sm;
           const arbor::kernels::AttentionPlan plan = arbor::kernels::plan_paged_tree_attention(in);
 
           auto upload = [&](const auto& v) {

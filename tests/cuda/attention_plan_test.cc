@@ -76,7 +76,7 @@ int64_t check_items(const Batch& b, const AttentionPlan& p, bool automatic = tru
 
 TEST(AttentionPlan, SplitsFillOneWaveAndNoMore) {
   std::mt19937 rng(5);
-  int split_plans = 0, wide_split_plans = 0;
+  int split_plans = 0, wide_split_plans = 0, one_per_sm = 0, two_per_sm = 0;
   for (int trial = 0; trial < 400; ++trial) {
     const bool wgmma = trial % 2 == 0;
     Batch b;
@@ -102,21 +102,39 @@ TEST(AttentionPlan, SplitsFillOneWaveAndNoMore) {
     wide_split_plans += p.wide;
     EXPECT_LE(items, wave) << trial << ": a split started a second wave";
     // The chunk is the shortest that fits: one tile less would need more than a wave (or the
-    // chunk is the minimum, 2 tiles, or a request is at the 256-split limit).
+    // chunk is the minimum, 2 tiles, or a request is at the 256-split limit). The wave is one
+    // CTA per SM instead of two where two would leave splits of at most 4 tiles (64-row wgmma
+    // CTAs, units of 16+ rows, at most one unit per SM).
+    std::vector<int64_t> request_units(b.committed.size(), 0);
+    int32_t min_rows = INT32_MAX;
+    for (const auto& w : p.work)
+      if (w.split == 0) ++request_units[static_cast<size_t>(w.request)];
+    for (size_t r = 0; r < b.committed.size(); ++r)
+      min_rows = std::min(min_rows, (b.qo[r + 1] - b.qo[r]) * 4);
+    auto ctas_at = [&](int64_t c) {  // CTAs with `c`-tile splits
+      int64_t n = 0;
+      for (size_t r = 0; r < b.committed.size(); ++r)
+        n += request_units[r] *
+             std::min<int64_t>(kernels::kAttnMaxSplits, (kv_tiles(b, r) + c - 1) / c);
+      return n;
+    };
+    int64_t fill = wave;
+    if (wgmma && !p.wide && min_rows >= 16 && units <= 132) {
+      int64_t c2 = 2;  // the shortest chunk for two CTAs per SM, by linear search
+      while (ctas_at(c2) > wave) ++c2;
+      if (c2 <= 4) fill = 132;
+    }
+    EXPECT_LE(items, fill) << trial;
+    ++(fill == wave ? two_per_sm : one_per_sm);
     int32_t chunk = 0;
     for (size_t r = 0; r < b.committed.size(); ++r)
       if (p.request_splits[r] > 1) chunk = std::max(chunk, p.request_kv_chunk[r] / kAttnKvTile);
     if (chunk <= 2) continue;
-    std::vector<int64_t> request_units(b.committed.size(), 0);
-    for (const auto& w : p.work)
-      if (w.split == 0) ++request_units[static_cast<size_t>(w.request)];
-    int64_t shorter = 0;
-    for (size_t r = 0; r < b.committed.size(); ++r)
-      shorter += request_units[r] * std::min<int64_t>(kernels::kAttnMaxSplits,
-                                                      (kv_tiles(b, r) + chunk - 2) / (chunk - 1));
-    EXPECT_GT(shorter, wave) << trial << ": chunk " << chunk << " is not the shortest";
+    EXPECT_GT(ctas_at(chunk - 1), fill) << trial << ": chunk " << chunk << " is not the shortest";
   }
   EXPECT_GT(split_plans, 50);  // the random batches do exercise the split rule
+  EXPECT_GT(one_per_sm, 0);    // ... both waves of it
+  EXPECT_GT(two_per_sm, 20);
   EXPECT_GT(wide_split_plans, 5);
 }
 
@@ -168,6 +186,18 @@ TEST(AttentionPlan, IssuePointsAndExamples) {
   const AttentionPlan pg = plan_for(g, true);
   EXPECT_GT(pg.request_splits[0], 1);
   check_items(g, pg);
+  // Where two 64-row wgmma CTAs per SM would leave splits of 2-4 tiles, one CTA per SM with
+  // about twice as long splits (the H200 sweep of the twenty-seventh session): (1, 8192, 16) 15
+  // splits of 9 tiles, not 33 of 4; (1, 1024, 64) 4 of 5, not 6 of 3. Not at 5+ tiles ((1,
+  // 1024, 128) keeps 4 splits of 5), not for decode rows ((1, 8192, 1) keeps 33 splits), not
+  // on the mma.sync path, nor when the caller fixes the resident CTAs.
+  EXPECT_EQ(plan_for(uniform(1, 16, 8192), true).request_splits[0], 15);
+  EXPECT_EQ(plan_for(uniform(1, 64, 1024), true).request_splits[0], 4);
+  EXPECT_EQ(plan_for(uniform(1, 32, 2048), true).request_splits[0], 7);
+  EXPECT_EQ(plan_for(uniform(1, 128, 1024), true).request_splits[0], 4);
+  EXPECT_EQ(plan_for(uniform(1, 1, 8192), true).request_splits[0], 33);
+  EXPECT_EQ(plan_for(uniform(1, 16, 8192), false).request_splits[0], 33);
+  EXPECT_EQ(plan_for(uniform(8, 16, 1024), true).request_splits[0], 4);  // 5-tile splits
 }
 
 // 128-row wgmma tiles: taken where they add at most 1/8 padded rows over 64-row tiles, only
