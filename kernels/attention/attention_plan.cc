@@ -236,8 +236,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
       max_kv_tiles > kMinTilesPerSplit) {
     tiles_per_cta = shortest_chunk(wave);
     if (plan.wgmma && !plan.wide && in.ctas_per_sm == 0 && ctas_per_sm == 2 &&
-        tiles_per_cta <= kShortSplitTiles && min_rows >= kShortSplitMinRows &&
-        units <= in.num_sms)
+        tiles_per_cta <= kShortSplitTiles && min_rows >= kShortSplitMinRows && units <= in.num_sms)
       tiles_per_cta = shortest_chunk(in.num_sms);
   }
   for (int32_t r = 0; r < r_count; ++r) {
