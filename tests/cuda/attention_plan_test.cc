@@ -198,6 +198,18 @@ TEST(AttentionPlan, IssuePointsAndExamples) {
   EXPECT_EQ(plan_for(uniform(1, 1, 8192), true).request_splits[0], 33);
   EXPECT_EQ(plan_for(uniform(1, 16, 8192), false).request_splits[0], 33);
   EXPECT_EQ(plan_for(uniform(8, 16, 1024), true).request_splits[0], 4);  // 5-tile splits
+  const Batch one = uniform(1, 16, 8192);
+  AttentionPlanInputs fixed_wave;
+  fixed_wave.qo_indptr = one.qo.data();
+  fixed_wave.committed_len = one.committed.data();
+  fixed_wave.num_requests = 1;
+  fixed_wave.num_q_heads = 32;
+  fixed_wave.num_kv_heads = 8;
+  fixed_wave.head_dim = 128;
+  fixed_wave.num_sms = 132;
+  fixed_wave.wgmma = true;
+  fixed_wave.ctas_per_sm = 2;  // the caller's wave is kept
+  EXPECT_EQ(kernels::plan_paged_tree_attention(fixed_wave).request_splits[0], 33);
 }
 
 // 128-row wgmma tiles: taken where they add at most 1/8 padded rows over 64-row tiles, only
