@@ -9,9 +9,10 @@
 //
 //   attention_bench [--batch 1,8,16,32,64] [--context 1024,2048,8192,32768]
 //                   [--tree 16,32,64,128] [--iters 30] [--max-splits 0] [--splits 0,1,2,4]
-//                   [--kernel wgmma|mma] [--wide -1|0|1] [--phases 0|1]
+//                   [--kernel wgmma|mma] [--wide -1|0|1] [--phases 0|1] [--ctas-per-sm 0]
 //   --wide: 128-row wgmma tiles where the rows fill them (-1, the planner's rule), never or
 //   always.
+//   --ctas-per-sm N: plan splits for a wave of N resident CTAs per SM (0: the planner's choice).
 //   --phases 1: after each point's timing, one more launch with per-CTA phase stamps
 //   (PagedTreeAttentionParams::phase_ns) and a line of medians: prologue, KV loop (and per
 //   tile), epilogue, CTA total, and how many CTAs started in a later wave.
