@@ -34,12 +34,13 @@ constexpr int32_t kBalancedMinRows = 32;   // ... and every unit's row tile this
 // One CTA per SM instead of two when two would leave splits this short (in KV tiles): with 2-4
 // tiles a CTA's prologue, partial stores and the merge weigh more than the second resident
 // CTA gains, so twice as long splits in half as many CTAs are faster. Only for the 64-row wgmma
-// CTAs of units with 16+ rows (decode units have little to merge, and keep the short splits).
-// H200, batch 1 (docs/benchmarks.md "Twenty-seventh session"): (1, 8192, 16) 33 -> 15 splits,
-// 21.3 -> 19.6 us; (1, 1024, 64) 6 -> 4, 15.8 -> 14.9; (1, 2048, 32) 11 -> 7, 16.0 -> 15.1;
-// at 5+ tiles the two CTAs win ((1, 1024, 128) 4 splits 17.9 us, 2 splits 19.8).
+// CTAs of units with 64+ rows (T >= 16 at 4 query heads per kv head: units of 4-16 rows have
+// little to merge; at T = 4 the rule lost 3-7% at batch 2-4). H200, 1-6 requests
+// (docs/benchmarks.md "Twenty-seventh session"): (1, 8192, 16) 33 -> 15 splits, 21.3 -> 19.6
+// us; (1, 1024, 64) 6 -> 4, 15.8 -> 14.9; (4, 1024, 16) 6 -> 4, 17.6 -> 16.7; at 5+ tiles the
+// two CTAs win ((1, 1024, 128) 4 splits 17.9 us, 2 splits 19.8).
 constexpr int32_t kShortSplitTiles = 4;
-constexpr int32_t kShortSplitMinRows = 16;
+constexpr int32_t kShortSplitMinRows = 64;
 
 // Split length (64-key tiles) of a batch-invariant plan for a request of `kv_tiles` tiles:
 // `base`, doubled only as often as keeps the splits within kAttnMaxSplits.

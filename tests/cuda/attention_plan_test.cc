@@ -104,7 +104,7 @@ TEST(AttentionPlan, SplitsFillOneWaveAndNoMore) {
     // The chunk is the shortest that fits: one tile less would need more than a wave (or the
     // chunk is the minimum, 2 tiles, or a request is at the 256-split limit). The wave is one
     // CTA per SM instead of two where two would leave splits of at most 4 tiles (64-row wgmma
-    // CTAs, units of 16+ rows, at most one unit per SM).
+    // CTAs, units of 64+ rows, at most one unit per SM).
     std::vector<int64_t> request_units(b.committed.size(), 0);
     int32_t min_rows = INT32_MAX;
     for (const auto& w : p.work)
@@ -119,7 +119,7 @@ TEST(AttentionPlan, SplitsFillOneWaveAndNoMore) {
       return n;
     };
     int64_t fill = wave;
-    if (wgmma && !p.wide && min_rows >= 16 && units <= 132) {
+    if (wgmma && !p.wide && min_rows >= 64 && units <= 132) {
       int64_t c2 = 2;  // the shortest chunk for two CTAs per SM, by linear search
       while (ctas_at(c2) > wave) ++c2;
       if (c2 <= 4) fill = 132;
@@ -189,13 +189,16 @@ TEST(AttentionPlan, IssuePointsAndExamples) {
   // Where two 64-row wgmma CTAs per SM would leave splits of 2-4 tiles, one CTA per SM with
   // about twice as long splits (the H200 sweep of the twenty-seventh session): (1, 8192, 16) 15
   // splits of 9 tiles, not 33 of 4; (1, 1024, 64) 4 of 5, not 6 of 3. Not at 5+ tiles ((1,
-  // 1024, 128) keeps 4 splits of 5), not for decode rows ((1, 8192, 1) keeps 33 splits), not
-  // on the mma.sync path, nor when the caller fixes the resident CTAs.
+  // 1024, 128) keeps 4 splits of 5), not for units of fewer than 64 rows ((1, 8192, 1) keeps 33
+  // splits, (2, 1024, 4) 9), not on the mma.sync path, nor when the caller fixes the resident
+  // CTAs.
   EXPECT_EQ(plan_for(uniform(1, 16, 8192), true).request_splits[0], 15);
   EXPECT_EQ(plan_for(uniform(1, 64, 1024), true).request_splits[0], 4);
   EXPECT_EQ(plan_for(uniform(1, 32, 2048), true).request_splits[0], 7);
   EXPECT_EQ(plan_for(uniform(1, 128, 1024), true).request_splits[0], 4);
   EXPECT_EQ(plan_for(uniform(1, 1, 8192), true).request_splits[0], 33);
+  EXPECT_EQ(plan_for(uniform(2, 4, 1024), true).request_splits[0], 9);   // 16-row units
+  EXPECT_EQ(plan_for(uniform(4, 16, 1024), true).request_splits[0], 4);  // 6 splits of 3 before
   EXPECT_EQ(plan_for(uniform(1, 16, 8192), false).request_splits[0], 33);
   EXPECT_EQ(plan_for(uniform(8, 16, 1024), true).request_splits[0], 4);  // 5-tile splits
   const Batch one = uniform(1, 16, 8192);
