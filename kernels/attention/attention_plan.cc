@@ -128,7 +128,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   const int32_t r_count = in.num_requests;
   const int32_t group = in.num_q_heads / in.num_kv_heads;
   plan.tensor_core = in.head_dim == 64 || in.head_dim == 128;
-  plan.wgmma = in.wgmma && in.head_dim == 128;  // the wgmma kernel is built for 128
+  plan.wgmma = in.wgmma && plan.tensor_core;  // head_dim 64 and 128
   plan.request_splits.assign(r_count, 1);
   plan.request_kv_chunk.assign(r_count, 0);
   plan.request_partial_row.assign(r_count, 0);
@@ -147,7 +147,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   // scoring nodes one by one gives the same bits).
   const int32_t invariant_base =
       in.invariant_chunk_tiles > 0 ? in.invariant_chunk_tiles : kAttnInvariantChunkTiles;
-  if (plan.wgmma && in.wide != 0) {
+  if (plan.wgmma && in.head_dim == 128 && in.wide != 0) {  // (wide CTAs: head_dim 128)
     int64_t padded64 = 0, padded128 = 0;
     int32_t longest_invariant = 0;  // longest CTA of a batch-invariant plan (fixed splits)
     for (int32_t r = 0; r < r_count; ++r) {
@@ -200,13 +200,13 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   // nothing is split. A second wave costs more than the shorter splits save: on the H200 the
   // old rule (chunk = ceil(total tiles / wave)) rounded (8, 2048, 64) into 2 splits and 512
   // CTAs, 72 us against 54 us unsplit (docs/benchmarks.md "Thirteenth session").
-  // Resident CTAs per SM of the tensor-core kernel: 2 at head_dim 128 (mma.sync: 128 threads
-  // at up to 255 registers; wgmma: 256 threads at 128), 1 wide (384 threads, 193 KiB of
-  // stages), else 3.
-  const int32_t ctas_per_sm = in.ctas_per_sm > 0   ? in.ctas_per_sm
-                              : plan.wide          ? 1
-                              : in.head_dim == 128 ? 2
-                                                   : 3;
+  // Resident CTAs per SM of the tensor-core kernel: 2 at head_dim 128 and on the wgmma path
+  // (mma.sync: 128 threads at up to 255 registers; wgmma: 256 threads at 128), 1 wide (384
+  // threads, 193 KiB of stages), else 3 (mma.sync at head_dim 64).
+  const int32_t ctas_per_sm = in.ctas_per_sm > 0                 ? in.ctas_per_sm
+                              : plan.wide                        ? 1
+                              : in.head_dim == 128 || plan.wgmma ? 2
+                                                                 : 3;
   const int64_t wave = static_cast<int64_t>(in.num_sms) * ctas_per_sm;
   int32_t max_kv_tiles = 1;
   for (int32_t r = 0; r < r_count; ++r) max_kv_tiles = std::max(max_kv_tiles, kv_tiles[r]);
@@ -236,7 +236,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   if (!in.batch_invariant && in.max_splits != 1 && units < wave && !balanced &&
       max_kv_tiles > kMinTilesPerSplit) {
     tiles_per_cta = shortest_chunk(wave);
-    if (plan.wgmma && !plan.wide && in.ctas_per_sm == 0 && ctas_per_sm == 2 &&
+    if (plan.wgmma && in.head_dim == 128 && !plan.wide && in.ctas_per_sm == 0 && ctas_per_sm == 2 &&
         tiles_per_cta <= kShortSplitTiles && min_rows >= kShortSplitMinRows && units <= in.num_sms)
       tiles_per_cta = shortest_chunk(in.num_sms);
   }

@@ -66,10 +66,10 @@ struct AttentionPlanInputs {
   int32_t max_splits = 0;    // 0: chosen from the shape; 1 disables split-KV; > 1 caps it
   int32_t fixed_splits = 0;  // > 0: every request in that many splits (at most one per KV tile;
                              // benchmarks sweep it; not with batch_invariant)
-  bool wgmma = false;        // plan for the wgmma kernel (head_dim 128: every tile 64 rows)
-  // wgmma: tiles of 128 rows (two consumer warpgroups sharing each K/V tile, one CTA per SM;
-  // same bits per row as 64-row tiles; no tree groups then). -1: where the rows fill them (at
-  // most 1/8 more padded rows than 64-row tiles) and some CTA runs 16 or more KV tiles (so not
+  bool wgmma = false;        // plan for the wgmma kernel (head_dim 64 / 128: every tile 64 rows)
+  // wgmma, head_dim 128: tiles of 128 rows (two consumer warpgroups sharing each K/V tile, one CTA
+  // per SM; same bits per row as 64-row tiles; no tree groups then). -1: where the rows fill them
+  // (at most 1/8 more padded rows than 64-row tiles) and some CTA runs 16 or more KV tiles (so not
   // in batch-invariant plans with their default 8-tile splits); 0: never; 1: always.
   int32_t wide = -1;
   // Batch-invariant plan (docs/kernels.md "Batch invariance"): every query row's result is a

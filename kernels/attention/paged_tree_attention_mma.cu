@@ -89,7 +89,8 @@ __device__ __forceinline__ void stamp_end(const PagedTreeAttentionParams& p) {
 template <typename KvT, int D, bool kWgmma, int kConsumers, bool kGroup>
 __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
                                               const AttentionWorkItem item) {
-  static_assert(!kWgmma || D == 128, "the wgmma path is built for head_dim 128");
+  static_assert(!kWgmma || D == 128 || D == 64, "the wgmma path is built for head_dim 64 and 128");
+  static_assert(kConsumers == 1 || D == 128, "wide CTAs: head_dim 128");
   static_assert(kConsumers == 1 || (kWgmma && !kGroup), "wide CTAs: wgmma, ordinary items");
   constexpr int kStages = kStagesOf<kWgmma, kConsumers>;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
@@ -765,9 +766,9 @@ __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
 
 template <typename KvT, int D, bool kWgmma, int kConsumers>
 __global__ void __launch_bounds__(kWgmma ? (kConsumers + 1) * kAttnThreads : kAttnThreads,
-                                  kConsumers == 2 ? 1
-                                  : D == 128      ? 2
-                                                  : 3)
+                                  kConsumers == 2      ? 1
+                                  : D == 128 || kWgmma ? 2
+                                                       : 3)
     tree_attention_mma_kernel(const PagedTreeAttentionParams p) {
   // The split merge (a programmatic dependent launch) may start now: it waits for this whole
   // grid's completion before it reads any partial.
@@ -814,7 +815,8 @@ cudaError_t launch_dim(const PagedTreeAttentionParams& p, cudaStream_t stream) {
 
 cudaError_t launch_tree_attention_mma(const PagedTreeAttentionParams& p, cudaStream_t stream) {
   if (p.num_work == 0) return cudaSuccess;
-  if (p.head_dim == 64) return launch_dim<64, false, 1>(p, stream);  // wgmma: head_dim 128 only
+  if (p.head_dim == 64)  // (no wide CTAs at head_dim 64)
+    return p.wgmma ? launch_dim<64, true, 1>(p, stream) : launch_dim<64, false, 1>(p, stream);
   if (p.head_dim == 128) {
     if (!p.wgmma) return launch_dim<128, false, 1>(p, stream);
     return p.wide ? launch_dim<128, true, 2>(p, stream) : launch_dim<128, true, 1>(p, stream);

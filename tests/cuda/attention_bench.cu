@@ -10,9 +10,11 @@
 //   attention_bench [--batch 1,8,16,32,64] [--context 1024,2048,8192,32768]
 //                   [--tree 16,32,64,128] [--iters 30] [--max-splits 0] [--splits 0,1,2,4]
 //                   [--kernel wgmma|mma] [--wide -1|0|1] [--phases 0|1] [--ctas-per-sm 0]
+//                   [--head-dim 128|64]
 //   --wide: 128-row wgmma tiles where the rows fill them (-1, the planner's rule), never or
 //   always.
 //   --ctas-per-sm N: plan splits for a wave of N resident CTAs per SM (0: the planner's choice).
+//   --head-dim 64: the same shapes with head_dim 64 (the tensor-core kernels' other size).
 //   --phases 1: after each point's timing, one more launch with per-CTA phase stamps
 //   (PagedTreeAttentionParams::phase_ns) and a line of medians: prologue, KV loop (and per
 //   tile), epilogue, CTA total, and how many CTAs started in a later wave.
@@ -37,7 +39,8 @@
 
 namespace {
 
-constexpr int kHq = 32, kHkv = 8, kD = 128, kBlock = 16;
+constexpr int kHq = 32, kHkv = 8, kBlock = 16;
+int g_head_dim = 128;  // --head-dim: 128 (Llama-3-8B) or 64
 
 using arbor::testing::check_cuda;
 
@@ -165,6 +168,8 @@ int main(int argc, char** argv) {
       wide = std::atoi(argv[i + 1]);
     else if (a == "--ctas-per-sm")
       ctas_per_sm = std::atoi(argv[i + 1]);
+    else if (a == "--head-dim")
+      g_head_dim = std::atoi(argv[i + 1]);
     else if (a == "--kernel")
       wgmma = std::string(argv[i + 1]) != "mma";
   }
@@ -180,7 +185,7 @@ int main(int argc, char** argv) {
   std::printf(
       "shapes: Hq %d, Hkv %d, D %d, bf16, block %d; floor = max(bytes / %.2f TB/s, "
       "FLOPs / %.0f TFLOP/s), the measured copy and bf16 GEMM (cuBLAS 8192^3) rates\n",
-      kHq, kHkv, kD, kBlock, copy_bw / 1e12, gemm_rate / 1e12);
+      kHq, kHkv, g_head_dim, kBlock, copy_bw / 1e12, gemm_rate / 1e12);
 
   // One cache big enough for the largest point; random bf16 tiled from a 64 MiB host buffer.
   int64_t max_slots = 0;
@@ -190,7 +195,7 @@ int main(int argc, char** argv) {
         const int64_t blocks = static_cast<int64_t>(b) * ((l + t + kBlock - 1) / kBlock);
         max_slots = std::max(max_slots, blocks * kBlock);
       }
-  const int64_t row_elems = static_cast<int64_t>(kHkv) * kD;
+  const int64_t row_elems = static_cast<int64_t>(kHkv) * g_head_dim;
   const size_t cache_bytes = static_cast<size_t>(max_slots * row_elems * 2);
   void *k_cache = nullptr, *v_cache = nullptr;
   check_cuda(cudaMalloc(&k_cache, cache_bytes), "malloc k");
@@ -259,7 +264,7 @@ int main(int argc, char** argv) {
         const int n = qo[b];
         for (const int fs : fixed_splits) {
           arbor::kernels::AttentionPlanInputs in =
-              arbor::testing::step_plan_inputs({kHq, kHkv, kD, kBlock}, qo, committed);
+              arbor::testing::step_plan_inputs({kHq, kHkv, g_head_dim, kBlock}, qo, committed);
           in.num_sms = prop.multiProcessorCount;
           in.max_splits = max_splits;
           in.fixed_splits = fs;
@@ -283,7 +288,7 @@ int main(int argc, char** argv) {
             return owned.back();
           };
           arbor::kernels::PagedTreeAttentionParams p;
-          std::vector<uint16_t> qh(static_cast<size_t>(n) * kHq * kD);
+          std::vector<uint16_t> qh(static_cast<size_t>(n) * kHq * g_head_dim);
           std::uniform_real_distribution<float> d(-2.f, 2.f);
           for (auto& x : qh) x = bf16_bits(d(rng));
           p.q = up(qh);
@@ -295,15 +300,16 @@ int main(int argc, char** argv) {
           p.v_cache = v_cache;
           p.io_type = arbor::kernels::ElemType::kBF16;
           p.kv_type = arbor::kernels::ElemType::kBF16;
-          arbor::testing::set_step_params(p, {kHq, kHkv, kD, kBlock}, qo, committed, tables,
+          arbor::testing::set_step_params(p, {kHq, kHkv, g_head_dim, kBlock}, qo, committed, tables,
                                           blocks_per_req, mask, mask_indptr, up);
           p.token_request = static_cast<const int32_t*>(up(token_request));
           arbor::testing::set_plan_params(p, plan, up);
           if (plan.needs_merge) {
             void* po = nullptr;
             void* pl = nullptr;
-            check_cuda(cudaMalloc(&po, static_cast<size_t>(plan.num_partial_rows) * kHq * kD * 4),
-                       "partials");
+            check_cuda(
+                cudaMalloc(&po, static_cast<size_t>(plan.num_partial_rows) * kHq * g_head_dim * 4),
+                "partials");
             check_cuda(cudaMalloc(&pl, static_cast<size_t>(plan.num_partial_rows) * kHq * 4),
                        "partials");
             owned.push_back(po);
@@ -326,9 +332,9 @@ int main(int argc, char** argv) {
           }
           std::sort(times.begin(), times.end());
           const double med = times[times.size() / 2];
-          const double kv_bytes = static_cast<double>(b) * (l + t) * kHkv * kD * 2 * 2;
-          const double qo_bytes = static_cast<double>(n) * kHq * kD * 2 * 2;
-          const double flops = 4.0 * kD * visible;
+          const double kv_bytes = static_cast<double>(b) * (l + t) * kHkv * g_head_dim * 2 * 2;
+          const double qo_bytes = static_cast<double>(n) * kHq * g_head_dim * 2 * 2;
+          const double flops = 4.0 * g_head_dim * visible;
           const double t_mem = (kv_bytes + qo_bytes) / copy_bw * 1e6;
           const double t_math = flops / gemm_rate * 1e6;
           const double floor_us = std::max(t_mem, t_math);

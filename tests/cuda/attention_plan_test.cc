@@ -235,6 +235,24 @@ TEST(AttentionPlan, WideTiles) {
   EXPECT_FALSE(plan_for(batch(8, 1, 2048), true).wide);   // decode rows
   EXPECT_FALSE(plan_for(t64, false).wide);                // mma.sync
   EXPECT_FALSE(plan_for(t64, true, 0, 0, /*wide=*/0).wide);
+  {  // head_dim 64: the 64-row wgmma kernel (two CTAs per SM), never 128-row tiles
+    AttentionPlanInputs in;
+    in.qo_indptr = t64.qo.data();
+    in.committed_len = t64.committed.data();
+    in.num_requests = 8;
+    in.num_q_heads = 32;
+    in.num_kv_heads = 8;
+    in.head_dim = 64;
+    in.num_sms = 132;
+    in.wgmma = true;
+    for (const int32_t wide : {-1, 1}) {
+      in.wide = wide;
+      const AttentionPlan p64 = kernels::plan_paged_tree_attention(in);
+      EXPECT_TRUE(p64.wgmma);
+      EXPECT_FALSE(p64.wide);
+      EXPECT_EQ(check_items(t64, p64), 8 * 8 * 4);  // 256 units fill 2 x 132: no split
+    }
+  }
   // Short CTAs (here 4 splits of <= 5 tiles) stay narrow unless forced.
   EXPECT_FALSE(plan_for(batch(1, 64, 1024), true).wide);
   EXPECT_TRUE(plan_for(batch(1, 64, 1024), true, 0, 0, /*wide=*/1).wide);

@@ -311,7 +311,8 @@ std::vector<AttnCase> cases() {
     l.shape_tuned = true;
     v.push_back(l);
   }
-  // Every tensor-core case through mma.sync, and the head_dim 128 ones through wgmma too.
+  // Every tensor-core case through mma.sync and through wgmma, and the head_dim 128 ones
+  // through 128-row wgmma tiles too.
   std::vector<AttnCase> all;
   for (AttnCase c : v) {
     if (c.d != 64 && c.d != 128) {
@@ -322,11 +323,11 @@ std::vector<AttnCase> cases() {
     m.kernel = 1;
     m.name += "_mma";
     all.push_back(m);
+    AttnCase w = c;
+    w.kernel = 2;
+    w.name += "_wgmma";
+    all.push_back(w);
     if (c.d == 128) {
-      AttnCase w = c;
-      w.kernel = 2;
-      w.name += "_wgmma";
-      all.push_back(w);
       // And through 128-row tiles (requests of <= 64 rows leave the second consumer
       // warpgroup idle; trees of 40 and 70 nodes end mid-tile; batch-invariant plans then
       // score every tree node on its own).
