@@ -60,10 +60,10 @@ struct CudaBackendOptions {
   // split_cols; free views at one token): 2 GEMMs fewer per layer and no small k / v GEMMs.
   bool fuse_projections = true;
   int32_t max_tree_nodes = 1024;  // largest masked (tree) request accepted by set_step
-  // Tensor-core attention kernel: 0 = wgmma for head_dim 128 where the build and GPU have it
-  // (sm_90a), else mma.sync (head_dim 64 always); 1 = mma.sync; 2 = wgmma for head_dim 128
-  // (kUnsupported where unavailable); 3 = wgmma with 128-row tiles in every shape-tuned plan
-  // (tests; 0 and 2 take them where the rows fill them).
+  // Tensor-core attention kernel (head_dim 64 and 128): 0 = wgmma where the build and GPU have
+  // it (sm_90a), else mma.sync; 1 = mma.sync; 2 = wgmma (kUnsupported where unavailable); 3 =
+  // wgmma with 128-row tiles in every shape-tuned plan at head_dim 128 (tests; 0 and 2 take
+  // them where the rows fill them).
   int attention_kernel = 0;
   // Batch-invariant attention: score a tree's nodes in groups that read the shared prefix once
   // (docs/kernels.md "Tree groups") instead of one CTA per node re-reading it. Same values.
