@@ -29,8 +29,8 @@ struct Batch {
   }
 };
 
-AttentionPlan plan_for(const Batch& b, bool wgmma, int32_t fixed = 0, int32_t max_splits = 0,
-                       int32_t wide = -1, bool invariant = false) {
+// Llama-3-8B heads (32 query, 8 kv, head_dim 128) on 132 SMs; `b` must outlive the inputs.
+AttentionPlanInputs inputs_for(const Batch& b, bool wgmma) {
   AttentionPlanInputs in;
   in.qo_indptr = b.qo.data();
   in.committed_len = b.committed.data();
@@ -40,11 +40,17 @@ AttentionPlan plan_for(const Batch& b, bool wgmma, int32_t fixed = 0, int32_t ma
   in.head_dim = 128;
   in.num_sms = 132;
   in.wgmma = wgmma;
+  in.num_tokens = b.qo.back();
+  return in;
+}
+
+AttentionPlan plan_for(const Batch& b, bool wgmma, int32_t fixed = 0, int32_t max_splits = 0,
+                       int32_t wide = -1, bool invariant = false) {
+  AttentionPlanInputs in = inputs_for(b, wgmma);
   in.fixed_splits = fixed;
   in.max_splits = max_splits;
   in.wide = wide;
   in.batch_invariant = invariant;
-  in.num_tokens = b.qo.back();
   return kernels::plan_paged_tree_attention(in);
 }
 
@@ -202,15 +208,7 @@ TEST(AttentionPlan, IssuePointsAndExamples) {
   EXPECT_EQ(plan_for(uniform(1, 16, 8192), false).request_splits[0], 33);
   EXPECT_EQ(plan_for(uniform(8, 16, 1024), true).request_splits[0], 4);  // 5-tile splits
   const Batch one = uniform(1, 16, 8192);
-  AttentionPlanInputs fixed_wave;
-  fixed_wave.qo_indptr = one.qo.data();
-  fixed_wave.committed_len = one.committed.data();
-  fixed_wave.num_requests = 1;
-  fixed_wave.num_q_heads = 32;
-  fixed_wave.num_kv_heads = 8;
-  fixed_wave.head_dim = 128;
-  fixed_wave.num_sms = 132;
-  fixed_wave.wgmma = true;
+  AttentionPlanInputs fixed_wave = inputs_for(one, true);
   fixed_wave.ctas_per_sm = 2;  // the caller's wave is kept
   EXPECT_EQ(kernels::plan_paged_tree_attention(fixed_wave).request_splits[0], 33);
 }
@@ -236,15 +234,8 @@ TEST(AttentionPlan, WideTiles) {
   EXPECT_FALSE(plan_for(t64, false).wide);                // mma.sync
   EXPECT_FALSE(plan_for(t64, true, 0, 0, /*wide=*/0).wide);
   {  // head_dim 64: the 64-row wgmma kernel (two CTAs per SM), never 128-row tiles
-    AttentionPlanInputs in;
-    in.qo_indptr = t64.qo.data();
-    in.committed_len = t64.committed.data();
-    in.num_requests = 8;
-    in.num_q_heads = 32;
-    in.num_kv_heads = 8;
+    AttentionPlanInputs in = inputs_for(t64, true);
     in.head_dim = 64;
-    in.num_sms = 132;
-    in.wgmma = true;
     for (const int32_t wide : {-1, 1}) {
       in.wide = wide;
       const AttentionPlan p64 = kernels::plan_paged_tree_attention(in);
