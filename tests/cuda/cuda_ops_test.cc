@@ -12,11 +12,13 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/core/error.h"
+#include "kernels/attention/paged_tree_attention.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace arbor {
@@ -303,6 +305,31 @@ TEST(CudaOps, AttentionSplitKeysEnvironmentOverride) {
   ::setenv("ARBOR_ATTN_SPLIT_KEYS", "256", 1);
   EXPECT_NO_THROW(CudaBackend{CudaBackendOptions{}});
   ::unsetenv("ARBOR_ATTN_SPLIT_KEYS");
+}
+
+// ARBOR_ATTN_KERNEL picks the tensor-core attention kernel (as CudaBackendOptions::
+// attention_kernel); a bad value names itself.
+TEST(CudaOps, AttentionKernelEnvironmentOverride) {
+  ARBOR_REQUIRE_GPU();
+  expect_env_refused("ARBOR_ATTN_KERNEL", {"4", "-1", "x", "1a"});
+  bool wgmma = false;
+  ASSERT_EQ(kernels::attention_wgmma_available(&wgmma), cudaSuccess);
+  std::mt19937 rng(9);
+  for (const int kernel : {1, 2, 0}) {
+    if (kernel == 2 && !wgmma) continue;
+    ::setenv("ARBOR_ATTN_KERNEL", std::to_string(kernel).c_str(), 1);
+    CudaBackend gpu({});
+    ::unsetenv("ARBOR_ATTN_KERNEL");
+    gpu.allocate_kv(small_kv(2, 64));
+    gpu.set_step(flat_step(rng, 40, 100, 64));
+    Tensor q = gpu.scratch(40, 4 * 64);
+    Tensor out = gpu.scratch(40, 4 * 64);
+    const std::vector<float> qv = random_vector(rng, 40 * 4 * 64);
+    gpu.upload(qv.data(), q);
+    gpu.paged_tree_attention(0, q, 4, out);
+    // 0 (auto) takes wgmma wherever it is available.
+    EXPECT_EQ(gpu.last_attention_wgmma(), kernel != 1 && wgmma) << "ARBOR_ATTN_KERNEL=" << kernel;
+  }
 }
 
 // ARBOR_CHAIN_GEMM sets the largest row count the chain GEMM takes (0 = off); a bad value, and

@@ -409,10 +409,14 @@ std::optional<long> env_int(const char* name, long lo, long hi, long multiple,
 }
 
 // ARBOR_GEMM (cublas | own | chunked) overrides CudaBackendOptions::batch_invariant_gemm,
-// ARBOR_ATTN_SPLIT_KEYS (a multiple of 64) CudaBackendOptions::invariant_split_keys and
-// ARBOR_CHAIN_GEMM (0..16) CudaBackendOptions::chain_gemm_max_rows, so the CLI and server can
-// pick them without flags of their own.
+// ARBOR_ATTN_SPLIT_KEYS (a multiple of 64) CudaBackendOptions::invariant_split_keys,
+// ARBOR_ATTN_KERNEL (0..3) CudaBackendOptions::attention_kernel and ARBOR_CHAIN_GEMM (0..16)
+// CudaBackendOptions::chain_gemm_max_rows, so the CLI and server can pick them without flags of
+// their own.
 CudaBackendOptions with_env_overrides(CudaBackendOptions o) {
+  if (const auto v = env_int("ARBOR_ATTN_KERNEL", 0, 3, 1,
+                             "0 auto, 1 mma.sync, 2 wgmma, 3 wgmma with 128-row tiles"))
+    o.attention_kernel = static_cast<int>(*v);
   if (const auto v =
           env_int("ARBOR_ATTN_SPLIT_KEYS", 64, 64 * 1024, 64, "a multiple of 64 from 64 to 65536"))
     o.invariant_split_keys = static_cast<int32_t>(*v);
