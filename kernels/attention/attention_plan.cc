@@ -147,7 +147,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   // scoring nodes one by one gives the same bits).
   const int32_t invariant_base =
       in.invariant_chunk_tiles > 0 ? in.invariant_chunk_tiles : kAttnInvariantChunkTiles;
-  if (plan.wgmma && in.head_dim == 128 && in.wide != 0) {  // (wide CTAs: head_dim 128)
+  if (plan.wgmma && in.wide != 0) {
     int64_t padded64 = 0, padded128 = 0;
     int32_t longest_invariant = 0;  // longest CTA of a batch-invariant plan (fixed splits)
     for (int32_t r = 0; r < r_count; ++r) {

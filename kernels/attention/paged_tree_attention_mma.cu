@@ -90,7 +90,6 @@ template <typename KvT, int D, bool kWgmma, int kConsumers, bool kGroup>
 __device__ __forceinline__ void attention_cta(const PagedTreeAttentionParams& p,
                                               const AttentionWorkItem item) {
   static_assert(!kWgmma || D == 128 || D == 64, "the wgmma path is built for head_dim 64 and 128");
-  static_assert(kConsumers == 1 || D == 128, "wide CTAs: head_dim 128");
   static_assert(kConsumers == 1 || (kWgmma && !kGroup), "wide CTAs: wgmma, ordinary items");
   constexpr int kStages = kStagesOf<kWgmma, kConsumers>;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
@@ -815,8 +814,10 @@ cudaError_t launch_dim(const PagedTreeAttentionParams& p, cudaStream_t stream) {
 
 cudaError_t launch_tree_attention_mma(const PagedTreeAttentionParams& p, cudaStream_t stream) {
   if (p.num_work == 0) return cudaSuccess;
-  if (p.head_dim == 64)  // (no wide CTAs at head_dim 64)
-    return p.wgmma ? launch_dim<64, true, 1>(p, stream) : launch_dim<64, false, 1>(p, stream);
+  if (p.head_dim == 64) {
+    if (!p.wgmma) return launch_dim<64, false, 1>(p, stream);
+    return p.wide ? launch_dim<64, true, 2>(p, stream) : launch_dim<64, true, 1>(p, stream);
+  }
   if (p.head_dim == 128) {
     if (!p.wgmma) return launch_dim<128, false, 1>(p, stream);
     return p.wide ? launch_dim<128, true, 2>(p, stream) : launch_dim<128, true, 1>(p, stream);

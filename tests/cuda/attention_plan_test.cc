@@ -233,16 +233,17 @@ TEST(AttentionPlan, WideTiles) {
   EXPECT_FALSE(plan_for(batch(8, 1, 2048), true).wide);   // decode rows
   EXPECT_FALSE(plan_for(t64, false).wide);                // mma.sync
   EXPECT_FALSE(plan_for(t64, true, 0, 0, /*wide=*/0).wide);
-  {  // head_dim 64: the 64-row wgmma kernel (two CTAs per SM), never 128-row tiles
+  {  // head_dim 64: the wgmma kernel too, with the same choice of 128-row tiles
     AttentionPlanInputs in = inputs_for(t64, true);
     in.head_dim = 64;
-    for (const int32_t wide : {-1, 1}) {
-      in.wide = wide;
-      const AttentionPlan p64 = kernels::plan_paged_tree_attention(in);
-      EXPECT_TRUE(p64.wgmma);
-      EXPECT_FALSE(p64.wide);
-      EXPECT_EQ(check_items(t64, p64), 8 * 8 * 4);  // 256 units fill 2 x 132: no split
-    }
+    const AttentionPlan p64 = kernels::plan_paged_tree_attention(in);
+    EXPECT_TRUE(p64.wgmma);
+    EXPECT_TRUE(p64.wide);
+    EXPECT_EQ(check_items(t64, p64), 8 * 8 * 2);
+    in.wide = 0;  // 64-row tiles: 256 units fill 2 x 132 CTAs, no split
+    const AttentionPlan n64 = kernels::plan_paged_tree_attention(in);
+    EXPECT_FALSE(n64.wide);
+    EXPECT_EQ(check_items(t64, n64), 8 * 8 * 4);
   }
   // Short CTAs (here 4 splits of <= 5 tiles) stay narrow unless forced.
   EXPECT_FALSE(plan_for(batch(1, 64, 1024), true).wide);

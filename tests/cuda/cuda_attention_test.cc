@@ -311,8 +311,7 @@ std::vector<AttnCase> cases() {
     l.shape_tuned = true;
     v.push_back(l);
   }
-  // Every tensor-core case through mma.sync and through wgmma, and the head_dim 128 ones
-  // through 128-row wgmma tiles too.
+  // Every tensor-core case through mma.sync, wgmma and 128-row wgmma tiles.
   std::vector<AttnCase> all;
   for (AttnCase c : v) {
     if (c.d != 64 && c.d != 128) {
@@ -327,15 +326,13 @@ std::vector<AttnCase> cases() {
     w.kernel = 2;
     w.name += "_wgmma";
     all.push_back(w);
-    if (c.d == 128) {
-      // And through 128-row tiles (requests of <= 64 rows leave the second consumer
-      // warpgroup idle; trees of 40 and 70 nodes end mid-tile; batch-invariant plans then
-      // score every tree node on its own).
-      AttnCase wide = c;
-      wide.kernel = 3;
-      wide.name += "_wide";
-      all.push_back(wide);
-    }
+    // And through 128-row tiles (requests of <= 64 rows leave the second consumer warpgroup
+    // idle; trees of 40 and 70 nodes end mid-tile; batch-invariant plans then score every tree
+    // node on its own).
+    AttnCase wide = c;
+    wide.kernel = 3;
+    wide.name += "_wide";
+    all.push_back(wide);
   }
   return all;
 }

@@ -358,8 +358,8 @@ TEST_P(CudaAttentionInvariance, RequestAloneEqualsMixedBatchAndTreeRowEqualsChai
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaAttentionInvariance,
                          ::testing::Values(AttnCase{64, 1}, AttnCase{64, 2}, AttnCase{128, 1},
                                            AttnCase{128, 2}, AttnCase{16, 0}, AttnCase{64, 1, 0},
-                                           AttnCase{64, 2, 0}, AttnCase{128, 2, 0},
-                                           AttnCase{128, 3, 0}),
+                                           AttnCase{64, 2, 0}, AttnCase{64, 3, 0},
+                                           AttnCase{128, 2, 0}, AttnCase{128, 3, 0}),
                          [](const auto& info) {
                            const AttnCase& c = info.param;
                            return "d" + std::to_string(c.head_dim) +

@@ -62,8 +62,8 @@ struct CudaBackendOptions {
   int32_t max_tree_nodes = 1024;  // largest masked (tree) request accepted by set_step
   // Tensor-core attention kernel (head_dim 64 and 128): 0 = wgmma where the build and GPU have
   // it (sm_90a), else mma.sync; 1 = mma.sync; 2 = wgmma (kUnsupported where unavailable); 3 =
-  // wgmma with 128-row tiles in every shape-tuned plan at head_dim 128 (tests; 0 and 2 take
-  // them where the rows fill them).
+  // wgmma with 128-row tiles in every shape-tuned plan (tests; 0 and 2 take them where the
+  // rows fill them).
   int attention_kernel = 0;
   // Batch-invariant attention: score a tree's nodes in groups that read the shared prefix once
   // (docs/kernels.md "Tree groups") instead of one CTA per node re-reading it. Same values.
