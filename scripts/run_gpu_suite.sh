@@ -89,14 +89,14 @@ grep -E '^  .*(batch-invariant|attention d[0-9]+ kernel|linear out)' "$LOG/tests
 
 if [ -n "$SANITIZER" ] && [ "${ARBOR_GPU_SKIP_SANITIZER:-0}" != 1 ]; then
   echo "== compute-sanitizer memcheck (attention, KV write, compaction)"
-  MEMCHECK_FILTER='*mixed_d128_g4_mma:*mixed_d128_g4_wgmma:*mixed_d64_g8_mma:*mixed_d64_g8_wgmma:*mixed_d16_g4:*long_split_d128_g4_*:*block8_wgmma:*mixed_d128_g4_tuned_wide:CudaOps.CopyKv*:CudaOps.WriteKv*:CudaSampleTrees.BadRows*:CudaSampleTrees.Malformed*:CudaSampleTrees.TopK*:CudaGraphsModel.*'
+  MEMCHECK_FILTER='*mixed_d128_g4_mma:*mixed_d128_g4_wgmma:*mixed_d64_g8_mma:*mixed_d64_g8_wgmma:*mixed_d64_g8_wide:*mixed_d16_g4:*long_split_d128_g4_*:*block8_wgmma:*mixed_d128_g4_tuned_wide:CudaOps.CopyKv*:CudaOps.WriteKv*:CudaSampleTrees.BadRows*:CudaSampleTrees.Malformed*:CudaSampleTrees.TopK*:CudaGraphsModel.*'
   timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 3 "$BIN/arbor_cuda_tests" \
     --gtest_filter="$MEMCHECK_FILTER" >"$LOG/memcheck.log" 2>&1
   echo "memcheck exit $? ($(grep -c 'MatchesCpuReference\|CopyKv\|WriteKv\|CudaSampleTrees' "$LOG/memcheck.log") test lines)"
   tail -4 "$LOG/memcheck.log"
   echo "== compute-sanitizer racecheck (attention, shared memory)"
-  timeout 160 "$SANITIZER" --tool racecheck --error-exitcode 3 "$BIN/arbor_cuda_tests" \
-    --gtest_filter='*mixed_d128_g4_mma:*mixed_d128_g4_wgmma:*long_split_d128_g4_wgmma:*long_split_d128_g4_wide:*mixed_d128_g4_tuned_wide:*long_split_d64_g8_mma:*long_split_d64_g8_wgmma:CudaSampleTrees.BadRows*' \
+  timeout 200 "$SANITIZER" --tool racecheck --error-exitcode 3 "$BIN/arbor_cuda_tests" \
+    --gtest_filter='*mixed_d128_g4_mma:*mixed_d128_g4_wgmma:*long_split_d128_g4_wgmma:*long_split_d128_g4_wide:*mixed_d128_g4_tuned_wide:*long_split_d64_g8_mma:*long_split_d64_g8_wgmma:*long_split_d64_g8_wide:CudaSampleTrees.BadRows*' \
     >"$LOG/racecheck.log" 2>&1
   echo "racecheck exit $?"
   tail -4 "$LOG/racecheck.log"
