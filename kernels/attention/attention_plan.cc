@@ -236,7 +236,8 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   if (!in.batch_invariant && in.max_splits != 1 && units < wave && !balanced &&
       max_kv_tiles > kMinTilesPerSplit) {
     tiles_per_cta = shortest_chunk(wave);
-    if (plan.wgmma && in.head_dim == 128 && !plan.wide && in.ctas_per_sm == 0 && ctas_per_sm == 2 &&
+    // (64-row wgmma CTAs at head_dim 128 run two per SM unless the caller fixed the wave.)
+    if (plan.wgmma && in.head_dim == 128 && !plan.wide && in.ctas_per_sm == 0 &&
         tiles_per_cta <= kShortSplitTiles && min_rows >= kShortSplitMinRows && units <= in.num_sms)
       tiles_per_cta = shortest_chunk(in.num_sms);
   }

@@ -810,18 +810,19 @@ cudaError_t launch_dim(const PagedTreeAttentionParams& p, cudaStream_t stream) {
              : launch_typed<__half, D, kWgmma, kConsumers>(p, stream);
 }
 
+// The plan's kernel at head_dim D: mma.sync, or wgmma with 64- or 128-row ("wide") tiles.
+template <int D>
+cudaError_t launch_head(const PagedTreeAttentionParams& p, cudaStream_t stream) {
+  if (!p.wgmma) return launch_dim<D, false, 1>(p, stream);
+  return p.wide ? launch_dim<D, true, 2>(p, stream) : launch_dim<D, true, 1>(p, stream);
+}
+
 }  // namespace
 
 cudaError_t launch_tree_attention_mma(const PagedTreeAttentionParams& p, cudaStream_t stream) {
   if (p.num_work == 0) return cudaSuccess;
-  if (p.head_dim == 64) {
-    if (!p.wgmma) return launch_dim<64, false, 1>(p, stream);
-    return p.wide ? launch_dim<64, true, 2>(p, stream) : launch_dim<64, true, 1>(p, stream);
-  }
-  if (p.head_dim == 128) {
-    if (!p.wgmma) return launch_dim<128, false, 1>(p, stream);
-    return p.wide ? launch_dim<128, true, 2>(p, stream) : launch_dim<128, true, 1>(p, stream);
-  }
+  if (p.head_dim == 64) return launch_head<64>(p, stream);
+  if (p.head_dim == 128) return launch_head<128>(p, stream);
   return cudaErrorInvalidValue;
 }
 
