@@ -13,7 +13,7 @@ import json
 
 
 def read_bench_log(path):
-    """attention_bench's markdown rows -> {(B, L, T): (splits, us, floor_us)}."""
+    """attention_bench's markdown rows -> {(B, L, T): (splits, us, floor_us, bound)}."""
     rows = {}
     with open(path) as f:
         for line in f:
@@ -21,7 +21,7 @@ def read_bench_log(path):
             if len(cells) < 8 or not cells[0].isdigit():
                 continue
             b, l, t, splits = map(int, cells[:4])
-            rows[(b, l, t)] = (splits, float(cells[5]), float(cells[6]))
+            rows[(b, l, t)] = (splits, float(cells[5]), float(cells[6]), cells[8])
     return rows
 
 
@@ -63,7 +63,7 @@ def main():
     ratios = {"FlashInfer": [], "SDPA": []}
     fmt = lambda v: "-" if v is None else v if isinstance(v, str) else f"{v:.1f}"
     for key in sorted(ours):
-        splits, us, floor = ours[key]
+        splits, us, floor, _ = ours[key]
         f_us, s_us = fi.get(key), sdpa.get(key)
         if f_us is not None:
             ratios["FlashInfer"].append((f_us / us, key))
@@ -74,13 +74,20 @@ def main():
               f"| {f'{f_us / us:.2f}x' if f_us else '-'} | {fmt(s_us)} "
               f"| {f'{s_us / us:.2f}x' if s_us else '-'} | {fmt(flex.get(key))} |")
     print()
+    # The issue's floor bars: every point within 1.6x, memory-bound points within 1.3x.
+    within = sum(1 for v in ours.values() if v[1] <= 1.6 * v[2])
+    mem = [v for v in ours.values() if v[3] == "mem"]
+    mem_within = sum(1 for v in mem if v[1] <= 1.3 * v[2])
+    print(f"* floor: {within} of {len(ours)} points within 1.6x; {mem_within} of {len(mem)} "
+          f"memory-bound points within 1.3x")
     for peer, rs in ratios.items():
         if not rs:
             continue
         faster = sum(1 for r, _ in rs if r > 1)
         lo, hi = min(rs), max(rs)
-        print(f"* {peer}: ours faster at {faster} of {len(rs)} points; peer / ours from "
-              f"{lo[0]:.2f}x at {lo[1]} to {hi[0]:.2f}x at {hi[1]}")
+        four = sum(1 for r, _ in rs if r >= 4)
+        print(f"* {peer}: ours faster at {faster} of {len(rs)} points, at least 4x at {four}; "
+              f"peer / ours from {lo[0]:.2f}x at {lo[1]} to {hi[0]:.2f}x at {hi[1]}")
 
 
 if __name__ == "__main__":
