@@ -8,9 +8,17 @@
 #                                        # the same points, the joined table and the bar counts
 #   bash scripts/gpu_bars.sh model       # model_bench: plain decode at batch 1-64 and the
 #                                        # verify-cost curve at batch 1, 8, 32
-#   bash scripts/gpu_bars.sh flashinfer  # FlashInfer's custom mask at the grid (carry .whl, see
-#                                        # scripts/gpu_flashinfer_bench.sh prepare), then our
-#                                        # kernel again at the issue's points
+#   bash scripts/gpu_bars.sh decode-ab   # plain decode at batch 1 / 8 under the settings that
+#                                        # trade latency (GEMM order, split size, invariance),
+#                                        # and ncu's per-kernel times of one batch-1 step
+#   bash scripts/gpu_bars.sh model-ab    # model_bench decode, this build against .gpu/base.tar.gz
+#   bash scripts/gpu_bars.sh env-ab      # model_bench decode under each setting of ARBOR_AB_ENVS
+#   bash scripts/gpu_bars.sh stage       # (one call per part) SmolLM2's GGUF parts to /tmp/stage
+#   bash scripts/gpu_bars.sh e2e         # SmolLM2 spec-bench: n-gram / EAGLE / Medusa vs plain
+#   bash scripts/gpu_bars.sh tests       # arbor_cuda_tests alone (ARBOR_GPU_TEST_FILTER)
+#   bash scripts/gpu_bars.sh flashinfer  # our grid (attention_bench from .gpu/attn.tar.gz), then
+#                                        # FlashInfer's custom mask at the grid (carry .whl, see
+#                                        # scripts/gpu_flashinfer_bench.sh prepare) and the table
 #
 # Logs go to $OUT (the device machine's return folder) or ./gpu-logs. Environment:
 # ARBOR_BARS_ITERS (attention_bench launches per point, default 20), ARBOR_FLEX_BUDGET_S
@@ -24,9 +32,36 @@ mkdir -p "$LOG"
 MODE="${1:-attention}"
 ITERS="${ARBOR_BARS_ITERS:-20}"
 
-if [ "$MODE" = flashinfer ]; then
-  bash scripts/gpu_flashinfer_bench.sh "${@:2}"
+if [ "$MODE" = stage ]; then
+  # SmolLM2-135M-Instruct's GGUF (93 MB) is over one call's transfer beside the repo: split it
+  # here (split -n 3 models/SmolLM2-135M-Instruct.Q4_1.gguf .stage/smol.part.) and carry one
+  # part per call; the machine keeps /tmp/stage while it stays warm between calls.
+  mkdir -p /tmp/stage && cp .stage/smol.part.* /tmp/stage/ && ls -la /tmp/stage
   exit $?
+fi
+if [ "$MODE" = flashinfer ]; then
+  # With .gpu/attn.tar.gz (attention_bench alone, which needs only cuBLAS: the payload does not
+  # fit one call beside the wheels) our kernel runs first in the same call, and the table joins
+  # both with the torch peers' JSON if $ARBOR_TORCH_JSON names one.
+  STATUS=0
+  if [ -f .gpu/attn.tar.gz ]; then
+    BIN=/tmp/arbor_attn && rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xzf .gpu/attn.tar.gz
+    CUBLAS="$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)")"
+    export LD_LIBRARY_PATH="$CUBLAS:${LD_LIBRARY_PATH:-}"
+    echo "== attention_bench --kernel wgmma --iters $ITERS (grid)"
+    timeout 150 "$BIN/attention_bench" --kernel wgmma --iters "$ITERS" >"$LOG/bench_wgmma.log" 2>&1 ||
+      STATUS=1
+    grep -E '^(device|shapes)' "$LOG/bench_wgmma.log"
+  fi
+  bash scripts/gpu_flashinfer_bench.sh "${@:2}" >"$LOG/flashinfer_run.log" 2>&1 || STATUS=1
+  grep -vE '^\| [0-9]' "$LOG/flashinfer_run.log" | tail -15
+  if [ -f "$LOG/bench_wgmma.log" ]; then
+    python3 scripts/attention_peers_table.py --ours "$LOG/bench_wgmma.log" \
+      --flashinfer "$LOG/flashinfer_attention.json" ${ARBOR_TORCH_JSON:+--torch "$ARBOR_TORCH_JSON"} \
+      >"$LOG/peers_table_fi.md" 2>&1 || STATUS=1
+    grep -E '^\* ' "$LOG/peers_table_fi.md"
+  fi
+  exit $STATUS
 fi
 
 [ -f .gpu/payload.tar.gz ] || { echo "no .gpu/payload.tar.gz: run scripts/run_gpu_suite.sh pack"; exit 1; }
@@ -74,8 +109,99 @@ case "$MODE" in
       --verify-json "$LOG/verify_cost.json" $ARGS >"$LOG/model_bench.log" 2>&1 || STATUS=1
     grep -vE '^\s*$' "$LOG/model_bench.log" | tail -60
     ;;
+  decode-ab)
+    # Plain decode at batch 1 and 8 under the backend's settings that trade batch-1 latency
+    # for other things, two rounds in one process order: the default (batch-invariant,
+    # cuBLASLt order + chain GEMM, 512-key splits), the chunked GEMM, 256-key splits, and the
+    # shape-tuned (not batch-invariant) backend with the skinny GEMM at 1-2 rows.
+    for round in 1 2; do
+      for cfg in "" "--gemm 2" "--split-keys 256" "--gemm 2 --split-keys 256" \
+        "--batch-invariant 0 --skinny-max-rows 2"; do
+        # shellcheck disable=SC2086
+        timeout 90 "$BIN/model_bench" --batch 1,8 --no-verify --decode-steps 16 $cfg \
+          >"$LOG/decode_ab.tmp" 2>&1 || STATUS=1
+        grep -E '^\| (1|8) \|' "$LOG/decode_ab.tmp" | sed "s/^/round $round [${cfg:-default}] /" |
+          tee -a "$LOG/decode_ab.log"
+      done
+    done
+    rm -f "$LOG/decode_ab.tmp"
+    NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+    if [ -n "$NCU" ]; then
+      echo "== ncu: one replayed batch-1 decode step, per kernel"
+      timeout 200 "$NCU" --profile-from-start off --graph-profiling node --clock-control none \
+        --cache-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+        "$BIN/model_bench" --batch 1 --decode-steps 4 --no-verify --ncu-step \
+        >"$LOG/ncu_step.csv" 2>&1 || STATUS=1
+      wc -l "$LOG/ncu_step.csv"
+    fi
+    ;;
+  model-ab)
+    # The payload's model_bench against a base build's (.gpu/base.tar.gz, git-ignored: the
+    # stripped model_bench of the base commit), plain decode at batch 1-64, alternating, three
+    # rounds in one call.
+    mkdir -p "$BIN/base" && tar -C "$BIN/base" -xzf .gpu/base.tar.gz || exit 1
+    for round in 1 2 3; do
+      for which in base new; do
+        exe="$BIN/model_bench"
+        [ "$which" = base ] && exe="$BIN/base/model_bench"
+        # shellcheck disable=SC2086
+        timeout 90 "$exe" --batch 1,8,32,64 --no-verify --decode-steps 16 ${ARBOR_AB_ARGS:-} \
+          >"$LOG/model_ab.tmp" 2>&1 || STATUS=1
+        grep -E '^\| (1|8|32|64) \|' "$LOG/model_ab.tmp" | sed "s/^/round $round $which /" |
+          tee -a "$LOG/model_ab.log"
+      done
+    done
+    rm -f "$LOG/model_ab.tmp"
+    ;;
+  env-ab)
+    # Plain decode (batch ${ARBOR_AB_BATCH:-1,8}) under each of the ';'-separated environment
+    # settings in ARBOR_AB_ENVS (e.g. "ARBOR_CHAIN_SMALL=44256;ARBOR_CHAIN_SMALL=24256"; an
+    # empty entry is the default), three rounds in one call, settings interleaved.
+    IFS=';' read -r -a ENVS <<<"${ARBOR_AB_ENVS:-}"
+    for round in 1 2 3; do
+      for e in "${ENVS[@]}"; do
+        # shellcheck disable=SC2086
+        env $e timeout 90 "$BIN/model_bench" --batch "${ARBOR_AB_BATCH:-1,8}" --no-verify \
+          --decode-steps 16 ${ARBOR_AB_ARGS:-} >"$LOG/env_ab.tmp" 2>&1 || STATUS=1
+        grep -E '^\| [0-9]+ \|' "$LOG/env_ab.tmp" | sed "s/^/round $round [${e:-default}] /" |
+          tee -a "$LOG/env_ab.log"
+        grep -E 'chain GEMM' "$LOG/env_ab.tmp" | sed "s/^.*out \([0-9]*\) in \([0-9]*\).*chain GEMM/\1x\2: chain/" |
+          sed "s/^/  [${e:-default}] /" >>"$LOG/env_ab_gemm.log"
+      done
+    done
+    rm -f "$LOG/env_ab.tmp"
+    ;;
+  e2e)
+    # SmolLM2-135M-Instruct end to end with the trained heads (staged parts reassembled), 16
+    # held-out MT-bench prompts x 128 tokens greedy (.stage/heldout.jsonl, rendered with the
+    # GGUF's chat template), speculation against plain decoding in the same process.
+    cat /tmp/stage/smol.part.* >/tmp/smol.gguf && sha256sum /tmp/smol.gguf | tee "$LOG/e2e.log"
+    for batch in 1 8; do
+      for m in ngram eagle medusa ngram-adaptive; do
+        method=${m%-adaptive}
+        extra=""
+        [ "$method" != ngram ] && extra="--spec-heads tests/data/heads/smollm2/$method"
+        [ "$m" = ngram-adaptive ] && extra="--adaptive-trees --cost-model measure"
+        echo "== batch $batch $m" | tee -a "$LOG/e2e.log"
+        # shellcheck disable=SC2086
+        timeout 150 "$BIN/arbor" spec-bench --backend cuda -m /tmp/smol.gguf \
+          --prompts .stage/heldout.jsonl --no-bos --max-tokens 128 --temperature 0 \
+          --batch $batch --spec $method $extra 2>&1 | grep -v '^\[load\]' | tr '\r' '\n' |
+          grep -vE '^\s*$' | tail -12 | tee -a "$LOG/e2e.log"
+      done
+    done
+    ;;
+  tests)
+    # The GPU test suite's gtest part (no sanitizers, no benchmarks), ARBOR_GPU_TEST_FILTER
+    # restricts it.
+    [ -f "$BIN/stories260K.bin" ] && export ARBOR_STORIES260K="$BIN/stories260K.bin"
+    timeout 480 "$BIN/arbor_cuda_tests" --gtest_filter="${ARBOR_GPU_TEST_FILTER:-*}" \
+      >"$LOG/tests.log" 2>&1 || STATUS=1
+    grep -E '^\[  FAILED|Failure' "$LOG/tests.log" | head -40
+    grep -E '^\[  (PASSED|FAILED) ' "$LOG/tests.log"
+    ;;
   *)
-    echo "unknown mode '$MODE' (attention | model | flashinfer)"
+    echo "unknown mode '$MODE' (attention | model | decode-ab | model-ab | env-ab | e2e | tests | stage | flashinfer)"
     exit 2
     ;;
 esac
