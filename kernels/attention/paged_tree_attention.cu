@@ -123,9 +123,15 @@ __global__ void __launch_bounds__(kGenericWarps * 32)
 // dependent round trips), and wait for the attention grid's completion before reading the
 // partials. Every thread waits, also those with nothing to merge: a grid that completed without
 // waiting would let the kernel after it (which waits only for this grid) run before the
-// attention finished.
+// attention finished. It triggers its own dependent (the o projection) at entry, so that GEMM's
+// CTAs become resident and request their first weights while the attention and the merge run,
+// as they already do after a split-free attention (which triggers at entry too). That is safe
+// for every kernel that can follow: before its wait a kernel of this repo reads only what was
+// written before the attention launched (weights, step metadata), and its wait returns only once
+// this grid, and with it the attention, has completed.
 template <int kBatch>
 __global__ void __launch_bounds__(128) attention_merge_kernel(const PagedTreeAttentionParams p) {
+  trigger_dependent_launch();
   __shared__ float weights[4][kAttnMaxSplits];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * 4 + warp;
