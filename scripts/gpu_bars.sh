@@ -26,7 +26,7 @@
 # benchmark's arguments).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 LOG="${OUT:-$ROOT/gpu-logs}"
 mkdir -p "$LOG"
 MODE="${1:-attention}"
