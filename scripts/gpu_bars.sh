@@ -78,6 +78,16 @@ export LD_LIBRARY_PATH="$BIN/lib:$CUBLAS:${LD_LIBRARY_PATH:-}"
 } | tee "$LOG/gpu_$MODE.txt"
 STATUS=0
 
+# One plain-decode run of a model_bench binary: its table rows, prefixed with LABEL, appended to
+# $LOG/NAME.log (the run's whole output stays in $LOG/NAME.tmp until the next run).
+decode_rows() {  # NAME LABEL "VAR=value ..." EXE [model_bench arguments]
+  local name=$1 label=$2 envs=$3 exe=$4
+  shift 4
+  # shellcheck disable=SC2086
+  env $envs timeout 90 "$exe" --no-verify --decode-steps 16 "$@" >"$LOG/$name.tmp" 2>&1 || STATUS=1
+  grep -E '^\| [0-9]+ \|' "$LOG/$name.tmp" | sed "s/^/$label /" | tee -a "$LOG/$name.log"
+}
+
 case "$MODE" in
   attention)
     echo "== attention_bench --kernel wgmma --iters $ITERS (grid)"
@@ -118,10 +128,7 @@ case "$MODE" in
       for cfg in "" "--gemm 2" "--split-keys 256" "--gemm 2 --split-keys 256" \
         "--batch-invariant 0 --skinny-max-rows 2"; do
         # shellcheck disable=SC2086
-        timeout 90 "$BIN/model_bench" --batch 1,8 --no-verify --decode-steps 16 $cfg \
-          >"$LOG/decode_ab.tmp" 2>&1 || STATUS=1
-        grep -E '^\| (1|8) \|' "$LOG/decode_ab.tmp" | sed "s/^/round $round [${cfg:-default}] /" |
-          tee -a "$LOG/decode_ab.log"
+        decode_rows decode_ab "round $round [${cfg:-default}]" "" "$BIN/model_bench" --batch 1,8 $cfg
       done
     done
     rm -f "$LOG/decode_ab.tmp"
@@ -145,10 +152,7 @@ case "$MODE" in
         exe="$BIN/model_bench"
         [ "$which" = base ] && exe="$BIN/base/model_bench"
         # shellcheck disable=SC2086
-        timeout 90 "$exe" --batch 1,8,32,64 --no-verify --decode-steps 16 ${ARBOR_AB_ARGS:-} \
-          >"$LOG/model_ab.tmp" 2>&1 || STATUS=1
-        grep -E '^\| (1|8|32|64) \|' "$LOG/model_ab.tmp" | sed "s/^/round $round $which /" |
-          tee -a "$LOG/model_ab.log"
+        decode_rows model_ab "round $round $which" "" "$exe" --batch 1,8,32,64 ${ARBOR_AB_ARGS:-}
       done
     done
     rm -f "$LOG/model_ab.tmp"
@@ -161,10 +165,8 @@ case "$MODE" in
     for round in 1 2 3; do
       for e in "${ENVS[@]}"; do
         # shellcheck disable=SC2086
-        env $e timeout 90 "$BIN/model_bench" --batch "${ARBOR_AB_BATCH:-1,8}" --no-verify \
-          --decode-steps 16 ${ARBOR_AB_ARGS:-} >"$LOG/env_ab.tmp" 2>&1 || STATUS=1
-        grep -E '^\| [0-9]+ \|' "$LOG/env_ab.tmp" | sed "s/^/round $round [${e:-default}] /" |
-          tee -a "$LOG/env_ab.log"
+        decode_rows env_ab "round $round [${e:-default}]" "$e" "$BIN/model_bench" \
+          --batch "${ARBOR_AB_BATCH:-1,8}" ${ARBOR_AB_ARGS:-}
         grep -E 'chain GEMM' "$LOG/env_ab.tmp" | sed "s/^.*out \([0-9]*\) in \([0-9]*\).*chain GEMM/\1x\2: chain/" |
           sed "s/^/  [${e:-default}] /" >>"$LOG/env_ab_gemm.log"
       done
