@@ -66,7 +66,8 @@ struct CudaBackendOptions {
   // rows fill them).
   int attention_kernel = 0;
   // Batch-invariant attention: score a tree's nodes in groups that read the shared prefix once
-  // (docs/kernels.md "Tree groups") instead of one CTA per node re-reading it. Same values.
+  // (tree groups, docs/kernels.md "Batch invariance") instead of one CTA per node re-reading
+  // it. Same values.
   // 0: never; 1: groups only as large as keeps the GPU filled (default); 2: always the largest.
   int attention_tree_groups = 1;
   // linear() with at most this many token rows (and fp32 input) runs the bandwidth-bound skinny
