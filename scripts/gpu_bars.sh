@@ -15,7 +15,8 @@
 #   bash scripts/gpu_bars.sh env-ab      # model_bench decode under each setting of ARBOR_AB_ENVS
 #   bash scripts/gpu_bars.sh stage       # (one call per part) SmolLM2's GGUF parts to /tmp/stage
 #   bash scripts/gpu_bars.sh e2e         # SmolLM2 spec-bench: n-gram / EAGLE / Medusa vs plain
-#   bash scripts/gpu_bars.sh tests       # arbor_cuda_tests alone (ARBOR_GPU_TEST_FILTER)
+# The tests alone: ARBOR_GPU_SKIP_SANITIZER=1 ARBOR_GPU_SKIP_BENCH=1 ARBOR_GPU_SKIP_MODEL_BENCH=1
+# bash scripts/run_gpu_suite.sh.
 #   bash scripts/gpu_bars.sh flashinfer  # our grid (attention_bench from .gpu/attn.tar.gz), then
 #                                        # FlashInfer's custom mask at the grid (carry .whl, see
 #                                        # scripts/gpu_flashinfer_bench.sh prepare) and the table
@@ -27,10 +28,20 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT" || exit 1
+# shellcheck source=scripts/gpu_payload.sh
+. scripts/gpu_payload.sh
 LOG="${OUT:-$ROOT/gpu-logs}"
 mkdir -p "$LOG"
 MODE="${1:-attention}"
 ITERS="${ARBOR_BARS_ITERS:-20}"
+
+# The 80-point attention grid of issue 4 (attention_bench in $BIN) into $LOG/bench_wgmma.log.
+run_grid() {
+  echo "== attention_bench --kernel wgmma --iters $ITERS (grid)"
+  timeout 150 "$BIN/attention_bench" --kernel wgmma --iters "$ITERS" >"$LOG/bench_wgmma.log" 2>&1 ||
+    STATUS=1
+  grep -E '^(device|shapes)' "$LOG/bench_wgmma.log"
+}
 
 if [ "$MODE" = stage ]; then
   # SmolLM2-135M-Instruct's GGUF (93 MB) is over one call's transfer beside the repo: split it
@@ -45,13 +56,9 @@ if [ "$MODE" = flashinfer ]; then
   # both with the torch peers' JSON if $ARBOR_TORCH_JSON names one.
   STATUS=0
   if [ -f .gpu/attn.tar.gz ]; then
-    BIN=/tmp/arbor_attn && rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xzf .gpu/attn.tar.gz
-    CUBLAS="$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)")"
-    export LD_LIBRARY_PATH="$CUBLAS:${LD_LIBRARY_PATH:-}"
-    echo "== attention_bench --kernel wgmma --iters $ITERS (grid)"
-    timeout 150 "$BIN/attention_bench" --kernel wgmma --iters "$ITERS" >"$LOG/bench_wgmma.log" 2>&1 ||
-      STATUS=1
-    grep -E '^(device|shapes)' "$LOG/bench_wgmma.log"
+    BIN=/tmp/arbor_attn
+    unpack_payload .gpu/attn.tar.gz "$BIN" && use_gpu_libs "$BIN"
+    run_grid
   fi
   bash scripts/gpu_flashinfer_bench.sh "${@:2}" >"$LOG/flashinfer_run.log" 2>&1 || STATUS=1
   grep -vE '^\| [0-9]' "$LOG/flashinfer_run.log" | tail -15
@@ -66,11 +73,7 @@ fi
 
 [ -f .gpu/payload.tar.gz ] || { echo "no .gpu/payload.tar.gz: run scripts/run_gpu_suite.sh pack"; exit 1; }
 BIN=/tmp/arbor_gpu
-rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xzf .gpu/payload.tar.gz
-CUBLAS="$(ls -d /usr/local/cuda/lib64 2>/dev/null)"
-[ -f "$CUBLAS/libcublas.so.13" ] ||
-  CUBLAS="$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)")"
-export LD_LIBRARY_PATH="$BIN/lib:$CUBLAS:${LD_LIBRARY_PATH:-}"
+unpack_payload .gpu/payload.tar.gz "$BIN" && use_gpu_libs "$BIN"
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit \
@@ -90,10 +93,7 @@ decode_rows() {  # NAME LABEL "VAR=value ..." EXE [model_bench arguments]
 
 case "$MODE" in
   attention)
-    echo "== attention_bench --kernel wgmma --iters $ITERS (grid)"
-    timeout 150 "$BIN/attention_bench" --kernel wgmma --iters "$ITERS" >"$LOG/bench_wgmma.log" 2>&1 ||
-      STATUS=1
-    grep -E '^(device|shapes)' "$LOG/bench_wgmma.log"
+    run_grid
     echo "== the issue's SDPA points, --iters 30"
     { timeout 60 "$BIN/attention_bench" --batch 8,16 --context 2048 --tree 64 --iters 30 &&
       timeout 60 "$BIN/attention_bench" --batch 32 --context 4096 --tree 32 --iters 30; } \
@@ -193,17 +193,8 @@ case "$MODE" in
       done
     done
     ;;
-  tests)
-    # The GPU test suite's gtest part (no sanitizers, no benchmarks), ARBOR_GPU_TEST_FILTER
-    # restricts it.
-    [ -f "$BIN/stories260K.bin" ] && export ARBOR_STORIES260K="$BIN/stories260K.bin"
-    timeout 480 "$BIN/arbor_cuda_tests" --gtest_filter="${ARBOR_GPU_TEST_FILTER:-*}" \
-      >"$LOG/tests.log" 2>&1 || STATUS=1
-    grep -E '^\[  FAILED|Failure' "$LOG/tests.log" | head -40
-    grep -E '^\[  (PASSED|FAILED) ' "$LOG/tests.log"
-    ;;
   *)
-    echo "unknown mode '$MODE' (attention | model | decode-ab | model-ab | env-ab | e2e | tests | stage | flashinfer)"
+    echo "unknown mode '$MODE' (attention | model | decode-ab | model-ab | env-ab | e2e | stage | flashinfer)"
     exit 2
     ;;
 esac

@@ -6,9 +6,8 @@
 #    1/8/32, speculation on (EAGLE, adaptive trees from configs/verify_cost_h100.json) vs the
 #    per-request override "speculate": false on the same server.
 set -u
-BIN=/tmp/arbor_gpu; rm -rf $BIN; mkdir -p $BIN; tar -C $BIN -xzf .gpu/payload.tar.gz
-CUBLAS=$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$BIN/lib:$CUBLAS:${LD_LIBRARY_PATH:-}"
+. scripts/gpu_payload.sh
+BIN=/tmp/arbor_gpu; unpack_payload .gpu/payload.tar.gz $BIN; use_gpu_libs $BIN
 MODEL=${MODEL:-/tmp/stage/smol.gguf}
 PROMPTS=${PROMPTS:-.stage/heldout.jsonl}
 [ -f "$MODEL" ] || { echo "missing $MODEL (stage it first)"; exit 1; }

@@ -3,9 +3,8 @@
 # (tests/server/gpu_smoke.py) with stories260K and its EAGLE heads. Pack first:
 #   bash scripts/run_gpu_suite.sh pack build-cuda
 set -u
-BIN=/tmp/arbor_gpu; rm -rf $BIN; mkdir -p $BIN; tar -C $BIN -xzf .gpu/payload.tar.gz
-CUBLAS=$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$BIN/lib:$CUBLAS:${LD_LIBRARY_PATH:-}"
+. scripts/gpu_payload.sh
+BIN=/tmp/arbor_gpu; unpack_payload .gpu/payload.tar.gz $BIN; use_gpu_libs $BIN
 export ARBOR_BIN=$BIN/arbor ARBOR_SHARED_DIR=/tmp/shared
 mkdir -p /tmp/shared/models/stories260K && cp $BIN/stories260K.bin $BIN/tok512.bin /tmp/shared/models/stories260K/
 timeout 300 python3 tests/server/gpu_smoke.py /tmp/shared/models/stories260K/stories260K.bin tests/data/heads/stories260K/eagle eagle 2>&1 | tail -20

@@ -47,9 +47,11 @@ fi
 
 LOG="${OUT:-$ROOT/gpu-logs}"
 mkdir -p "$LOG"
+# shellcheck source=scripts/gpu_payload.sh
+. scripts/gpu_payload.sh
 if [ -f .gpu/payload.tar.gz ]; then
   BIN=/tmp/arbor_gpu
-  rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xzf .gpu/payload.tar.gz
+  unpack_payload .gpu/payload.tar.gz "$BIN"
 else
   cmake -S . -B build-gpu -G Ninja -DARBOR_CUDA=ON -DARBOR_TESTS=ON \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$LOG/build.log" 2>&1 &&
@@ -57,11 +59,7 @@ else
       >>"$LOG/build.log" 2>&1 || { tail -30 "$LOG/build.log"; exit 1; }
   BIN="$ROOT/build-gpu/tests/cuda"
 fi
-# cuBLAS: the toolkit's, else the one PyTorch's wheels ship.
-CUBLAS="$(ls -d /usr/local/cuda/lib64 2>/dev/null)"
-[ -f "$CUBLAS/libcublas.so.13" ] ||
-  CUBLAS="$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)")"
-export LD_LIBRARY_PATH="$BIN/lib:$CUBLAS:${LD_LIBRARY_PATH:-}"
+use_gpu_libs "$BIN"
 [ -f "$BIN/stories260K.bin" ] && export ARBOR_STORIES260K="$BIN/stories260K.bin"
 # SmolLM2-135M-Instruct (93 MB, over the carry limit): stage it in parts first, e.g.
 #   call 1..3: cp .stage/smol.part.a? /tmp/stage/  (carry one part per call, machine kept warm)
