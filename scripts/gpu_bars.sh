@@ -15,6 +15,7 @@
 #   bash scripts/gpu_bars.sh env-ab      # model_bench decode under each setting of ARBOR_AB_ENVS
 #   bash scripts/gpu_bars.sh stage       # (one call per part) SmolLM2's GGUF parts to /tmp/stage
 #   bash scripts/gpu_bars.sh e2e         # SmolLM2 spec-bench: n-gram / EAGLE / Medusa vs plain
+#   bash scripts/gpu_bars.sh e2e-ab      # the same, this build's arbor against .gpu/base_arbor.tar.gz
 # The tests alone: ARBOR_GPU_SKIP_SANITIZER=1 ARBOR_GPU_SKIP_BENCH=1 ARBOR_GPU_SKIP_MODEL_BENCH=1
 # bash scripts/run_gpu_suite.sh.
 #   bash scripts/gpu_bars.sh flashinfer  # our grid (attention_bench from .gpu/attn.tar.gz), then
@@ -193,8 +194,46 @@ case "$MODE" in
       done
     done
     ;;
+  e2e-ab)
+    # SmolLM2 spec-bench, this build's arbor against a base one (.gpu/base_arbor.tar.gz, a
+    # stripped arbor of the base commit), alternating, ARBOR_E2E_ROUNDS rounds (default 2) of
+    # every method in ARBOR_E2E_METHODS (default "medusa eagle ngram") at every batch in
+    # ARBOR_E2E_BATCH (default "1 8"). Each run measures plain decoding in its own process.
+    # With ARBOR_E2E_ENVS="A=1;B=2" (an empty entry: the default) this build runs under each
+    # environment setting instead.
+    cat /tmp/stage/smol.part.* >/tmp/smol.gguf && sha256sum /tmp/smol.gguf | tee "$LOG/e2e_ab.log"
+    if [ -n "${ARBOR_E2E_ENVS:-}" ]; then
+      IFS=';' read -r -a BUILDS <<<"$ARBOR_E2E_ENVS"
+    else
+      BUILDS=(base new)
+      mkdir -p /tmp/arbor_base && tar -C /tmp/arbor_base -xzf .gpu/base_arbor.tar.gz || exit 1
+    fi
+    for round in $(seq "${ARBOR_E2E_ROUNDS:-2}"); do
+      for batch in ${ARBOR_E2E_BATCH:-1 8}; do
+        for method in ${ARBOR_E2E_METHODS:-medusa eagle ngram}; do
+          extra=""
+          [ "$method" != ngram ] && extra="--spec-heads tests/data/heads/smollm2/$method"
+          for build in "${BUILDS[@]}"; do
+            exe="$BIN/arbor"
+            env_set=""
+            if [ -n "${ARBOR_E2E_ENVS:-}" ]; then
+              env_set="$build"
+            elif [ "$build" = base ]; then
+              exe=/tmp/arbor_base/base_arbor
+            fi
+            echo "== round $round batch $batch $method ${build:-default}" | tee -a "$LOG/e2e_ab.log"
+            # shellcheck disable=SC2086
+            env $env_set timeout 150 "$exe" spec-bench --backend cuda -m /tmp/smol.gguf \
+              --prompts .stage/heldout.jsonl --no-bos --max-tokens 128 --temperature 0 \
+              --batch "$batch" --spec "$method" $extra 2>&1 | grep -E '^(\||spec:|plain:)' |
+              grep -v -- '---' | tee -a "$LOG/e2e_ab.log"
+          done
+        done
+      done
+    done
+    ;;
   *)
-    echo "unknown mode '$MODE' (attention | model | decode-ab | model-ab | env-ab | e2e | stage | flashinfer)"
+    echo "unknown mode '$MODE' (attention | model | decode-ab | model-ab | env-ab | e2e | e2e-ab | stage | flashinfer)"
     exit 2
     ;;
 esac

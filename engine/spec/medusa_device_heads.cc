@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "engine/core/dtype.h"
 #include "engine/core/error.h"
 
 namespace arbor {
@@ -36,14 +37,41 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float
   Backend& b = *backend_;
   b.reset_scratch();
   const int64_t h = hidden_size_;
-  Tensor in = b.scratch(rows, h);
-  b.upload(hidden.data(), in);
-  Tensor ones;  // silu(y) = silu_mul(y, 1)
-  std::vector<std::vector<int32_t>> ids(k.size());
-  std::vector<float> values;
+  // The heads that run, in order, and the most candidates any of them is asked for.
+  std::vector<size_t> run;
+  int32_t k_max = 0;
   for (size_t d = 0; d < k.size(); ++d) {
     if (k[d] <= 0) continue;
-    const Head& head = heads_[d];
+    run.push_back(d);
+    k_max = std::max(k_max, std::min<int32_t>(k[d], static_cast<int32_t>(vocab_size_)));
+  }
+  std::vector<std::vector<int32_t>> ids(k.size());
+  if (run.empty()) return ids;
+  const int64_t n = static_cast<int64_t>(run.size());
+  // Rows [i * rows, (i + 1) * rows) of a stacked tensor: head run[i]'s rows.
+  const auto rows_of = [rows](const Tensor& t, int64_t i) {
+    Tensor v = t;
+    v.data = static_cast<uint8_t*>(t.data) +
+             static_cast<size_t>(i * rows * t.cols) * dtype_size(t.dtype);
+    v.rows = rows;
+    return v;
+  };
+  Tensor in = b.scratch(rows, h);
+  b.upload(hidden.data(), in);
+  // Every head's ResBlock output lands in its rows of `stacked`, so the LM heads run as one
+  // GEMM where the heads share the base LM head, and one top-k pass serves every head: one
+  // wait for the host per call instead of one per head.
+  Tensor stacked = b.scratch(n * rows, h);
+  Tensor ones;  // silu(y) = silu_mul(y, 1)
+  bool one_lm_head = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const Head& head = heads_[run[static_cast<size_t>(i)]];
+    one_lm_head = one_lm_head && head.lm_head.data == heads_[run[0]].lm_head.data;
+    const Tensor out = rows_of(stacked, i);
+    if (head.weight.empty()) {
+      b.upload(hidden.data(), out);
+      continue;
+    }
     Tensor x = in;
     for (size_t l = 0; l < head.weight.size(); ++l) {
       if (ones.data == nullptr) {
@@ -51,16 +79,32 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float
         const std::vector<float> one(static_cast<size_t>(rows * h), 1.0f);
         b.upload(one.data(), ones);
       }
-      Tensor y = b.scratch(rows, h), next = b.scratch(rows, h);
+      Tensor y = b.scratch(rows, h);
+      const Tensor next = l + 1 == head.weight.size() ? out : b.scratch(rows, h);
       b.linear(x, head.weight[l], head.bias[l], y);  // x + SiLU(W x + b)
       b.silu_mul(y, ones, y);
       b.add(x, y, next);
       x = next;
     }
-    Tensor logits = b.scratch(rows, vocab_size_);
-    b.linear(x, head.lm_head, Tensor{}, logits);
-    b.top_k_log_softmax(logits, std::min<int32_t>(k[d], static_cast<int32_t>(vocab_size_)), &ids[d],
-                        &values);
+  }
+  Tensor logits = b.scratch(n * rows, vocab_size_);
+  if (one_lm_head) {
+    b.linear(stacked, heads_[run[0]].lm_head, Tensor{}, logits);
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      b.linear(rows_of(stacked, i), heads_[run[static_cast<size_t>(i)]].lm_head, Tensor{},
+               rows_of(logits, i));
+  }
+  std::vector<int32_t> all;  // [n * rows, k_max]
+  std::vector<float> values;
+  b.top_k_log_softmax(logits, k_max, &all, &values);
+  // A top-k list's first entries are the smaller top-k (best first, lower id first on ties).
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t d = run[static_cast<size_t>(i)];
+    const int64_t kd = std::min<int64_t>(k[d], vocab_size_);
+    ids[d].resize(static_cast<size_t>(rows * kd));
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(all.begin() + (i * rows + r) * k_max, kd, ids[d].begin() + r * kd);
   }
   return ids;
 }

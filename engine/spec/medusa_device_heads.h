@@ -1,7 +1,9 @@
 // Medusa heads run on a Backend: every head's ResBlocks and LM head for a batch of hidden rows in
-// one device pass, each head's top-k read where its logits are (Backend::top_k_log_softmax), so
-// only k token ids per row and head reach the host, never the [rows, vocab] logits. The host
-// path (medusa_head_logits) is the reference; on the CPU backend the two agree exactly.
+// one device pass. The heads' rows are stacked, so heads that share the base LM head take one
+// GEMM, and one top-k pass reads every head's candidates where its logits are
+// (Backend::top_k_log_softmax): one wait for the host per call, and only k token ids per row and
+// head reach it, never the [rows, vocab] logits. The host path (medusa_head_logits) is the
+// reference; on the CPU backend the two agree exactly.
 #pragma once
 
 #include <cstdint>
