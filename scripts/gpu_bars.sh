@@ -225,7 +225,7 @@ case "$MODE" in
             # shellcheck disable=SC2086
             env $env_set timeout 150 "$exe" spec-bench --backend cuda -m /tmp/smol.gguf \
               --prompts .stage/heldout.jsonl --no-bos --max-tokens 128 --temperature 0 \
-              --batch "$batch" --spec "$method" $extra 2>&1 | grep -E '^(\||spec:|plain:)' |
+              --batch "$batch" --spec "$method" $extra 2>&1 | grep -E '^(\||spec:|plain:|draft:)' |
               grep -v -- '---' | tee -a "$LOG/e2e_ab.log"
           done
         done

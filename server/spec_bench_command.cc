@@ -235,6 +235,15 @@ int run_spec_bench(const SpecBenchOptions& o) {
         static_cast<long long>(g.invalidations), static_cast<long long>(g.capture_failures));
   };
   breakdown("spec", spec_stats, spec_secs, spec_graphs);
+  // The draft model's own recordings (EAGLE), warm-up included.
+  const StepGraphStats dg = proposer->draft_graph_stats();
+  if (dg.captures + dg.replays + dg.eager > 0)
+    std::printf(
+        "draft: step graphs: %lld replayed, %lld recorded, %lld eager, %lld evicted, %lld "
+        "invalidated, %lld failed\n",
+        static_cast<long long>(dg.replays), static_cast<long long>(dg.captures),
+        static_cast<long long>(dg.eager), static_cast<long long>(dg.evictions),
+        static_cast<long long>(dg.invalidations), static_cast<long long>(dg.capture_failures));
   if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs, plain_graphs);
   return 0;
 }

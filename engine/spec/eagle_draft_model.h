@@ -29,6 +29,10 @@ class EagleDraftModel {
                   const KvCacheConfig& kv);
 
   const EagleDraftConfig& config() const { return config_; }
+  // The draft's step-graph counters (all zero when its backend records none).
+  StepGraphStats step_graph_stats() const {
+    return graphs_ != nullptr ? graphs_->stats() : StepGraphStats{};
+  }
   bool eagle3() const { return config_.version == EagleVersion::kEagle3; }
   int64_t hidden_size() const { return config_.hidden_size; }
   // Width of a committed row's feature: the target's final-norm hidden (EAGLE-1/2) or the

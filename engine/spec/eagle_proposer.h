@@ -49,6 +49,7 @@ class EagleProposer final : public Proposer {
   bool fork(RequestId src, RequestId dst) override;
 
   EagleDraftModel& draft() { return draft_; }
+  StepGraphStats draft_graph_stats() const override { return draft_.step_graph_stats(); }
   const EagleOptions& options() const { return options_; }
 
  private:

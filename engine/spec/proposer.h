@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backend/step_graphs.h"
 #include "engine/spec/draft_tree.h"
 
 namespace arbor {
@@ -77,6 +78,8 @@ class Proposer {
   // gets an empty-token observe carrying its own next_token. False when unsupported (the
   // runner then lets `dst` decode without speculation).
   virtual bool fork(RequestId /*src*/, RequestId /*dst*/) { return false; }
+  // The draft model's step-graph counters (zero for proposers without a recorded draft).
+  virtual StepGraphStats draft_graph_stats() const { return {}; }
 };
 
 }  // namespace arbor

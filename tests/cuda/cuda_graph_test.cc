@@ -16,6 +16,8 @@
 #include "engine/model/llama_model.h"
 #include "engine/model/model_loader.h"
 #include "engine/runner/generator.h"
+#include "engine/spec/eagle_checkpoint.h"
+#include "engine/spec/eagle_draft_model.h"
 #include "engine/spec/proposer_factory.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -211,6 +213,112 @@ TEST_P(CudaGraphs, SpeculativeGreedyWithGraphsEqualsPlain) {
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaGraphs,
                          ::testing::Values("stories260K", "random_d64", "random_d128"),
+                         [](const auto& info) { return info.param; });
+
+// The EAGLE draft's own step graphs (its layer and head on a CUDA backend): tree expansions (one
+// token per row, every row to the head) recorded and replayed, between feedback forwards
+// (committed feature rows, each sequence's last row to the head) that run op by op, against the
+// same draft without graphs, bit for bit: layer outputs, top-k ids and values. The expansion's
+// shape repeats, so it is recorded at its second sighting and replayed after; a feedback of the
+// same token count and head rows must not replay it.
+class CudaDraftGraphs : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ARBOR_REQUIRE_GPU();
+    ASSERT_TRUE(std::filesystem::exists(testing::stories260k_path()))
+        << "stories260K not found at " << testing::stories260k_path();
+  }
+};
+
+TEST_P(CudaDraftGraphs, EagleDraftReplaysEqualEagerSteps) {
+  const ModelWeights& w = weights_of("stories260K");
+  const EagleVersion version =
+      GetParam().rfind("eagle3", 0) == 0 ? EagleVersion::kEagle3 : EagleVersion::kEagle1;
+  const EagleWeights ck =
+      load_eagle_checkpoint(testing::test_data_dir() + "/spec/random/" + GetParam(), version);
+  auto make_draft = [&](bool graphs) {
+    CudaBackendOptions o;
+    o.cuda_graphs = graphs;
+    return std::make_unique<EagleDraftModel>(make_cuda_backend(o), ck, w.embed, w.output_weight(),
+                                             KvCacheConfig{256, 16, false});
+  };
+  auto off = make_draft(false), on = make_draft(true);
+  const int64_t fw = on->feature_width(), h = on->hidden_size();
+  const int32_t vocab = static_cast<int32_t>(w.config.vocab_size), k = 4;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> feat(-1.f, 1.f);
+  std::uniform_int_distribution<int32_t> tok(3, vocab - 1);
+  auto random_tokens = [&](int n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = tok(rng);
+    return t;
+  };
+  auto random_features = [&](int64_t n, int64_t width) {
+    std::vector<float> f(static_cast<size_t>(n * width));
+    for (auto& x : f) x = feat(rng);
+    return f;
+  };
+  auto expect_same_top = [](const TopKRows& a, const TopKRows& b, const std::string& what) {
+    EXPECT_EQ(a.ids, b.ids) << what;
+    EXPECT_EQ(a.values, b.values) << what;
+  };
+  struct Seqs {
+    SeqId a, b;
+  };
+  const Seqs s_off{off->create_sequence(), off->create_sequence()};
+  const Seqs s_on{on->create_sequence(), on->create_sequence()};
+  int32_t len = 0;  // both sequences advance together
+  for (int round = 0; round < 4; ++round) {
+    for (int per_seq : {1, 3}) {  // feedbacks of 2 and 6 tokens, 2 head rows
+      const auto ta = random_tokens(per_seq), tb = random_tokens(per_seq);
+      const auto fa = random_features(per_seq, fw), fb = random_features(per_seq, fw);
+      std::vector<std::vector<TopKRows>> tops(2);
+      std::vector<std::vector<float>> outs;
+      int which = 0;
+      for (auto* m : {off.get(), on.get()}) {
+        const Seqs& s = m == off.get() ? s_off : s_on;
+        const EagleDraftModel::AppendItem items[2] = {{s.a, ta, fa, len}, {s.b, tb, fb, len}};
+        outs.push_back(m->append_batch(items, k, &tops[static_cast<size_t>(which++)]));
+      }
+      const std::string what = GetParam() + " feedback round " + std::to_string(round) + " of " +
+                               std::to_string(per_seq) + " tokens per sequence";
+      EXPECT_EQ(outs[0], outs[1]) << what;
+      ASSERT_EQ(tops[0].size(), 2u);
+      ASSERT_EQ(tops[1].size(), 2u);
+      for (size_t i = 0; i < 2; ++i) expect_same_top(tops[0][i], tops[1][i], what);
+      len += per_seq;
+    }
+    // An expansion of both sequences: 2 tokens, 2 head rows, like the 1-token feedback above.
+    const auto t = random_tokens(2);
+    const auto hidden = random_features(2, h);
+    std::vector<TopKRows> tops(2);
+    std::vector<std::vector<float>> outs;
+    int which = 0;
+    for (auto* m : {off.get(), on.get()}) {
+      const Seqs& s = m == off.get() ? s_off : s_on;
+      const SeqId parents[2] = {s.a, s.b};
+      std::vector<SeqId> children;
+      outs.push_back(
+          m->expand(parents, t, hidden, len, &children, k, &tops[static_cast<size_t>(which++)]));
+      for (SeqId c : children) m->free_sequence(c);
+    }
+    const std::string what = GetParam() + " expansion round " + std::to_string(round);
+    EXPECT_EQ(outs[0], outs[1]) << what;
+    expect_same_top(tops[0], tops[1], what);
+  }
+  const StepGraphStats st = on->step_graph_stats();
+  EXPECT_EQ(off->step_graph_stats().captures + off->step_graph_stats().replays, 0);
+  // The expansion, seen four times: run eagerly at its first sighting, recorded at the second,
+  // replayed at the third and fourth (the block-table width is the same bucket throughout).
+  // Feedback forwards are not recorded (docs/benchmarks.md "Twenty-ninth session").
+  EXPECT_EQ(st.eager, 1) << GetParam();
+  EXPECT_EQ(st.captures, 1) << GetParam();
+  EXPECT_EQ(st.replays, 2) << GetParam();
+  EXPECT_EQ(st.capture_failures, 0) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Drafts, CudaDraftGraphs,
+                         ::testing::Values("eagle_stories260K", "eagle3_stories260K"),
                          [](const auto& info) { return info.param; });
 
 // Op-level: one decode step recorded, then replayed with new metadata (next tokens, one more
