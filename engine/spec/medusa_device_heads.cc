@@ -22,6 +22,24 @@ MedusaDeviceHeads::MedusaDeviceHeads(std::unique_ptr<Backend> backend, const Med
     d.lm_head = h.lm_head.empty() ? base_lm_head_ : b.upload_weight(h.lm_head);
     heads_.push_back(std::move(d));
   }
+  // One ResBlock per head (Medusa-1's layout) and one shared LM head: every head's linear reads
+  // the same hidden row, so the heads' weights stacked [heads x hidden, hidden] make one GEMM.
+  bool one_block = !heads.heads.empty();
+  for (const MedusaHead& h : heads.heads)
+    one_block = one_block && h.res_weight.size() == 1 && h.lm_head.empty();
+  if (one_block) {
+    const auto n = static_cast<int64_t>(heads.heads.size());
+    HostTensor w({n * hidden_size_, hidden_size_}), bias({n * hidden_size_});
+    for (int64_t d = 0; d < n; ++d) {
+      const MedusaHead& h = heads.heads[static_cast<size_t>(d)];
+      std::copy(h.res_weight[0].data.begin(), h.res_weight[0].data.end(),
+                w.data.begin() + d * hidden_size_ * hidden_size_);
+      std::copy(h.res_bias[0].data.begin(), h.res_bias[0].data.end(),
+                bias.data.begin() + d * hidden_size_);
+    }
+    stacked_weight_ = b.upload_weight(w);
+    stacked_bias_ = b.upload_weight(bias);
+  }
 }
 
 std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float> hidden,
@@ -56,6 +74,7 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float
     v.rows = rows;
     return v;
   };
+  if (stacked_weight_.data != nullptr && n == num_heads()) return top_k_stacked(hidden, rows, k);
   Tensor in = b.scratch(rows, h);
   b.upload(hidden.data(), in);
   // Every head's ResBlock output lands in its rows of `stacked`, so the LM heads run as one
@@ -105,6 +124,48 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float
     ids[d].resize(static_cast<size_t>(rows * kd));
     for (int64_t r = 0; r < rows; ++r)
       std::copy_n(all.begin() + (i * rows + r) * k_max, kd, ids[d].begin() + r * kd);
+  }
+  return ids;
+}
+
+std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k_stacked(std::span<const float> hidden,
+                                                                   int64_t rows,
+                                                                   std::span<const int32_t> k) {
+  Backend& b = *backend_;
+  const int64_t h = hidden_size_, n = num_heads();
+  int32_t k_max = 0;
+  for (int32_t kd : k)
+    k_max = std::max(k_max, std::min<int32_t>(kd, static_cast<int32_t>(vocab_size_)));
+  // Row r * n + d of the [rows x heads, hidden] tensors below is head d's row for hidden row r:
+  // the stacked GEMM's output [rows, heads x hidden] read with that shape.
+  Tensor in = b.scratch(rows, h), x = b.scratch(rows * n, h);
+  b.upload(hidden.data(), in);
+  std::vector<float> repeated(static_cast<size_t>(rows * n * h)), one(repeated.size(), 1.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < n; ++d)
+      std::copy_n(hidden.begin() + r * h, h, repeated.begin() + (r * n + d) * h);
+  b.upload(repeated.data(), x);
+  Tensor ones = b.scratch(rows * n, h);  // silu(y) = silu_mul(y, 1)
+  b.upload(one.data(), ones);
+  Tensor y = b.scratch(rows, n * h);
+  b.linear(in, stacked_weight_, stacked_bias_, y);  // every head's W x + b
+  y.rows = rows * n;
+  y.cols = h;
+  Tensor res = b.scratch(rows * n, h);
+  b.silu_mul(y, ones, y);
+  b.add(x, y, res);  // x + SiLU(W x + b)
+  Tensor logits = b.scratch(rows * n, vocab_size_);
+  b.linear(res, heads_[0].lm_head, Tensor{}, logits);
+  std::vector<int32_t> all;  // [rows * n, k_max]
+  std::vector<float> values;
+  b.top_k_log_softmax(logits, k_max, &all, &values);
+  std::vector<std::vector<int32_t>> ids(k.size());
+  for (size_t d = 0; d < k.size(); ++d) {
+    const int64_t kd = std::min<int64_t>(k[d], vocab_size_);
+    ids[d].resize(static_cast<size_t>(rows * kd));
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(all.begin() + (r * n + static_cast<int64_t>(d)) * k_max, kd,
+                  ids[d].begin() + r * kd);
   }
   return ids;
 }

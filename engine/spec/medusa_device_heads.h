@@ -33,11 +33,16 @@ class MedusaDeviceHeads {
     std::vector<Tensor> weight, bias;  // ResBlocks
     Tensor lm_head;
   };
+  // Every head's ResBlock as one GEMM (heads of one ResBlock sharing the base LM head, all run).
+  std::vector<std::vector<int32_t>> top_k_stacked(std::span<const float> hidden, int64_t rows,
+                                                  std::span<const int32_t> k);
+
   std::unique_ptr<Backend> backend_;
   int64_t hidden_size_ = 0;
   int64_t vocab_size_ = 0;
   std::vector<Head> heads_;
   Tensor base_lm_head_;
+  Tensor stacked_weight_, stacked_bias_;  // [heads x hidden, hidden], [heads x hidden] or empty
 };
 
 }  // namespace arbor

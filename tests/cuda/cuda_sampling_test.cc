@@ -9,10 +9,12 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,8 @@
 #include "engine/runner/engine.h"
 #include "engine/runner/generator.h"
 #include "engine/spec/device_verify.h"
+#include "engine/spec/medusa_device_heads.h"
+#include "engine/spec/medusa_heads.h"
 #include "engine/spec/proposer_factory.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -359,6 +363,63 @@ TEST(CudaSampleTrees, TopKLogSoftmaxMatchesCpu) {
   EXPECT_THROW(gpu->top_k_log_softmax(t, 9, &ids, &values), Error);
   EXPECT_THROW(gpu->top_k_log_softmax(t, 0, &ids, &values), Error);
   std::printf("  top_k_log_softmax: %d shapes equal to the CPU backend\n", checked);
+}
+
+// Medusa heads on the GPU (bf16 weights) against the host reference (fp32): heads of one
+// ResBlock sharing the base LM head run as one stacked GEMM when all of them run, head by head
+// otherwise. Every id the GPU picks must be within the host's top-k up to bf16 rounding: its
+// host logit at least the host's k-th best minus a tolerance (a wrong row or head layout picks
+// ids far below it).
+TEST(CudaMedusaHeads, StackedAndPerHeadTopKMatchTheHost) {
+  ARBOR_REQUIRE_GPU();
+  constexpr int64_t kHidden = 128, kVocab = 2000, kHeads = 4;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto random = [&](std::vector<int64_t> shape, float scale) {
+    HostTensor t(std::move(shape));
+    for (float& v : t.data) v = nd(rng) * scale;
+    return t;
+  };
+  MedusaHeads heads;
+  heads.source = "synthetic";
+  heads.hidden_size = kHidden;
+  heads.vocab_size = kVocab;
+  for (int64_t d = 0; d < kHeads; ++d) {
+    MedusaHead h;
+    h.res_weight.push_back(random({kHidden, kHidden}, 0.1f));
+    h.res_bias.push_back(random({kHidden}, 0.1f));
+    heads.heads.push_back(std::move(h));
+  }
+  heads.base_lm_head = random({kVocab, kHidden}, 0.3f);
+  MedusaDeviceHeads device(make_cuda_backend(), heads);
+  int checked = 0;
+  for (int64_t rows : {1, 5, 12}) {
+    const HostTensor hidden = random({rows, kHidden}, 1.f);
+    for (const std::vector<int32_t>& k :
+         {std::vector<int32_t>{10, 5, 3, 2}, std::vector<int32_t>{8, 4, 2}}) {
+      const auto got = device.top_k(hidden.data, rows, k);
+      ASSERT_EQ(got.size(), k.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto logits = medusa_head_logits(
+            heads, std::span<const float>(hidden.data).subspan(r * kHidden, kHidden), 1);
+        for (size_t d = 0; d < k.size(); ++d) {
+          std::vector<float> sorted = logits[d];
+          std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+          const float kth = sorted[static_cast<size_t>(k[d] - 1)];
+          for (int32_t j = 0; j < k[d]; ++j) {
+            const int32_t id = got[d][static_cast<size_t>(r * k[d] + j)];
+            ASSERT_GE(id, 0);
+            ASSERT_LT(id, kVocab);
+            EXPECT_GE(logits[d][static_cast<size_t>(id)], kth - 0.1f)
+                << "rows " << rows << ", row " << r << ", head " << d << ", rank " << j << ", "
+                << k.size() << " heads run";
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  std::printf("  Medusa heads on the GPU: %d candidates within the host's top-k\n", checked);
 }
 
 // The engine on the GPU: sampled requests (every parameter) with and without speculation give

@@ -5,8 +5,12 @@
 // cuts, sequencing errors and malformed checkpoints.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "engine/backend/cpu/cpu_backend.h"
+#include "engine/spec/medusa_device_heads.h"
 #include "engine/spec/medusa_proposer.h"
+#include "engine/spec/proposer_math.h"
 #include "engine/spec/tree_choices.h"
 #include "engine/spec/tree_layout.h"
 #include "tests/unit/proposer_test_util.h"
@@ -125,6 +129,53 @@ TEST_P(MedusaReference, HeadsOnABackendGiveTheSameTrees) {
 INSTANTIATE_TEST_SUITE_P(Heads, MedusaReference,
                          ::testing::Values("medusa_llama_gqa", "medusa_stories260K"),
                          [](const auto& info) { return info.param; });
+
+// Heads of one ResBlock sharing the base LM head (SmolLM2's trained heads have this layout) run
+// as one stacked GEMM on a backend when every head runs, and head by head otherwise: each head's
+// top-k equals the host reference's (medusa_head_logits, checked against PyTorch above) for one
+// and several hidden rows.
+TEST(MedusaDeviceHeads, OneBlockHeadsSharingTheLmHeadMatchTheHost) {
+  constexpr int64_t kHidden = 64, kVocab = 300, kHeads = 4;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto random = [&](std::vector<int64_t> shape, float scale) {
+    HostTensor t(std::move(shape));
+    for (float& v : t.data) v = nd(rng) * scale;
+    return t;
+  };
+  MedusaHeads heads;
+  heads.source = "synthetic";
+  heads.hidden_size = kHidden;
+  heads.vocab_size = kVocab;
+  for (int64_t d = 0; d < kHeads; ++d) {
+    MedusaHead h;
+    h.res_weight.push_back(random({kHidden, kHidden}, 0.2f));
+    h.res_bias.push_back(random({kHidden}, 0.1f));
+    heads.heads.push_back(std::move(h));
+  }
+  heads.base_lm_head = random({kVocab, kHidden}, 0.3f);
+  MedusaDeviceHeads device(std::make_unique<CpuBackend>(1), heads);
+  for (int64_t rows : {1, 3}) {
+    const HostTensor hidden = random({rows, kHidden}, 1.f);
+    // All four heads (the stacked path), then the first two (head by head).
+    for (const std::vector<int32_t>& k :
+         {std::vector<int32_t>{10, 5, 3, 2}, std::vector<int32_t>{7, 4}}) {
+      const auto got = device.top_k(hidden.data, rows, k);
+      ASSERT_EQ(got.size(), k.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto logits = medusa_head_logits(
+            heads, std::span<const float>(hidden.data).subspan(r * kHidden, kHidden), 1);
+        for (size_t d = 0; d < k.size(); ++d) {
+          const std::vector<int32_t> want = spec_math::top_k(logits[d], k[d]);
+          const std::vector<int32_t> row(got[d].begin() + r * k[d],
+                                         got[d].begin() + (r + 1) * k[d]);
+          EXPECT_EQ(row, want) << "rows " << rows << ", head " << d << ", row " << r << ", "
+                               << k.size() << " heads run";
+        }
+      }
+    }
+  }
+}
 
 TEST(MedusaProposer, BudgetCutsTheStaticTreeToItsFirstNodes) {
   const Fixture f = load("medusa_llama_gqa");
