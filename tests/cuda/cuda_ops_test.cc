@@ -365,6 +365,50 @@ TEST(CudaOps, ChainGemmRowsOverride) {
       << b.batch_invariant_gemm_algo(64, 128);
 }
 
+// Weights of at most chain_gemm_small_bytes take the chain GEMM at up to
+// chain_gemm_small_max_rows (16) rows, larger ones at up to chain_gemm_max_rows (8);
+// ARBOR_CHAIN_GEMM sets both; a bad chain_gemm_small_max_rows is refused naming itself.
+TEST(CudaOps, ChainGemmRowsBySize) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackendOptions bad;
+  bad.chain_gemm_small_max_rows = 17;
+  try {
+    CudaBackend b{bad};
+    ADD_FAILURE() << "chain_gemm_small_max_rows 17 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("chain_gemm_small_max_rows 17"), std::string::npos)
+        << e.what();
+  }
+  std::mt19937 rng(4);
+  // The chain GEMM's row limit for an [out, in] weight, as the backend reports it.
+  auto limit_words = [&](CudaBackend& b, int64_t out, int64_t in) {
+    HostTensor w({out, in});
+    w.data = testing::random_vector(rng, w.data.size());
+    const Tensor wt = b.upload_weight(w);
+    b.reset_scratch();
+    Tensor x = b.scratch(1, in), y = b.scratch(1, out);
+    const std::vector<float> xh = testing::random_vector(rng, static_cast<size_t>(in));
+    b.upload(xh.data(), x);
+    b.linear(x, wt, Tensor{}, y);
+    return b.batch_invariant_gemm_algo(out, in);
+  };
+  CudaBackendOptions t;
+  t.tune_invariant_gemm = false;  // the bitwise check alone decides
+  {
+    CudaBackend b{t};
+    const std::string small = limit_words(b, 256, 512);    // 256 KiB
+    const std::string large = limit_words(b, 4096, 2048);  // 16 MiB
+    EXPECT_NE(small.find("chain GEMM at <= 16 rows"), std::string::npos) << small;
+    EXPECT_NE(large.find("chain GEMM at <= 8 rows"), std::string::npos) << large;
+  }
+  ::setenv("ARBOR_CHAIN_GEMM", "4", 1);
+  CudaBackend b{t};
+  ::unsetenv("ARBOR_CHAIN_GEMM");
+  const std::string small = limit_words(b, 256, 512);
+  EXPECT_NE(small.find("chain GEMM at <= 4 rows"), std::string::npos) << small;
+}
+
 // ARBOR_GEMM picks the batch-invariant GEMM of any binary; a bad value names itself.
 TEST(CudaOps, GemmEnvironmentOverride) {
   ARBOR_REQUIRE_GPU();

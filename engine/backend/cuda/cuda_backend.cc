@@ -354,7 +354,8 @@ struct CudaBackend::State {
   struct LtAlgo {
     cublasLtMatmulAlgo_t algo;
     std::string words;
-    bool chain = false;  // the chain GEMM gives its bits at <= chain_gemm_max_rows rows
+    bool chain = false;    // the chain GEMM gives its bits at <= max_rows rows
+    int64_t max_rows = 0;  // chain_gemm_max_rows, or chain_gemm_small_max_rows for small weights
   };
   std::map<std::pair<int64_t, int64_t>, LtAlgo> lt_algos;
   std::map<std::tuple<int, int64_t, int64_t>, cublasLtMatrixLayout_t> lt_layouts;
@@ -422,7 +423,7 @@ CudaBackendOptions with_env_overrides(CudaBackendOptions o) {
     o.invariant_split_keys = static_cast<int32_t>(*v);
   if (const auto v = env_int("ARBOR_CHAIN_GEMM", 0, kernels::kChainGemmMaxRows, 1,
                              "0 to " + std::to_string(kernels::kChainGemmMaxRows) + " rows"))
-    o.chain_gemm_max_rows = static_cast<int>(*v);
+    o.chain_gemm_max_rows = o.chain_gemm_small_max_rows = static_cast<int>(*v);
   const char* e = std::getenv("ARBOR_GEMM");
   if (e == nullptr || *e == '\0') return o;
   const std::string v = e;
@@ -486,6 +487,12 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
     throw_error(ErrorCode::kInvalidArgument,
                 "cuda backend: chain_gemm_max_rows " + std::to_string(options.chain_gemm_max_rows) +
                     " (0 to " + std::to_string(kernels::kChainGemmMaxRows) + ")");
+  if (options.chain_gemm_small_max_rows < 0 ||
+      options.chain_gemm_small_max_rows > kernels::kChainGemmMaxRows)
+    throw_error(ErrorCode::kInvalidArgument, "cuda backend: chain_gemm_small_max_rows " +
+                                                 std::to_string(options.chain_gemm_small_max_rows) +
+                                                 " (0 to " +
+                                                 std::to_string(kernels::kChainGemmMaxRows) + ")");
   if (options.attention_tree_groups < 0 || options.attention_tree_groups > 2)
     throw_error(ErrorCode::kInvalidArgument, "cuda backend: attention_tree_groups " +
                                                  std::to_string(options.attention_tree_groups) +
@@ -749,7 +756,11 @@ float CudaBackend::State::best_cold_ms(const DeviceBuffer& flush, const std::fun
 
 void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const void* weight) {
   a.chain = false;
-  if (options.chain_gemm_max_rows == 0 || weight == nullptr) return;
+  // chain_gemm_max_rows 0: never (the tests' cuBLASLt-only references).
+  a.max_rows = options.chain_gemm_max_rows > 0 && o * k * 2 <= options.chain_gemm_small_bytes
+                   ? std::max(options.chain_gemm_max_rows, options.chain_gemm_small_max_rows)
+                   : options.chain_gemm_max_rows;
+  if (a.max_rows == 0 || weight == nullptr) return;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(stream, &capturing);
   if (capturing != cudaStreamCaptureStatusNone) return;  // cannot check: cuBLASLt it is
@@ -829,7 +840,7 @@ void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const
     a.chain = true;
     a.words += "; chain GEMM";
   }
-  a.words += " at <= " + std::to_string(options.chain_gemm_max_rows) + " rows";
+  a.words += " at <= " + std::to_string(a.max_rows) + " rows";
 }
 
 std::string CudaBackend::batch_invariant_gemm_algo(int64_t out_features,
@@ -1254,7 +1265,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
   } else if (s.options.batch_invariant) {
     const State::LtAlgo& algo = s.lt_algo(w.rows, w.cols, w.data);
     const kernels::ChainGemmParams chp{xin, w.data, y, x.rows, x.cols, w.rows};
-    if (algo.chain && x.rows <= s.options.chain_gemm_max_rows &&
+    if (algo.chain && x.rows <= algo.max_rows &&
         kernels::chain_gemm_supported(chp)) {  // the same bits as the cuBLASLt call below
       cuda_check(kernels::launch_chain_gemm(chp, s.stream), "linear (chain)");
     } else {

@@ -54,8 +54,16 @@ struct CudaBackendOptions {
   // cuBLASLt algorithm at 1, 9 and 16 rows and (when tuning) no slower at one row; 0 = never.
   // 8: on the H100 it wins at 1-8 rows in a decode step and loses at 16 (a verify step of 16
   // tree nodes: 7.35 vs 7.25 ms; docs/benchmarks.md). The environment variable
-  // ARBOR_CHAIN_GEMM (0..16) overrides it.
+  // ARBOR_CHAIN_GEMM (0..16) overrides it, and the small-weight limit below.
   int chain_gemm_max_rows = 8;
+  // The limit for weights of at most chain_gemm_small_bytes (bf16: SmolLM2-135M's are 1-3.5 MB;
+  // Llama-3-8B's smallest, k or v unfused, 8 MiB), where a step is bound by
+  // launches, not bytes: the chain GEMM starts under the kernel before it (programmatic launch)
+  // and cuBLASLt does not. SmolLM2-135M's EAGLE-2 draft (10-row expansions) at batch 1: 0.74x
+  // -> 0.83-0.85x of plain end to end, n-gram's 16-node verify steps within the noise
+  // (docs/benchmarks.md "Twenty-ninth session"); no Llama-3-8B matrix is this small.
+  int chain_gemm_small_max_rows = 16;
+  int64_t chain_gemm_small_bytes = int64_t{4} << 20;
   // LlamaModel runs q/k/v as one linear and gate/up as one (concatenated weights, then
   // split_cols; free views at one token): 2 GEMMs fewer per layer and no small k / v GEMMs.
   bool fuse_projections = true;
