@@ -195,13 +195,17 @@ case "$MODE" in
     done
     ;;
   e2e-ab)
-    # SmolLM2 spec-bench, this build's arbor against a base one (.gpu/base_arbor.tar.gz, a
-    # stripped arbor of the base commit), alternating, ARBOR_E2E_ROUNDS rounds (default 2) of
-    # every method in ARBOR_E2E_METHODS (default "medusa eagle ngram") at every batch in
-    # ARBOR_E2E_BATCH (default "1 8"). Each run measures plain decoding in its own process.
-    # With ARBOR_E2E_ENVS="A=1;B=2" (an empty entry: the default) this build runs under each
-    # environment setting instead.
-    cat /tmp/stage/smol.part.* >/tmp/smol.gguf && sha256sum /tmp/smol.gguf | tee "$LOG/e2e_ab.log"
+    # SmolLM2 spec-bench, this build's arbor against a base one, alternating (the order flips
+    # every round), ARBOR_E2E_ROUNDS rounds (default 2) of every method in ARBOR_E2E_METHODS
+    # (default "medusa eagle ngram") at every batch in ARBOR_E2E_BATCH (default "1 8"). Each run
+    # measures plain decoding in its own process. The base, built here at the base commit:
+    #   cp build-cuda/server/arbor /tmp/base_arbor && strip /tmp/base_arbor &&
+    #   tar -C /tmp -czf .gpu/base_arbor.tar.gz base_arbor      (carry it with the payload)
+    # With ARBOR_E2E_ENVS="A=1;B=2" this build runs under each environment setting instead (an
+    # empty entry, written first or between two, is the default environment). Each run has
+    # 150 s; keep the product of the lists within the call's 600 s.
+    cat /tmp/stage/smol.part.* >/tmp/smol.gguf || { echo "SmolLM2 is not staged"; exit 1; }
+    sha256sum /tmp/smol.gguf | tee "$LOG/e2e_ab.log"
     if [ -n "${ARBOR_E2E_ENVS:-}" ]; then
       IFS=';' read -r -a BUILDS <<<"$ARBOR_E2E_ENVS"
     else
@@ -213,7 +217,12 @@ case "$MODE" in
         for method in ${ARBOR_E2E_METHODS:-medusa eagle ngram}; do
           extra=""
           [ "$method" != ngram ] && extra="--spec-heads tests/data/heads/smollm2/$method"
-          for build in "${BUILDS[@]}"; do
+          order=("${BUILDS[@]}")
+          if [ $((round % 2)) -eq 0 ]; then  # the other order on even rounds
+            order=()
+            for ((i = ${#BUILDS[@]} - 1; i >= 0; i--)); do order+=("${BUILDS[$i]}"); done
+          fi
+          for build in "${order[@]}"; do
             exe="$BIN/arbor"
             env_set=""
             if [ -n "${ARBOR_E2E_ENVS:-}" ]; then
@@ -225,8 +234,14 @@ case "$MODE" in
             # shellcheck disable=SC2086
             env $env_set timeout 150 "$exe" spec-bench --backend cuda -m /tmp/smol.gguf \
               --prompts .stage/heldout.jsonl --no-bos --max-tokens 128 --temperature 0 \
-              --batch "$batch" --spec "$method" $extra 2>&1 | grep -E '^(\||spec:|plain:|draft:)' |
-              grep -v -- '---' | tee -a "$LOG/e2e_ab.log"
+              --batch "$batch" --spec "$method" $extra >/tmp/e2e_run.log 2>&1
+            rc=$?
+            grep -E '^(\||spec:|plain:|draft:)' /tmp/e2e_run.log | grep -v -- '---' |
+              tee -a "$LOG/e2e_ab.log"
+            if [ $rc -ne 0 ]; then
+              echo "FAILED (exit $rc): $(tail -3 /tmp/e2e_run.log | tr '\n' ' ')" | tee -a "$LOG/e2e_ab.log"
+              STATUS=1
+            fi
           done
         done
       done

@@ -12,33 +12,44 @@ MedusaDeviceHeads::MedusaDeviceHeads(std::unique_ptr<Backend> backend, const Med
     : backend_(std::move(backend)), hidden_size_(heads.hidden_size), vocab_size_(heads.vocab_size) {
   ARBOR_CHECK(backend_ != nullptr, "MedusaDeviceHeads needs a backend");
   Backend& b = *backend_;
-  if (heads.uses_base_lm_head()) base_lm_head_ = b.upload_weight(heads.base_lm_head);
-  for (const MedusaHead& h : heads.heads) {
-    Head d;
-    for (size_t l = 0; l < h.res_weight.size(); ++l) {
-      d.weight.push_back(b.upload_weight(h.res_weight[l]));
-      d.bias.push_back(b.upload_weight(h.res_bias[l]));
-    }
-    d.lm_head = h.lm_head.empty() ? base_lm_head_ : b.upload_weight(h.lm_head);
-    heads_.push_back(std::move(d));
+  const int64_t h = hidden_size_;
+  for (const MedusaHead& head : heads.heads) {
+    ARBOR_CHECK(head.res_weight.size() == head.res_bias.size(),
+                "MedusaDeviceHeads: a head's ResBlock weights and biases differ in number");
+    for (size_t l = 0; l < head.res_weight.size(); ++l)
+      ARBOR_CHECK(head.res_weight[l].numel() == h * h && head.res_bias[l].numel() == h,
+                  "MedusaDeviceHeads: ResBlock " + std::to_string(l) + " is not [" +
+                      std::to_string(h) + ", " + std::to_string(h) + "] + [" + std::to_string(h) +
+                      "]");
   }
+  if (heads.uses_base_lm_head()) base_lm_head_ = b.upload_weight(heads.base_lm_head);
   // One ResBlock per head (Medusa-1's layout) and one shared LM head: every head's linear reads
-  // the same hidden row, so the heads' weights stacked [heads x hidden, hidden] make one GEMM.
+  // the same hidden row, so the heads' weights stacked [heads x hidden, hidden] make one GEMM,
+  // and the heads' own copies are not uploaded.
   bool one_block = !heads.heads.empty();
-  for (const MedusaHead& h : heads.heads)
-    one_block = one_block && h.res_weight.size() == 1 && h.lm_head.empty();
+  for (const MedusaHead& head : heads.heads)
+    one_block = one_block && head.res_weight.size() == 1 && head.lm_head.empty();
   if (one_block) {
     const auto n = static_cast<int64_t>(heads.heads.size());
-    HostTensor w({n * hidden_size_, hidden_size_}), bias({n * hidden_size_});
+    HostTensor w({n * h, h}), bias({n * h});
     for (int64_t d = 0; d < n; ++d) {
-      const MedusaHead& h = heads.heads[static_cast<size_t>(d)];
-      std::copy(h.res_weight[0].data.begin(), h.res_weight[0].data.end(),
-                w.data.begin() + d * hidden_size_ * hidden_size_);
-      std::copy(h.res_bias[0].data.begin(), h.res_bias[0].data.end(),
-                bias.data.begin() + d * hidden_size_);
+      const MedusaHead& head = heads.heads[static_cast<size_t>(d)];
+      std::copy(head.res_weight[0].data.begin(), head.res_weight[0].data.end(),
+                w.data.begin() + d * h * h);
+      std::copy(head.res_bias[0].data.begin(), head.res_bias[0].data.end(),
+                bias.data.begin() + d * h);
     }
     stacked_weight_ = b.upload_weight(w);
     stacked_bias_ = b.upload_weight(bias);
+  }
+  for (const MedusaHead& head : heads.heads) {
+    Head d;
+    for (size_t l = 0; l < head.res_weight.size() && !one_block; ++l) {
+      d.weight.push_back(b.upload_weight(head.res_weight[l]));
+      d.bias.push_back(b.upload_weight(head.res_bias[l]));
+    }
+    d.lm_head = head.lm_head.empty() ? base_lm_head_ : b.upload_weight(head.lm_head);
+    heads_.push_back(std::move(d));
   }
 }
 
@@ -52,9 +63,6 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float
   ARBOR_CHECK(k.size() <= heads_.size(), "MedusaDeviceHeads::top_k: " + std::to_string(k.size()) +
                                              " heads asked, " + std::to_string(heads_.size()) +
                                              " loaded");
-  Backend& b = *backend_;
-  b.reset_scratch();
-  const int64_t h = hidden_size_;
   // The heads that run, in order, and the most candidates any of them is asked for.
   std::vector<size_t> run;
   int32_t k_max = 0;
@@ -65,39 +73,28 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float
   }
   std::vector<std::vector<int32_t>> ids(k.size());
   if (run.empty()) return ids;
-  const int64_t n = static_cast<int64_t>(run.size());
-  // Rows [i * rows, (i + 1) * rows) of a stacked tensor: head run[i]'s rows.
-  const auto rows_of = [rows](const Tensor& t, int64_t i) {
-    Tensor v = t;
-    v.data = static_cast<uint8_t*>(t.data) +
-             static_cast<size_t>(i * rows * t.cols) * dtype_size(t.dtype);
-    v.rows = rows;
-    return v;
-  };
-  if (stacked_weight_.data != nullptr && n == num_heads()) return top_k_stacked(hidden, rows, k);
-  Tensor in = b.scratch(rows, h);
+  // Stacked heads run all of them whatever k asks, so a head's candidates never depend on
+  // which other heads (deeper trees in the same batch) run beside it.
+  if (stacked_weight_.data != nullptr) return top_k_stacked(hidden, rows, k, k_max);
+  Backend& b = *backend_;
+  b.reset_scratch();
+  const int64_t h = hidden_size_, n = static_cast<int64_t>(run.size());
+  Tensor in = b.scratch(rows, h);  // [rows, hidden] device fp32
   b.upload(hidden.data(), in);
-  // Every head's ResBlock output lands in its rows of `stacked`, so the LM heads run as one
-  // GEMM where the heads share the base LM head, and one top-k pass serves every head: one
-  // wait for the host per call instead of one per head.
-  Tensor stacked = b.scratch(n * rows, h);
-  Tensor ones;  // silu(y) = silu_mul(y, 1)
-  bool one_lm_head = true;
-  for (int64_t i = 0; i < n; ++i) {
-    const Head& head = heads_[run[static_cast<size_t>(i)]];
-    one_lm_head = one_lm_head && head.lm_head.data == heads_[run[0]].lm_head.data;
-    const Tensor out = rows_of(stacked, i);
+  Tensor ones;  // [rows, hidden] device fp32 of 1: silu(y) = silu_mul(y, 1)
+  // Head `head`'s ResBlocks over `in` into `out` ([rows, hidden] device fp32).
+  const auto res_blocks = [&](const Head& head, const Tensor& out) {
     if (head.weight.empty()) {
       b.upload(hidden.data(), out);
-      continue;
+      return;
+    }
+    if (ones.data == nullptr) {
+      ones = b.scratch(rows, h);
+      const std::vector<float> one(static_cast<size_t>(rows * h), 1.0f);
+      b.upload(one.data(), ones);
     }
     Tensor x = in;
     for (size_t l = 0; l < head.weight.size(); ++l) {
-      if (ones.data == nullptr) {
-        ones = b.scratch(rows, h);
-        const std::vector<float> one(static_cast<size_t>(rows * h), 1.0f);
-        b.upload(one.data(), ones);
-      }
       Tensor y = b.scratch(rows, h);
       const Tensor next = l + 1 == head.weight.size() ? out : b.scratch(rows, h);
       b.linear(x, head.weight[l], head.bias[l], y);  // x + SiLU(W x + b)
@@ -105,39 +102,58 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float
       b.add(x, y, next);
       x = next;
     }
-  }
-  Tensor logits = b.scratch(n * rows, vocab_size_);
-  if (one_lm_head) {
+  };
+  bool one_lm_head = true;
+  for (size_t d : run)
+    one_lm_head = one_lm_head && heads_[d].lm_head.data == heads_[run[0]].lm_head.data;
+  // Heads that share one LM head: their rows stacked [heads x rows, hidden] (head run[i]'s rows
+  // from i x rows on; 256-byte aligned slices), one LM-head GEMM and one top-k pass, so one wait
+  // for the host per call instead of one per head.
+  if (one_lm_head && (rows * h) % 64 == 0) {
+    Tensor stacked = b.scratch(n * rows, h);
+    for (int64_t i = 0; i < n; ++i) {
+      Tensor slice = stacked;
+      slice.data = static_cast<uint8_t*>(stacked.data) +
+                   static_cast<size_t>(i * rows * h) * dtype_size(stacked.dtype);
+      slice.rows = rows;
+      res_blocks(heads_[run[static_cast<size_t>(i)]], slice);
+    }
+    Tensor logits = b.scratch(n * rows, vocab_size_);  // [heads x rows, vocab] device fp32
     b.linear(stacked, heads_[run[0]].lm_head, Tensor{}, logits);
-  } else {
-    for (int64_t i = 0; i < n; ++i)
-      b.linear(rows_of(stacked, i), heads_[run[static_cast<size_t>(i)]].lm_head, Tensor{},
-               rows_of(logits, i));
+    std::vector<int32_t> top_ids;  // [heads x rows, k_max] host
+    std::vector<float> values;
+    b.top_k_log_softmax(logits, k_max, &top_ids, &values);
+    // A top-k list's first entries are the smaller top-k (best first, lower id first on ties).
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t d = run[static_cast<size_t>(i)];
+      const int64_t kd = std::min<int64_t>(k[d], vocab_size_);
+      ids[d].resize(static_cast<size_t>(rows * kd));
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy_n(top_ids.begin() + (i * rows + r) * k_max, kd, ids[d].begin() + r * kd);
+    }
+    return ids;
   }
-  std::vector<int32_t> all;  // [n * rows, k_max]
+  // Heads with LM heads of their own: one GEMM and one top-k pass each.
   std::vector<float> values;
-  b.top_k_log_softmax(logits, k_max, &all, &values);
-  // A top-k list's first entries are the smaller top-k (best first, lower id first on ties).
-  for (int64_t i = 0; i < n; ++i) {
-    const size_t d = run[static_cast<size_t>(i)];
-    const int64_t kd = std::min<int64_t>(k[d], vocab_size_);
-    ids[d].resize(static_cast<size_t>(rows * kd));
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy_n(all.begin() + (i * rows + r) * k_max, kd, ids[d].begin() + r * kd);
+  for (size_t d : run) {
+    Tensor x = b.scratch(rows, h), logits = b.scratch(rows, vocab_size_);
+    res_blocks(heads_[d], x);
+    b.linear(x, heads_[d].lm_head, Tensor{}, logits);
+    b.top_k_log_softmax(logits, std::min<int32_t>(k[d], static_cast<int32_t>(vocab_size_)), &ids[d],
+                        &values);
   }
   return ids;
 }
 
 std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k_stacked(std::span<const float> hidden,
                                                                    int64_t rows,
-                                                                   std::span<const int32_t> k) {
+                                                                   std::span<const int32_t> k,
+                                                                   int32_t k_max) {
   Backend& b = *backend_;
+  b.reset_scratch();
   const int64_t h = hidden_size_, n = num_heads();
-  int32_t k_max = 0;
-  for (int32_t kd : k)
-    k_max = std::max(k_max, std::min<int32_t>(kd, static_cast<int32_t>(vocab_size_)));
-  // Row r * n + d of the [rows x heads, hidden] tensors below is head d's row for hidden row r:
-  // the stacked GEMM's output [rows, heads x hidden] read with that shape.
+  // Row r x heads + d of the [rows x heads, hidden] device fp32 tensors below is head d's row for
+  // hidden row r: the stacked GEMM's output [rows, heads x hidden] read with that shape.
   Tensor in = b.scratch(rows, h), x = b.scratch(rows * n, h);
   b.upload(hidden.data(), in);
   std::vector<float> repeated(static_cast<size_t>(rows * n * h)), one(repeated.size(), 1.0f);
@@ -149,22 +165,24 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k_stacked(std::span<con
   b.upload(one.data(), ones);
   Tensor y = b.scratch(rows, n * h);
   b.linear(in, stacked_weight_, stacked_bias_, y);  // every head's W x + b
-  y.rows = rows * n;
-  y.cols = h;
+  Tensor y_rows = y;  // the same memory, one row per (hidden row, head)
+  y_rows.rows = rows * n;
+  y_rows.cols = h;
   Tensor res = b.scratch(rows * n, h);
-  b.silu_mul(y, ones, y);
-  b.add(x, y, res);  // x + SiLU(W x + b)
-  Tensor logits = b.scratch(rows * n, vocab_size_);
+  b.silu_mul(y_rows, ones, y_rows);
+  b.add(x, y_rows, res);                             // x + SiLU(W x + b)
+  Tensor logits = b.scratch(rows * n, vocab_size_);  // [rows x heads, vocab] device fp32
   b.linear(res, heads_[0].lm_head, Tensor{}, logits);
-  std::vector<int32_t> all;  // [rows * n, k_max]
+  std::vector<int32_t> top_ids;  // [rows x heads, k_max] host
   std::vector<float> values;
-  b.top_k_log_softmax(logits, k_max, &all, &values);
+  b.top_k_log_softmax(logits, k_max, &top_ids, &values);
   std::vector<std::vector<int32_t>> ids(k.size());
   for (size_t d = 0; d < k.size(); ++d) {
+    if (k[d] <= 0) continue;
     const int64_t kd = std::min<int64_t>(k[d], vocab_size_);
     ids[d].resize(static_cast<size_t>(rows * kd));
     for (int64_t r = 0; r < rows; ++r)
-      std::copy_n(all.begin() + (r * n + static_cast<int64_t>(d)) * k_max, kd,
+      std::copy_n(top_ids.begin() + (r * n + static_cast<int64_t>(d)) * k_max, kd,
                   ids[d].begin() + r * kd);
   }
   return ids;

@@ -1,8 +1,9 @@
 // Medusa heads run on a Backend: every head's ResBlocks and LM head for a batch of hidden rows in
-// one device pass. The heads' rows are stacked, so heads that share the base LM head take one
-// GEMM, and one top-k pass reads every head's candidates where its logits are
-// (Backend::top_k_log_softmax): one wait for the host per call, and only k token ids per row and
-// head reach it, never the [rows, vocab] logits. The host path (medusa_head_logits) is the
+// one device pass, each head's top-k read where its logits are (Backend::top_k_log_softmax), so
+// only k token ids per row and head reach the host, never the [rows, vocab] logits. Heads that
+// share the base LM head stack their rows: one LM-head GEMM and one top-k pass, one wait for the
+// host per call; heads of one ResBlock each also run their ResBlocks as one GEMM. Heads with LM
+// heads of their own run one after another. The host path (medusa_head_logits) is the
 // reference; on the CPU backend the two agree exactly.
 #pragma once
 
@@ -33,16 +34,19 @@ class MedusaDeviceHeads {
     std::vector<Tensor> weight, bias;  // ResBlocks
     Tensor lm_head;
   };
-  // Every head's ResBlock as one GEMM (heads of one ResBlock sharing the base LM head, all run).
+  // top_k() for heads of one ResBlock sharing the base LM head: every head's ResBlock as one
+  // GEMM over the stacked weights, every head run (ids only where k asks).
   std::vector<std::vector<int32_t>> top_k_stacked(std::span<const float> hidden, int64_t rows,
-                                                  std::span<const int32_t> k);
+                                                  std::span<const int32_t> k, int32_t k_max);
 
   std::unique_ptr<Backend> backend_;
   int64_t hidden_size_ = 0;
   int64_t vocab_size_ = 0;
   std::vector<Head> heads_;
   Tensor base_lm_head_;
-  Tensor stacked_weight_, stacked_bias_;  // [heads x hidden, hidden], [heads x hidden] or empty
+  // Device bf16 [heads x hidden, hidden] and fp32 [heads x hidden], or empty: set for heads of
+  // one ResBlock sharing the base LM head (whose Head::weight / bias are then empty).
+  Tensor stacked_weight_, stacked_bias_;
 };
 
 }  // namespace arbor

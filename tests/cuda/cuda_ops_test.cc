@@ -366,8 +366,11 @@ TEST(CudaOps, ChainGemmRowsOverride) {
 }
 
 // Weights of at most chain_gemm_small_bytes take the chain GEMM at up to
-// chain_gemm_small_max_rows (16) rows, larger ones at up to chain_gemm_max_rows (8);
-// ARBOR_CHAIN_GEMM sets both; a bad chain_gemm_small_max_rows is refused naming itself.
+// chain_gemm_small_max_rows (16) rows, larger ones at up to chain_gemm_max_rows (8): a 12-row
+// linear runs the chain GEMM on a 256 KiB weight and cuBLASLt on a 16 MiB one (the launches
+// counted), the results equal to a cuBLASLt-only backend's bit for bit. chain_gemm_max_rows 0
+// still turns it off for every weight; ARBOR_CHAIN_GEMM sets both limits; a bad
+// chain_gemm_small_max_rows is refused naming itself.
 TEST(CudaOps, ChainGemmRowsBySize) {
   ARBOR_REQUIRE_GPU();
   CudaBackendOptions bad;
@@ -381,32 +384,55 @@ TEST(CudaOps, ChainGemmRowsBySize) {
         << e.what();
   }
   std::mt19937 rng(4);
-  // The chain GEMM's row limit for an [out, in] weight, as the backend reports it.
-  auto limit_words = [&](CudaBackend& b, int64_t out, int64_t in) {
+  const auto random_weight = [&](int64_t out, int64_t in) {
     HostTensor w({out, in});
     w.data = testing::random_vector(rng, w.data.size());
+    return w;
+  };
+  const HostTensor small_w = random_weight(256, 512), large_w = random_weight(4096, 2048);
+  const std::vector<float> x12 = testing::random_vector(rng, 12 * 2048);
+  // out = x [rows, in] (the first rows x in of x12) @ w^T on `b`; host fp32.
+  const auto run = [&](CudaBackend& b, const HostTensor& w, int64_t rows) {
+    const int64_t out_f = w.dim(0), in_f = w.dim(1);
     const Tensor wt = b.upload_weight(w);
     b.reset_scratch();
-    Tensor x = b.scratch(1, in), y = b.scratch(1, out);
-    const std::vector<float> xh = testing::random_vector(rng, static_cast<size_t>(in));
-    b.upload(xh.data(), x);
+    Tensor x = b.scratch(rows, in_f), y = b.scratch(rows, out_f);
+    b.upload(x12.data(), x);
     b.linear(x, wt, Tensor{}, y);
-    return b.batch_invariant_gemm_algo(out, in);
+    std::vector<float> out(static_cast<size_t>(rows * out_f));
+    b.download(y, out.data());
+    return out;
   };
   CudaBackendOptions t;
   t.tune_invariant_gemm = false;  // the bitwise check alone decides
+  CudaBackendOptions off = t;
+  off.chain_gemm_max_rows = 0;
+  CudaBackend ref{off};
+  EXPECT_EQ(run(ref, small_w, 12), run(ref, small_w, 12));
+  EXPECT_EQ(ref.chain_gemm_launches(), 0) << "chain_gemm_max_rows 0 must turn it off";
   {
     CudaBackend b{t};
-    const std::string small = limit_words(b, 256, 512);    // 256 KiB
-    const std::string large = limit_words(b, 4096, 2048);  // 16 MiB
-    EXPECT_NE(small.find("chain GEMM at <= 16 rows"), std::string::npos) << small;
-    EXPECT_NE(large.find("chain GEMM at <= 8 rows"), std::string::npos) << large;
+    EXPECT_EQ(run(b, small_w, 12), run(ref, small_w, 12));
+    EXPECT_EQ(b.chain_gemm_launches(), 1) << b.batch_invariant_gemm_algo(256, 512);
+    EXPECT_NE(b.batch_invariant_gemm_algo(256, 512).find("chain GEMM at <= 16 rows"),
+              std::string::npos)
+        << b.batch_invariant_gemm_algo(256, 512);
+    EXPECT_EQ(run(b, large_w, 12), run(ref, large_w, 12));
+    EXPECT_EQ(b.chain_gemm_launches(), 1) << "12 rows of a 16 MiB weight: cuBLASLt";
+    EXPECT_EQ(run(b, large_w, 8), run(ref, large_w, 8));
+    EXPECT_EQ(b.chain_gemm_launches(), 2) << b.batch_invariant_gemm_algo(4096, 2048);
+    EXPECT_NE(b.batch_invariant_gemm_algo(4096, 2048).find("chain GEMM at <= 8 rows"),
+              std::string::npos)
+        << b.batch_invariant_gemm_algo(4096, 2048);
   }
   ::setenv("ARBOR_CHAIN_GEMM", "4", 1);
   CudaBackend b{t};
   ::unsetenv("ARBOR_CHAIN_GEMM");
-  const std::string small = limit_words(b, 256, 512);
-  EXPECT_NE(small.find("chain GEMM at <= 4 rows"), std::string::npos) << small;
+  EXPECT_EQ(run(b, small_w, 12), run(ref, small_w, 12));
+  EXPECT_EQ(b.chain_gemm_launches(), 0) << b.batch_invariant_gemm_algo(256, 512);
+  EXPECT_NE(b.batch_invariant_gemm_algo(256, 512).find("chain GEMM at <= 4 rows"),
+            std::string::npos)
+      << b.batch_invariant_gemm_algo(256, 512);
 }
 
 // ARBOR_GEMM picks the batch-invariant GEMM of any binary; a bad value names itself.

@@ -94,8 +94,12 @@ int main(int argc, char** argv) {
   int step_kernels = 300, other_kernels = 25, reps = 200;
   bool pdl = true;
   std::vector<int> counts = {0, 8, 16, 24, 32, 48, 64};
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "'%s' needs a value\n", argv[i]);
+      return 2;
+    }
     if (k == "--step-kernels")
       step_kernels = std::atoi(argv[i + 1]);
     else if (k == "--other-kernels")
@@ -111,6 +115,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  std::sort(counts.begin(), counts.end());  // graphs are only ever added
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s; step graph %d kernels, other graphs %d kernels each, pdl %d\n", prop.name,

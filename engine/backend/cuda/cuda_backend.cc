@@ -306,6 +306,7 @@ struct CudaBackend::State {
     return true;
   }
   int64_t splits_in_place = 0;
+  int64_t chain_launches = 0;  // chain_gemm_launches()
 
   // The bf16 GEMM input written by the op before (RMSNorm, SiLU * up, attention write a bf16
   // copy of their fp32 output into gemm_input): valid for the very next op only (every op's
@@ -412,8 +413,8 @@ std::optional<long> env_int(const char* name, long lo, long hi, long multiple,
 // ARBOR_GEMM (cublas | own | chunked) overrides CudaBackendOptions::batch_invariant_gemm,
 // ARBOR_ATTN_SPLIT_KEYS (a multiple of 64) CudaBackendOptions::invariant_split_keys,
 // ARBOR_ATTN_KERNEL (0..3) CudaBackendOptions::attention_kernel and ARBOR_CHAIN_GEMM (0..16)
-// CudaBackendOptions::chain_gemm_max_rows, so the CLI and server can pick them without flags of
-// their own.
+// CudaBackendOptions::chain_gemm_max_rows and chain_gemm_small_max_rows, so the CLI and server
+// can pick them without flags of their own.
 CudaBackendOptions with_env_overrides(CudaBackendOptions o) {
   if (const auto v = env_int("ARBOR_ATTN_KERNEL", 0, 3, 1,
                              "0 auto, 1 mma.sync, 2 wgmma, 3 wgmma with 128-row tiles"))
@@ -487,6 +488,10 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
     throw_error(ErrorCode::kInvalidArgument,
                 "cuda backend: chain_gemm_max_rows " + std::to_string(options.chain_gemm_max_rows) +
                     " (0 to " + std::to_string(kernels::kChainGemmMaxRows) + ")");
+  if (options.chain_gemm_small_bytes < 0)
+    throw_error(ErrorCode::kInvalidArgument, "cuda backend: chain_gemm_small_bytes " +
+                                                 std::to_string(options.chain_gemm_small_bytes) +
+                                                 " (at least 0)");
   if (options.chain_gemm_small_max_rows < 0 ||
       options.chain_gemm_small_max_rows > kernels::kChainGemmMaxRows)
     throw_error(ErrorCode::kInvalidArgument, "cuda backend: chain_gemm_small_max_rows " +
@@ -1059,6 +1064,10 @@ int64_t CudaBackend::splits_consumed_in_place() const {
   return s_->splits_in_place;
 }
 
+int64_t CudaBackend::chain_gemm_launches() const {
+  return s_->chain_launches;
+}
+
 bool CudaBackend::last_attention_wgmma() const {
   return s_->last_wgmma;
 }
@@ -1268,6 +1277,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
     if (algo.chain && x.rows <= algo.max_rows &&
         kernels::chain_gemm_supported(chp)) {  // the same bits as the cuBLASLt call below
       cuda_check(kernels::launch_chain_gemm(chp, s.stream), "linear (chain)");
+      ++s.chain_launches;
     } else {
       cublas_check(s.lt_matmul(algo.algo, w.data, w.rows, w.cols, xin, x.rows, out.data),
                    "linear (cuBLASLt)");

@@ -56,13 +56,15 @@ struct CudaBackendOptions {
   // tree nodes: 7.35 vs 7.25 ms; docs/benchmarks.md). The environment variable
   // ARBOR_CHAIN_GEMM (0..16) overrides it, and the small-weight limit below.
   int chain_gemm_max_rows = 8;
-  // The limit for weights of at most chain_gemm_small_bytes (bf16: SmolLM2-135M's are 1-3.5 MB;
-  // Llama-3-8B's smallest, k or v unfused, 8 MiB), where a step is bound by
+  // The row limit for weights of at most chain_gemm_small_bytes, where a step is bound by
   // launches, not bytes: the chain GEMM starts under the kernel before it (programmatic launch)
-  // and cuBLASLt does not. SmolLM2-135M's EAGLE-2 draft (10-row expansions) at batch 1: 0.74x
-  // -> 0.83-0.85x of plain end to end, n-gram's 16-node verify steps within the noise
-  // (docs/benchmarks.md "Twenty-ninth session"); no Llama-3-8B matrix is this small.
+  // and cuBLASLt does not. Such a weight takes max(chain_gemm_max_rows, this), and none when
+  // chain_gemm_max_rows is 0. SmolLM2-135M's EAGLE-2 draft (10-row expansions) at batch 1:
+  // 0.74x -> 0.83-0.85x of plain end to end, n-gram's 16-node verify steps within the noise
+  // (docs/benchmarks.md "Twenty-ninth session").
   int chain_gemm_small_max_rows = 16;
+  // bf16 bytes of a "small" weight: SmolLM2-135M's are 0.2-3.5 MB, Llama-3-8B's smallest (k or
+  // v, unfused) 8 MiB.
   int64_t chain_gemm_small_bytes = int64_t{4} << 20;
   // LlamaModel runs q/k/v as one linear and gate/up as one (concatenated weights, then
   // split_cols; free views at one token): 2 GEMMs fewer per layer and no small k / v GEMMs.
@@ -159,6 +161,8 @@ class CudaBackend final : public Backend {
   int last_attention_tree_groups() const;
   // split_cols calls whose outputs RoPE or SiLU * up consumed in place (no split launch).
   int64_t splits_consumed_in_place() const;
+  // Batch-invariant linear() calls that ran the chain GEMM (the rest ran cuBLASLt).
+  int64_t chain_gemm_launches() const;
   // The cuBLASLt algorithm batch-invariant linear() uses for an (out, in) shape, in words
   // (selected on first use; "" if none yet).
   std::string batch_invariant_gemm_algo(int64_t out_features, int64_t in_features) const;
