@@ -370,7 +370,7 @@ TEST(CudaSampleTrees, TopKLogSoftmaxMatchesCpu) {
 // asked. Every id the GPU picks must be within the host's top-k up to bf16 rounding: its
 // host logit at least the host's k-th best minus a tolerance (a wrong row or head layout picks
 // ids far below it).
-TEST(CudaMedusaHeads, StackedAndPerHeadTopKMatchTheHost) {
+TEST(CudaMedusaHeads, OneBlockHeadsTopKMatchTheHost) {
   ARBOR_REQUIRE_GPU();
   constexpr int64_t kHidden = 128, kVocab = 2000, kHeads = 4;
   std::mt19937 rng(9);
