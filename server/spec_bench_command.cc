@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <string>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -219,31 +220,33 @@ int run_spec_bench(const SpecBenchOptions& o) {
   // Where the wall time went, per engine step (a verify step with speculation): the model's
   // forward (set_step, the device ops, sampling / verification, downloads), the proposer's
   // drafting and feedback, and the rest (scheduling, tree bookkeeping, detokenising).
-  auto breakdown = [](const char* what, const GeneratorStats& st, double secs,
-                      const StepGraphStats& g) {
+  auto graph_words = [](const StepGraphStats& g) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf),
+                  "step graphs: %lld replayed, %lld recorded, %lld eager, %lld evicted, %lld "
+                  "invalidated, %lld failed",
+                  static_cast<long long>(g.replays), static_cast<long long>(g.captures),
+                  static_cast<long long>(g.eager), static_cast<long long>(g.evictions),
+                  static_cast<long long>(g.invalidations),
+                  static_cast<long long>(g.capture_failures));
+    return std::string(buf);
+  };
+  auto breakdown = [&](const char* what, const GeneratorStats& st, double secs,
+                       const StepGraphStats& g) {
     const double steps = static_cast<double>(std::max<int64_t>(st.steps, 1));
     const double fwd = st.decode_seconds + st.mixed_seconds + st.prefill_seconds;
     std::printf(
         "%s: %lld steps, per step %.3f ms = forward %.3f + draft %.3f + feedback %.3f + other "
-        "%.3f; step graphs: %lld replayed, %lld recorded, %lld eager, %lld evicted, %lld "
-        "invalidated, %lld failed\n",
+        "%.3f; %s\n",
         what, static_cast<long long>(st.steps), secs / steps * 1e3, fwd / steps * 1e3,
         st.draft_seconds / steps * 1e3, st.feedback_seconds / steps * 1e3,
         (secs - fwd - st.draft_seconds - st.feedback_seconds) / steps * 1e3,
-        static_cast<long long>(g.replays), static_cast<long long>(g.captures),
-        static_cast<long long>(g.eager), static_cast<long long>(g.evictions),
-        static_cast<long long>(g.invalidations), static_cast<long long>(g.capture_failures));
+        graph_words(g).c_str());
   };
   breakdown("spec", spec_stats, spec_secs, spec_graphs);
   // The draft model's own recordings (EAGLE), warm-up included.
   const StepGraphStats dg = proposer->draft_graph_stats();
-  if (dg.captures + dg.replays + dg.eager > 0)
-    std::printf(
-        "draft: step graphs: %lld replayed, %lld recorded, %lld eager, %lld evicted, %lld "
-        "invalidated, %lld failed\n",
-        static_cast<long long>(dg.replays), static_cast<long long>(dg.captures),
-        static_cast<long long>(dg.eager), static_cast<long long>(dg.evictions),
-        static_cast<long long>(dg.invalidations), static_cast<long long>(dg.capture_failures));
+  if (dg.captures + dg.replays + dg.eager > 0) std::printf("draft: %s\n", graph_words(dg).c_str());
   if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs, plain_graphs);
   return 0;
 }

@@ -8,6 +8,19 @@
 
 namespace arbor {
 
+namespace {
+// ids = the first kd entries of rows row_of(r), r < rows, of top_ids [*, k_max]: a top-k list's
+// first entries are the smaller top-k (best first, the lower id first on ties).
+template <typename RowOf>
+std::vector<int32_t> first_of_rows(const std::vector<int32_t>& top_ids, int32_t k_max, int64_t kd,
+                                   int64_t rows, RowOf row_of) {
+  std::vector<int32_t> ids(static_cast<size_t>(rows * kd));
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy_n(top_ids.begin() + row_of(r) * k_max, kd, ids.begin() + r * kd);
+  return ids;
+}
+}  // namespace
+
 MedusaDeviceHeads::MedusaDeviceHeads(std::unique_ptr<Backend> backend, const MedusaHeads& heads)
     : backend_(std::move(backend)), hidden_size_(heads.hidden_size), vocab_size_(heads.vocab_size) {
   ARBOR_CHECK(backend_ != nullptr, "MedusaDeviceHeads needs a backend");
@@ -123,13 +136,10 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float
     std::vector<int32_t> top_ids;  // [heads x rows, k_max] host
     std::vector<float> values;
     b.top_k_log_softmax(logits, k_max, &top_ids, &values);
-    // A top-k list's first entries are the smaller top-k (best first, lower id first on ties).
     for (int64_t i = 0; i < n; ++i) {
       const size_t d = run[static_cast<size_t>(i)];
-      const int64_t kd = std::min<int64_t>(k[d], vocab_size_);
-      ids[d].resize(static_cast<size_t>(rows * kd));
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy_n(top_ids.begin() + (i * rows + r) * k_max, kd, ids[d].begin() + r * kd);
+      ids[d] = first_of_rows(top_ids, k_max, std::min<int64_t>(k[d], vocab_size_), rows,
+                             [&](int64_t r) { return i * rows + r; });
     }
     return ids;
   }
@@ -179,11 +189,8 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k_stacked(std::span<con
   std::vector<std::vector<int32_t>> ids(k.size());
   for (size_t d = 0; d < k.size(); ++d) {
     if (k[d] <= 0) continue;
-    const int64_t kd = std::min<int64_t>(k[d], vocab_size_);
-    ids[d].resize(static_cast<size_t>(rows * kd));
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy_n(top_ids.begin() + (r * n + static_cast<int64_t>(d)) * k_max, kd,
-                  ids[d].begin() + r * kd);
+    ids[d] = first_of_rows(top_ids, k_max, std::min<int64_t>(k[d], vocab_size_), rows,
+                           [&](int64_t r) { return r * n + static_cast<int64_t>(d); });
   }
   return ids;
 }

@@ -28,6 +28,7 @@
 #include "engine/spec/medusa_device_heads.h"
 #include "engine/spec/medusa_heads.h"
 #include "engine/spec/proposer_factory.h"
+#include "tests/common/synthetic_medusa.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace arbor {
@@ -373,24 +374,8 @@ TEST(CudaSampleTrees, TopKLogSoftmaxMatchesCpu) {
 TEST(CudaMedusaHeads, OneBlockHeadsTopKMatchTheHost) {
   ARBOR_REQUIRE_GPU();
   constexpr int64_t kHidden = 128, kVocab = 2000, kHeads = 4;
-  std::mt19937 rng(9);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto random = [&](std::vector<int64_t> shape, float scale) {
-    HostTensor t(std::move(shape));
-    for (float& v : t.data) v = nd(rng) * scale;
-    return t;
-  };
-  MedusaHeads heads;
-  heads.source = "synthetic";
-  heads.hidden_size = kHidden;
-  heads.vocab_size = kVocab;
-  for (int64_t d = 0; d < kHeads; ++d) {
-    MedusaHead h;
-    h.res_weight.push_back(random({kHidden, kHidden}, 0.1f));
-    h.res_bias.push_back(random({kHidden}, 0.1f));
-    heads.heads.push_back(std::move(h));
-  }
-  heads.base_lm_head = random({kVocab, kHidden}, 0.3f);
+  testing::NormalTensors random(9);
+  const MedusaHeads heads = testing::one_block_medusa_heads(random, kHidden, kVocab, kHeads, 0.1f);
   MedusaDeviceHeads device(make_cuda_backend(), heads);
   int checked = 0;
   for (int64_t rows : {1, 5, 12}) {

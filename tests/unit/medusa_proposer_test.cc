@@ -13,6 +13,7 @@
 #include "engine/spec/proposer_math.h"
 #include "engine/spec/tree_choices.h"
 #include "engine/spec/tree_layout.h"
+#include "tests/common/synthetic_medusa.h"
 #include "tests/unit/proposer_test_util.h"
 
 namespace arbor {
@@ -137,24 +138,8 @@ INSTANTIATE_TEST_SUITE_P(Heads, MedusaReference,
 // layouts, two ResBlocks and own LM heads, are HeadsOnABackendGiveTheSameTrees' fixtures.)
 TEST(MedusaDeviceHeads, OneBlockHeadsSharingTheLmHeadMatchTheHost) {
   constexpr int64_t kHidden = 64, kVocab = 300, kHeads = 4;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto random = [&](std::vector<int64_t> shape, float scale) {
-    HostTensor t(std::move(shape));
-    for (float& v : t.data) v = nd(rng) * scale;
-    return t;
-  };
-  MedusaHeads heads;
-  heads.source = "synthetic";
-  heads.hidden_size = kHidden;
-  heads.vocab_size = kVocab;
-  for (int64_t d = 0; d < kHeads; ++d) {
-    MedusaHead h;
-    h.res_weight.push_back(random({kHidden, kHidden}, 0.2f));
-    h.res_bias.push_back(random({kHidden}, 0.1f));
-    heads.heads.push_back(std::move(h));
-  }
-  heads.base_lm_head = random({kVocab, kHidden}, 0.3f);
+  testing::NormalTensors random(5);
+  const MedusaHeads heads = testing::one_block_medusa_heads(random, kHidden, kVocab, kHeads, 0.2f);
   MedusaDeviceHeads device(std::make_unique<CpuBackend>(1), heads);
   for (int64_t rows : {1, 3}) {
     const HostTensor hidden = random({rows, kHidden}, 1.f);

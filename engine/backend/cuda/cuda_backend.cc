@@ -484,20 +484,17 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
                 "cuda backend: batch_invariant_gemm " +
                     std::to_string(options.batch_invariant_gemm) +
                     " (0 cuBLASLt fixed algorithm, 1 own kernel, 2 chunked kernel)");
-  if (options.chain_gemm_max_rows < 0 || options.chain_gemm_max_rows > kernels::kChainGemmMaxRows)
-    throw_error(ErrorCode::kInvalidArgument,
-                "cuda backend: chain_gemm_max_rows " + std::to_string(options.chain_gemm_max_rows) +
-                    " (0 to " + std::to_string(kernels::kChainGemmMaxRows) + ")");
+  for (const auto& [name, rows] :
+       {std::pair<const char*, int>{"chain_gemm_max_rows", options.chain_gemm_max_rows},
+        {"chain_gemm_small_max_rows", options.chain_gemm_small_max_rows}})
+    if (rows < 0 || rows > kernels::kChainGemmMaxRows)
+      throw_error(ErrorCode::kInvalidArgument,
+                  std::string("cuda backend: ") + name + " " + std::to_string(rows) + " (0 to " +
+                      std::to_string(kernels::kChainGemmMaxRows) + ")");
   if (options.chain_gemm_small_bytes < 0)
     throw_error(ErrorCode::kInvalidArgument, "cuda backend: chain_gemm_small_bytes " +
                                                  std::to_string(options.chain_gemm_small_bytes) +
                                                  " (at least 0)");
-  if (options.chain_gemm_small_max_rows < 0 ||
-      options.chain_gemm_small_max_rows > kernels::kChainGemmMaxRows)
-    throw_error(ErrorCode::kInvalidArgument, "cuda backend: chain_gemm_small_max_rows " +
-                                                 std::to_string(options.chain_gemm_small_max_rows) +
-                                                 " (0 to " +
-                                                 std::to_string(kernels::kChainGemmMaxRows) + ")");
   if (options.attention_tree_groups < 0 || options.attention_tree_groups > 2)
     throw_error(ErrorCode::kInvalidArgument, "cuda backend: attention_tree_groups " +
                                                  std::to_string(options.attention_tree_groups) +

@@ -1,0 +1,49 @@
+// Test support: Medusa heads with random weights in the layout of SmolLM2's trained heads (one
+// ResBlock per head, the base LM head shared), for comparing a backend's heads with the host
+// reference (medusa_head_logits) on shapes no fixture has.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "engine/core/host_tensor.h"
+#include "engine/spec/medusa_heads.h"
+
+namespace arbor::testing {
+
+// Normal(0, scale) tensors from one seeded stream.
+class NormalTensors {
+ public:
+  explicit NormalTensors(uint32_t seed) : rng_(seed) {}
+  HostTensor operator()(std::vector<int64_t> shape, float scale) {
+    HostTensor t(std::move(shape));
+    for (float& v : t.data) v = nd_(rng_) * scale;
+    return t;
+  }
+
+ private:
+  std::mt19937 rng_;
+  std::normal_distribution<float> nd_{0.f, 1.f};
+};
+
+// `heads` heads of one ResBlock (weights scaled by weight_scale, biases by 0.1) and a shared
+// base LM head [vocab, hidden] (scaled by 0.3), drawn in that order.
+inline MedusaHeads one_block_medusa_heads(NormalTensors& random, int64_t hidden, int64_t vocab,
+                                          int64_t heads, float weight_scale) {
+  MedusaHeads out;
+  out.source = "synthetic";
+  out.hidden_size = hidden;
+  out.vocab_size = vocab;
+  for (int64_t d = 0; d < heads; ++d) {
+    MedusaHead h;
+    h.res_weight.push_back(random({hidden, hidden}, weight_scale));
+    h.res_bias.push_back(random({hidden}, 0.1f));
+    out.heads.push_back(std::move(h));
+  }
+  out.base_lm_head = random({vocab, hidden}, 0.3f);
+  return out;
+}
+
+}  // namespace arbor::testing
