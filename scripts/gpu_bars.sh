@@ -16,6 +16,7 @@
 #   bash scripts/gpu_bars.sh stage       # (one call per part) SmolLM2's GGUF parts to /tmp/stage
 #   bash scripts/gpu_bars.sh e2e         # SmolLM2 spec-bench: n-gram / EAGLE / Medusa vs plain
 #   bash scripts/gpu_bars.sh e2e-ab      # the same, this build's arbor against .gpu/base_arbor.tar.gz
+#   bash scripts/gpu_bars.sh e2e-sweep   # SmolLM2 spec-bench over tree shapes (ARBOR_E2E_SWEEP)
 # The tests alone: ARBOR_GPU_SKIP_SANITIZER=1 ARBOR_GPU_SKIP_BENCH=1 ARBOR_GPU_SKIP_MODEL_BENCH=1
 # bash scripts/run_gpu_suite.sh.
 #   bash scripts/gpu_bars.sh flashinfer  # our grid (attention_bench from .gpu/attn.tar.gz), then
@@ -247,8 +248,39 @@ case "$MODE" in
       done
     done
     ;;
+  e2e-sweep)
+    # SmolLM2 spec-bench over speculation settings, one run per entry of ARBOR_E2E_SWEEP
+    # ("method [spec-bench options]" entries separated by ';'; the trained heads are added for
+    # eagle and medusa), at every batch in ARBOR_E2E_BATCH (default 1), ARBOR_E2E_ROUNDS
+    # rounds (default 1). Each run measures plain decoding in its own process.
+    cat /tmp/stage/smol.part.* >/tmp/smol.gguf || { echo "SmolLM2 is not staged"; exit 1; }
+    sha256sum /tmp/smol.gguf | tee "$LOG/e2e_sweep.log"
+    IFS=';' read -r -a CONFIGS <<<"${ARBOR_E2E_SWEEP:-eagle;medusa}"
+    for round in $(seq "${ARBOR_E2E_ROUNDS:-1}"); do
+      for batch in ${ARBOR_E2E_BATCH:-1}; do
+        for config in "${CONFIGS[@]}"; do
+          read -r method args <<<"$config"
+          extra=""
+          [ "$method" != ngram ] && extra="--spec-heads tests/data/heads/smollm2/$method"
+          echo "== round $round batch $batch $config" | tee -a "$LOG/e2e_sweep.log"
+          # shellcheck disable=SC2086
+          timeout 150 "$BIN/arbor" spec-bench --backend cuda -m /tmp/smol.gguf \
+            --prompts .stage/heldout.jsonl --no-bos --max-tokens 128 --temperature 0 \
+            --batch "$batch" --spec "$method" $extra $args >/tmp/e2e_run.log 2>&1
+          rc=$?
+          grep -E '^(\||spec:|plain:|draft:)' /tmp/e2e_run.log | grep -v -- '---' |
+            tee -a "$LOG/e2e_sweep.log"
+          if [ $rc -ne 0 ]; then
+            echo "FAILED (exit $rc): $(tail -3 /tmp/e2e_run.log | tr '\n' ' ')" |
+              tee -a "$LOG/e2e_sweep.log"
+            STATUS=1
+          fi
+        done
+      done
+    done
+    ;;
   *)
-    echo "unknown mode '$MODE' (attention | model | decode-ab | model-ab | env-ab | e2e | e2e-ab | stage | flashinfer)"
+    echo "unknown mode '$MODE' (attention | model | decode-ab | model-ab | env-ab | e2e | e2e-ab | e2e-sweep | stage | flashinfer)"
     exit 2
     ;;
 esac

@@ -10,7 +10,7 @@
 //   attention_bench [--batch 1,8,16,32,64] [--context 1024,2048,8192,32768]
 //                   [--tree 16,32,64,128] [--iters 30] [--max-splits 0] [--splits 0,1,2,4]
 //                   [--kernel wgmma|mma] [--wide -1|0|1] [--phases 0|1] [--ctas-per-sm 0]
-//                   [--head-dim 128|64]
+//                   [--head-dim 128|64] [--latency-probe 0|1]
 //   --wide: 128-row wgmma tiles where the rows fill them (-1, the planner's rule), never or
 //   always.
 //   --ctas-per-sm N: plan splits for a wave of N resident CTAs per SM (0: the planner's choice).
@@ -18,6 +18,13 @@
 //   --phases 1: after each point's timing, one more launch with per-CTA phase stamps
 //   (PagedTreeAttentionParams::phase_ns) and a line of medians: prologue, KV loop (and per
 //   tile), epilogue, CTA total, and how many CTAs started in a later wave.
+//   --latency-probe 1: after each point's timing, two probe kernels with the kernel's grid,
+//   timed the same way (cold L2, events around one launch): an empty kernel, and one whose
+//   CTAs do only what every paged design must before its first MMA (read the work item, the
+//   request's first block-table entry, then one K row of that block: three dependent cold
+//   reads) and write 2 KiB. Neither computes anything, so each is a lower bound on what any
+//   one-launch kernel measures in this harness, against which the floor's 1.3x and 1.6x are
+//   printed.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -84,6 +91,68 @@ void flush_l2(cudaStream_t stream, const void* flush, size_t flush_bytes, int* s
                                              flush_bytes / sizeof(int4), sink);
 }
 
+__global__ void empty_probe() {}
+
+// Work item -> its request's first block-table entry -> one K row of that block (2 KiB: every
+// KV head of the slot), written out. `tables` rows are `max_blocks` wide.
+__global__ void dependent_read_probe(const arbor::kernels::AttentionWorkItem* work,
+                                     const int32_t* tables, int max_blocks, int num_requests,
+                                     const int4* k_cache, int slot_int4s, int block_size,
+                                     int4* out) {
+  const int request = work[blockIdx.x].request;
+  if (request < 0 || request >= num_requests) return;  // padding item
+  const int32_t block = tables[static_cast<size_t>(request) * max_blocks];
+  const size_t slot = static_cast<size_t>(block) * block_size;
+  if (threadIdx.x < slot_int4s)
+    out[static_cast<size_t>(blockIdx.x) * slot_int4s + threadIdx.x] =
+        k_cache[slot * slot_int4s + threadIdx.x];
+}
+
+// --latency-probe: the two probes' medians beside the floor's 1.3x and 1.6x.
+void print_latency_probe(const arbor::kernels::PagedTreeAttentionParams& p, double floor_us,
+                         cudaStream_t stream, const void* flush, size_t flush_bytes, int* sink,
+                         int sms, int iters) {
+  const int slot_int4s = kHkv * g_head_dim * 2 / 16;
+  int4* out = nullptr;
+  check_cuda(cudaMalloc(&out, static_cast<size_t>(p.num_work) * slot_int4s * 16), "probe out");
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  auto time = [&](auto&& launch) {
+    std::vector<float> t;
+    for (int it = 0; it < iters + 3; ++it) {
+      flush_l2(stream, flush, flush_bytes, sink, sms);
+      cudaEventRecord(e0, stream);
+      launch();
+      cudaEventRecord(e1, stream);
+      check_cuda(cudaEventSynchronize(e1), "probe sync");
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      if (it >= 3) t.push_back(ms * 1000.f);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const int threads = std::max(128, slot_int4s);
+  const float empty_us = time([&] { empty_probe<<<p.num_work, threads, 0, stream>>>(); });
+  const float chain_us = time([&] {
+    dependent_read_probe<<<p.num_work, threads, 0, stream>>>(
+        p.work, p.block_tables, p.max_blocks_per_request, p.num_requests,
+        static_cast<const int4*>(p.k_cache), slot_int4s, p.block_size, out);
+  });
+  check_cuda(cudaGetLastError(), "probe launch");
+  std::printf(
+      "  latency probe (%d CTAs): empty %.1f us, dependent reads %.1f us; floor x1.3 %.1f us, "
+      "x1.6 %.1f us%s\n",
+      p.num_work, empty_us, chain_us, 1.3 * floor_us, 1.6 * floor_us,
+      chain_us > 1.6 * floor_us   ? " (both below the probe)"
+      : chain_us > 1.3 * floor_us ? " (x1.3 below the probe)"
+                                  : "");
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(out);
+}
+
 // One more launch (after the L2 flush) with phase stamps: where a CTA's time goes.
 void print_phases(arbor::kernels::PagedTreeAttentionParams p, cudaStream_t stream,
                   const void* flush, size_t flush_bytes, int* sink, int sms) {
@@ -142,6 +211,7 @@ int main(int argc, char** argv) {
                    trees = {16, 32, 64, 128};
   int iters = 30, max_splits = 0;
   bool phases = false;                  // --phases 1: one more launch with per-CTA phase stamps
+  bool latency_probe = false;           // --latency-probe 1: the two probe kernels per point
   std::vector<int> fixed_splits = {0};  // --splits: 0 = the planner's choice, N = N splits
   bool wgmma = true;
   int wide = -1;  // --wide: 128-row wgmma tiles (AttentionPlanInputs::wide: -1 auto, 0, 1)
@@ -164,6 +234,8 @@ int main(int argc, char** argv) {
       fixed_splits = parse_list(argv[i + 1]);
     else if (a == "--phases")
       phases = std::atoi(argv[i + 1]) != 0;
+    else if (a == "--latency-probe")
+      latency_probe = std::atoi(argv[i + 1]) != 0;
     else if (a == "--wide")
       wide = std::atoi(argv[i + 1]);
     else if (a == "--ctas-per-sm")
@@ -344,6 +416,9 @@ int main(int argc, char** argv) {
                       (kv_bytes + qo_bytes) / (med * 1e-6) / 1e12);
           std::fflush(stdout);
           if (phases) print_phases(p, stream, flush, flush_bytes, sink, prop.multiProcessorCount);
+          if (latency_probe)
+            print_latency_probe(p, floor_us, stream, flush, flush_bytes, sink,
+                                prop.multiProcessorCount, iters);
           for (void* ptr : owned) cudaFree(ptr);
         }
       }
