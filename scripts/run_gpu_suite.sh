@@ -28,7 +28,8 @@ if [ "${1:-}" = pack ]; then
   mkdir -p "$STAGE/lib" .gpu
   cp "$BUILD/tests/cuda/arbor_cuda_tests" "$BUILD/tests/cuda/attention_bench" "$STAGE/"
   # Optional: the model benchmark and the CLI (for `arbor spec-bench --backend cuda`).
-  for extra in tests/cuda/model_bench tests/cuda/sampling_bench tests/cuda/chain_gemm_probe tests/cuda/graph_count_probe server/arbor; do
+  for extra in tests/cuda/model_bench tests/cuda/sampling_bench tests/cuda/chain_gemm_probe \
+    tests/cuda/graph_count_probe tests/cuda/top_k_bench server/arbor; do
     [ -x "$BUILD/$extra" ] && cp "$BUILD/$extra" "$STAGE/"
   done
   for f in "$STAGE"/*; do [ -f "$f" ] && [ -x "$f" ] && strip --strip-debug "$f"; done

@@ -1,14 +1,11 @@
-// k <= 16 (the EAGLE tree's top_k, 10 by default): top_k_cluster_kernel, a cluster of 8 blocks
-// per row, three reads of the row (max, sum, per-thread candidate lists). Larger k, one block per
-// row:
+// k <= 16 (the EAGLE tree's top_k, 10 by default), rows up to 131072 wide, with a workspace:
+// top_k_split_kernel, 8 blocks per row, one read of the row into registers, each block's
+// candidates merged by the row's last block. Otherwise one block per row:
 // top_k_kernel, the log-sum-exp (max, then a double sum of exp), then k passes, each a
 // block-wide (value desc, index asc) maximum over the entries that come after the previous pick
 // in that order, so no selected set needs storing. At 10 rows x 49152 (SmolLM2, EAGLE at batch
 // 1) top_k_kernel took ~190 us (ncu): every pass re-read the 192 KB row from L2 with 4-byte
 // loads.
-#include <cooperative_groups.h>
-
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -80,228 +77,270 @@ __global__ void __launch_bounds__(kThreads) top_k_kernel(const TopKRowsParams p)
   }
 }
 
-// k <= KMAX (the EAGLE tree's top_k): one row per cluster of kClusterRows blocks, each block
-// reading 1 / kClusterRows of the row three times. One block per row was bound by the bytes one SM
-// keeps in flight (~190 us for a 49152-wide row, whatever the row count). Phases, with cluster
-// barriers between them and partials exchanged through distributed shared memory:
-//   1. each block's max; the row max is the max over the blocks (in rank order);
-//   2. each block's sum of float exponentials in double; the row sum adds the blocks' sums in
-//      rank order (a fixed order: the result does not depend on timing);
-//   3. each thread keeps its KMAX best entries (value desc, index asc; value = min(x - lse, 0))
-//      sorted in registers; k rounds of a warp argmax give each warp's k best, k rounds over the
-//      warps give the block's; block 0 merges the blocks' lists the same way and writes them.
-// Every entry is in exactly one thread's list and the order is total, so the picks are those of
-// top_k_kernel; lse can differ from it in the last bits (another summation order).
-constexpr int kClusterRows = 8;
+// k <= 16 (the EAGLE tree's top_k) and rows of at most kSplits * kThreads * 32 entries: kSplits
+// blocks per row, each loading its slice once into registers (entry i of the slice is element
+// (i - lo) / kThreads of thread (i - lo) % kThreads: coalesced loads). Entries are compared as
+// (value desc, index asc). Each block:
+//   1. takes a threshold T, the k-th largest of its threads' maxima: each warp lists its k
+//      largest lane maxima in k rounds of one redux.sync, and warp 0 merges the 16 lists in k
+//      more. k threads hold an entry >= T, so every entry of the block among the row's k best is
+//      >= T;
+//   2. sums exp(x - its max) in double and collects its entries >= T (usually about k) as its
+//      candidates. Where there are more than kCandidates (many equal values, masked rows) it
+//      takes its exact k best instead: k warp rounds (a maximum of the lanes' best keys and a
+//      minimum of the indices holding it; the winner rescans its registers) and a rank of the
+//      warps' sorted lists by binary searches;
+//   3. writes max, sum and candidates to the workspace and counts itself in the row's counter.
+// The row's last block adds the sums in block order (a fixed order: the result does not depend
+// on timing), lse = max + log(sum), ranks every candidate by counting the candidates better
+// than it, writes min(x - lse, 0) of the k best and sets the counter back to 0.
+// Earlier versions ran one row per thread-block cluster: its two cluster barriers and launch
+// cost ~8 us alone, and the first read the row three times and merged warp, block and cluster
+// lists one pick per round (36 us at 10 x 49152, k = 10 on the H100).
+// The picks are ordered by raw logit. Since x - lse is monotonic in x they are the picks of the
+// log-softmax values (top_k_kernel, spec_math::top_k), except where two different logits round
+// to the same value of x - lse: this kernel then puts the larger logit first, the others the
+// lower index. An entry never picked stands in as (-inf, a distinct index above every real one).
+constexpr int kSplits = 8;
+constexpr int kMaxKFast = 16;
+constexpr int kCandidates = kThreads / kSplits;  // per block: the last block ranks one per thread
 
-__device__ __forceinline__ Pick warp_argmax(Pick best, int& from, int lane) {
-  from = lane;
-  for (int o = 16; o > 0; o >>= 1) {
-    const Pick other{__shfl_xor_sync(kFull, best.v, o), __shfl_xor_sync(kFull, best.i, o)};
-    const int other_from = __shfl_xor_sync(kFull, from, o);
-    if (better(other, best)) {
-      best = other;
-      from = other_from;
+struct alignas(16) TopKPartial {
+  float max;   // the block's max (-inf: no entry)
+  int count;   // candidates
+  double sum;  // sum of exp(x - max) over the block's entries
+  Pick candidates[kCandidates];
+};
+
+// One row's part of the workspace, at the same place whatever the launch's row count (a counter
+// must never sit where another launch wrote partials).
+struct alignas(16) TopKRowWork {
+  int counter;  // blocks of the row done; 0 between launches
+  TopKPartial partials[kSplits];
+};
+
+// An unsigned key in the order of the floats (-inf .. +inf; NaN unordered), and back.
+__device__ __forceinline__ unsigned order_key(float f) {
+  const unsigned u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(unsigned key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// Entries of the sorted (best first) list[0, n) better than c.
+__device__ __forceinline__ int count_better(const Pick* list, int n, const Pick& c) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (better(list[mid], c))
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// The best untaken entry of v: (order_key << 32) | (E - e), the lower e first among equal keys;
+// 0 when every entry is taken. A pairwise tree, so a rescan is a short dependency chain.
+template <int E>
+__device__ __forceinline__ uint64_t best_entry(const float (&v)[E], uint64_t taken) {
+  constexpr int H = (E + 1) / 2;
+  uint64_t t[H];
+#pragma unroll
+  for (int i = 0; i < H; ++i) {
+    const int a = 2 * i, b = 2 * i + 1;
+    const uint64_t ka = ((taken >> a) & 1) ? 0 : (uint64_t{order_key(v[a])} << 32) | (E - a);
+    const uint64_t kb =
+        b >= E || ((taken >> b) & 1) ? 0 : (uint64_t{order_key(v[b])} << 32) | (E - b);
+    t[i] = ka > kb ? ka : kb;
+  }
+#pragma unroll
+  for (int w = 1; w < H; w *= 2)
+#pragma unroll
+    for (int i = 0; i + w < H; i += 2 * w) t[i] = t[i] > t[i + w] ? t[i] : t[i + w];
+  return t[0];
+}
+
+// E: entries per thread (ceil(slice / kThreads) <= E).
+template <int E>
+__global__ void __launch_bounds__(kThreads) top_k_split_kernel(const TopKRowsParams p) {
+  __shared__ unsigned warp_keys[kWarps][kMaxKFast];  // each warp's largest lane maxima
+  __shared__ unsigned block_key[2];                  // the block's threshold and max
+  __shared__ double red_d[kWarps];
+  __shared__ int num_candidates;
+  __shared__ bool last_block;
+  __shared__ Pick candidates[kCandidates];
+  __shared__ Pick warp_best[kWarps][kMaxKFast];
+  __shared__ float all_max[kSplits];
+  __shared__ double all_sum[kSplits];
+  __shared__ int all_count[kSplits];
+  __shared__ Pick all[kSplits][kCandidates];  // the last block: every block's candidates
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t row = blockIdx.x / kSplits;
+  const int part = static_cast<int>(blockIdx.x % kSplits);
+  const int n = static_cast<int>(p.cols), k = p.k;
+  const float* x = p.x + row * p.cols;
+  const int per = (n + kSplits - 1) / kSplits;
+  const int lo = min(n, part * per), hi = min(n, lo + per);
+  TopKRowWork& work = static_cast<TopKRowWork*>(p.workspace)[row];
+  TopKPartial* partials = work.partials;
+  if (tid == 0) num_candidates = 0;
+
+  float v[E];
+  uint64_t taken = 0;  // bit e: entry e picked, or past the slice
+  unsigned lane_max = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int i = lo + tid + e * kThreads;
+    v[e] = i < hi ? x[i] : -INFINITY;
+    if (i >= hi) taken |= uint64_t{1} << e;
+    lane_max = max(lane_max, i < hi ? order_key(v[e]) : 0u);
+  }
+
+  // 1. The threshold: the k-th largest thread maximum (0: fewer than k threads hold one).
+  {
+    unsigned mine = lane_max;
+    for (int j = 0; j < k; ++j) {
+      const unsigned best = __reduce_max_sync(kFull, mine);
+      if (lane == 0) warp_keys[warp][j] = best;
+      const unsigned holders = __ballot_sync(kFull, mine == best && best != 0);
+      if (holders != 0 && lane == __ffs(holders) - 1) mine = 0;
     }
   }
-  return best;
-}
-
-// Worse than every entry of a row.
-__device__ __forceinline__ Pick no_pick() {
-  return Pick{-INFINITY, 0x7fffffff};
-}
-
-// k rounds of a warp argmax over sorted lists, one per lane (nullptr: none); the lane that wins
-// a round advances its head, and lane 0 hands the picks, best first, to emit(j, pick).
-template <typename Emit>
-__device__ __forceinline__ void merge_sorted_lists(const Pick* list, int k, int lane, Emit emit) {
-  int head = 0;
-  for (int j = 0; j < k; ++j) {
-    int from = 0;
-    const Pick best = warp_argmax(list != nullptr && head < k ? list[head] : no_pick(), from, lane);
-    if (lane == from) ++head;
-    if (lane == 0) emit(j, best);
-  }
-}
-
-// Launched with a cluster dimension of kClusterRows (launch_cluster); sm_90+ only.
-template <int KMAX>
-__global__ void __launch_bounds__(kThreads) top_k_cluster_kernel(const TopKRowsParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  __shared__ float red_f[kWarps];
-  __shared__ double red_d[kWarps];
-  __shared__ float block_max;
-  __shared__ double block_sum;
-  __shared__ Pick warp_best[kWarps][KMAX];
-  __shared__ Pick block_best[KMAX];
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t row = blockIdx.x / kClusterRows;
-  const int n = static_cast<int>(p.cols);
-  const float* x = p.x + row * p.cols;
-  // This block's slice [lo, hi), a multiple of 4 wide where the row allows 16-byte loads.
-  const bool vec = n % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
-  const int quantum = vec ? 4 : 1;
-  const int units = n / quantum, per = (units + kClusterRows - 1) / kClusterRows;
-  const int lo = min(n, rank * per * quantum), hi = min(n, (rank + 1) * per * quantum);
-  const int n4 = vec ? (hi - lo) / 4 : 0;
-  const float4* x4 = reinterpret_cast<const float4*>(x + lo);
-  const int tail = lo + 4 * n4;  // scalar entries [tail, hi)
-
-  float m = -INFINITY;
-#pragma unroll 4
-  for (int i = tid; i < n4; i += kThreads) {
-    const float4 v = x4[i];
-    m = fmaxf(m, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
-  }
-  for (int i = tail + tid; i < hi; i += kThreads) m = fmaxf(m, x[i]);
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
-  if (lane == 0) red_f[warp] = m;
   __syncthreads();
-  if (tid == 0) {
-    float bm = red_f[0];
-    for (int w = 1; w < kWarps; ++w) bm = fmaxf(bm, red_f[w]);
-    block_max = bm;
+  if (warp == 0) {
+    int pos = 0;
+    unsigned head = lane < kWarps ? warp_keys[lane][0] : 0, best = 0, top = 0;
+    for (int j = 0; j < k; ++j) {
+      best = __reduce_max_sync(kFull, head);
+      if (j == 0) top = best;
+      const unsigned holders = __ballot_sync(kFull, head == best && best != 0);
+      if (holders != 0 && lane == __ffs(holders) - 1) head = ++pos < k ? warp_keys[lane][pos] : 0;
+    }
+    if (lane == 0) {
+      block_key[0] = best;
+      block_key[1] = top;
+    }
   }
-  cluster.sync();
-  m = *cluster.map_shared_rank(&block_max, 0);
-  for (int r = 1; r < kClusterRows; ++r) m = fmaxf(m, *cluster.map_shared_rank(&block_max, r));
+  __syncthreads();
 
+  // 2. The sum and the candidates.
+  const unsigned threshold = block_key[0];
+  const float m = block_key[1] != 0 ? key_value(block_key[1]) : -INFINITY;
   double s = 0.0;
-#pragma unroll 4
-  for (int i = tid; i < n4; i += kThreads) {
-    const float4 v = x4[i];
-    s += static_cast<double>(expf(v.x - m)) + static_cast<double>(expf(v.y - m)) +
-         static_cast<double>(expf(v.z - m)) + static_cast<double>(expf(v.w - m));
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int i = lo + tid + e * kThreads;
+    if (i >= hi) continue;
+    if (m != -INFINITY) s += static_cast<double>(expf(v[e] - m));
+    if (order_key(v[e]) >= threshold) {
+      const int slot = atomicAdd(&num_candidates, 1);
+      if (slot < kCandidates) candidates[slot] = Pick{v[e], i};
+    }
   }
-  for (int i = tail + tid; i < hi; i += kThreads) s += static_cast<double>(expf(x[i] - m));
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
   if (lane == 0) red_d[warp] = s;
   __syncthreads();
+  int count = num_candidates;
+  if (count > kCandidates) {  // the block's exact k best instead
+    count = k;
+    uint64_t mine = best_entry(v, taken);
+    for (int j = 0; j < k; ++j) {
+      const unsigned key = static_cast<unsigned>(mine >> 32);
+      const int e = E - static_cast<int>(mine & 0xffffffffu);
+      const unsigned index = key != 0 ? static_cast<unsigned>(lo + tid + e * kThreads) : ~0u;
+      const unsigned best_key = __reduce_max_sync(kFull, key);
+      const unsigned best_index = __reduce_min_sync(kFull, key == best_key ? index : ~0u);
+      if (best_key == 0) {  // no entry left in the warp: a distinct stand-in
+        if (lane == 0) warp_best[warp][j] = Pick{-INFINITY, 0x7fffffff - warp * kMaxKFast - j};
+      } else if (key == best_key && index == best_index) {
+        warp_best[warp][j] = Pick{key_value(key), static_cast<int32_t>(index)};
+        taken |= uint64_t{1} << e;
+        mine = best_entry(v, taken);
+      }
+    }
+    __syncthreads();
+    if (tid < kWarps * k) {  // rank each warp's entries among all the warps' sorted lists
+      const int w = tid / k, j = tid % k;
+      const Pick c = warp_best[w][j];
+      int r = j;
+      for (int o = 0; o < kWarps; ++o)
+        if (o != w) r += count_better(warp_best[o], k, c);
+      if (r < k) candidates[r] = c;
+    }
+    __syncthreads();
+  }
+
+  // 3. This block's partial, then the row's last block merges.
+  if (tid < count) partials[part].candidates[tid] = candidates[tid];
   if (tid == 0) {
     double bs = 0.0;
     for (int w = 0; w < kWarps; ++w) bs += red_d[w];
-    block_sum = bs;
+    partials[part].max = m;
+    partials[part].sum = bs;
+    partials[part].count = count;
   }
-  cluster.sync();
-  s = 0.0;
-  for (int r = 0; r < kClusterRows; ++r) s += *cluster.map_shared_rank(&block_sum, r);
-  const float lse = m + static_cast<float>(log(s));
-
-  Pick list[KMAX];
-#pragma unroll
-  for (int j = 0; j < KMAX; ++j) list[j] = no_pick();
-  auto visit = [&](float xv, int i) {
-    const Pick c{fminf(xv - lse, 0.0f), i};
-    if (better(c, list[KMAX - 1])) {
-      list[KMAX - 1] = c;
-#pragma unroll
-      for (int j = KMAX - 1; j > 0; --j)
-        if (better(list[j], list[j - 1])) {
-          const Pick t = list[j];
-          list[j] = list[j - 1];
-          list[j - 1] = t;
-        }
-    }
-  };
-#pragma unroll 2
-  for (int i = tid; i < n4; i += kThreads) {
-    const float4 v = x4[i];
-    const int i0 = lo + 4 * i;
-    visit(v.x, i0);
-    visit(v.y, i0 + 1);
-    visit(v.z, i0 + 2);
-    visit(v.w, i0 + 3);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last_block = atomicAdd(&work.counter, 1) == kSplits - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  if (tid < kSplits) {
+    all_max[tid] = __ldcg(&partials[tid].max);
+    all_sum[tid] = __ldcg(&partials[tid].sum);
+    all_count[tid] = __ldcg(&partials[tid].count);
   }
-  for (int i = tail + tid; i < hi; i += kThreads) visit(x[i], i);
-
-  // The warp's k best: k rounds of an argmax over the lanes' heads; the winner pops its head.
-  for (int j = 0; j < p.k; ++j) {
-    int from = 0;
-    const Pick best = warp_argmax(list[0], from, lane);
-    if (lane == from) {
-#pragma unroll
-      for (int q = 0; q + 1 < KMAX; ++q) list[q] = list[q + 1];
-      list[KMAX - 1] = no_pick();
-    }
-    if (lane == 0) warp_best[warp][j] = best;
+  if (tid == 0) work.counter = 0;  // for the next launch
+  __syncthreads();
+  const int b = tid / kCandidates, q = tid % kCandidates;
+  if (q < all_count[b]) {
+    const int2 c = __ldcg(reinterpret_cast<const int2*>(&partials[b].candidates[q]));
+    all[b][q] = Pick{__int_as_float(c.x), c.y};
   }
   __syncthreads();
-  // The block's k best from the warps' sorted lists (lane w < kWarps reads list w).
-  if (warp == 0)
-    merge_sorted_lists(lane < kWarps ? warp_best[lane] : nullptr, p.k, lane,
-                       [&](int j, const Pick& best) { block_best[j] = best; });
-  cluster.sync();
-  // The row's k best: block 0 merges the blocks' sorted lists (lane r < kClusterRows reads
-  // block r's), then the cluster waits until block 0 is done reading the others' shared memory.
-  if (rank == 0 && warp == 0)
-    merge_sorted_lists(lane < kClusterRows ? cluster.map_shared_rank(block_best, lane) : nullptr,
-                       p.k, lane, [&](int j, const Pick& best) {
-                         p.ids[row * p.k + j] = best.i;
-                         p.values[row * p.k + j] = best.v;
-                       });
-  cluster.sync();
-#else
-  __trap();  // launch_cluster checks the device first
-#endif
-}
-
-template <int KMAX>
-cudaError_t launch_cluster(const TopKRowsParams& p, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(p.rows) * kClusterRows);
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kClusterRows;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, top_k_cluster_kernel<KMAX>, p);
-}
-
-// Whether the current device launches thread block clusters and the cluster kernel was built
-// for sm_90+ (a build for an older target, JIT-compiled on a Hopper, would reach its __trap):
-// asked once per device.
-bool clusters_supported() {
-  static std::atomic<int> cached[64];  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (cached[dev] == 0) {
-    int v = 0;
-    cudaFuncAttributes attr{};
-    const bool ok = cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev) == cudaSuccess &&
-                    v != 0 &&
-                    cudaFuncGetAttributes(&attr, top_k_cluster_kernel<4>) == cudaSuccess &&
-                    attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
-    cached[dev] = ok ? 1 : 2;
-  }
-  return cached[dev] == 1;
+  if (q >= all_count[b]) return;
+  const Pick c = all[b][q];
+  int r = 0;
+  for (int o = 0; o < kSplits; ++o)
+    for (int t = 0; t < all_count[o]; ++t) r += better(all[o][t], c);
+  if (r >= k) return;
+  float row_max = -INFINITY;
+  for (int o = 0; o < kSplits; ++o) row_max = fmaxf(row_max, all_max[o]);
+  double sum = 0.0;
+  for (int o = 0; o < kSplits; ++o)
+    if (all_max[o] != -INFINITY)
+      sum += all_sum[o] * static_cast<double>(expf(all_max[o] - row_max));
+  const float lse = row_max + static_cast<float>(log(sum));
+  p.ids[row * k + r] = c.i;
+  p.values[row * k + r] = fminf(c.v - lse, 0.0f);
 }
 
 }  // namespace
 
+size_t top_k_workspace_bytes(int64_t rows) {
+  return static_cast<size_t>(rows) * sizeof(TopKRowWork);
+}
+
 cudaError_t launch_top_k_log_softmax(const TopKRowsParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.cols <= 0 || p.cols >= 0x7fffffff || p.k < 1 || p.k > 1024 || p.k > p.cols ||
-      p.rows > 0x7fffffff)
+      p.rows > 0x7fffffff / kSplits)
     return cudaErrorInvalidValue;
-  const unsigned grid = static_cast<unsigned>(p.rows);
-  if (p.k <= 16 && p.rows <= 0x7fffffff / kClusterRows && clusters_supported()) {
-    const cudaError_t e = p.k <= 4   ? launch_cluster<4>(p, stream)
-                          : p.k <= 8 ? launch_cluster<8>(p, stream)
-                                     : launch_cluster<16>(p, stream);
-    if (e == cudaSuccess) return e;
-    // A refused cluster launch (e.g. no 8 co-resident blocks on a partitioned GPU) is not
-    // sticky: clear it and take the one-block-per-row kernel.
-    (void)cudaGetLastError();
+  // Entries per thread of the split kernel.
+  const int64_t per_thread = (p.cols + int64_t{kSplits} * kThreads - 1) / (kSplits * kThreads);
+  if (p.k <= kMaxKFast && per_thread <= 32 && p.workspace != nullptr) {
+    const dim3 grid(static_cast<unsigned>(p.rows * kSplits));
+    if (per_thread <= 8)
+      top_k_split_kernel<8><<<grid, kThreads, 0, stream>>>(p);
+    else if (per_thread <= 16)
+      top_k_split_kernel<16><<<grid, kThreads, 0, stream>>>(p);
+    else
+      top_k_split_kernel<32><<<grid, kThreads, 0, stream>>>(p);
+    return cudaGetLastError();
   }
-  top_k_kernel<<<grid, kThreads, 0, stream>>>(p);
+  top_k_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -326,36 +327,58 @@ TEST(CudaSampleTrees, MalformedBatchesAreRejectedBeforeLaunch) {
   EXPECT_EQ(compare(*gpu, good, &accepted, true), 0);
 }
 
-// Backend::top_k_log_softmax (the EAGLE draft's tree expansion) against the CPU backend: random
-// rows with repeated values (ties broken by the lower id) at several widths and k.
+// Backend::top_k_log_softmax (the EAGLE draft's tree expansion, the Medusa heads) against the
+// CPU backend: random rows with repeated values (ties broken by the lower id) at several widths
+// and k, and rows where most entries are -inf (masked), so that picks include -inf entries.
 TEST(CudaSampleTrees, TopKLogSoftmaxMatchesCpu) {
   ARBOR_REQUIRE_GPU();
   auto gpu = make_cuda_backend();
   auto cpu = make_cpu_backend(1);
   std::mt19937 rng(3);
   int checked = 0;
-  // k 1..16: the cluster kernel (lists of 4, 8, 16); 64: one block per row. 49151: a row
-  // without 16-byte loads.
-  for (int64_t cols : {7, 1000, 49151, 49152, 151936}) {
+  // k 1..16: 8 blocks per row, at 8, 16 and 32 entries per thread (up to 32768, 65536 and
+  // 131072 columns; 7 leaves some blocks no entry; masked rows and many equal values take the
+  // blocks' exact k best instead of their candidates); k 64 and 151936 columns: one block per
+  // row. Every shape runs twice, and the row count changes between shapes (one backend, so one
+  // workspace): each launch must leave the workspace ready for the next, whatever its rows.
+  int64_t shape = 0;
+  for (int64_t cols : {7, 1000, 49151, 49152, 65536, 128256, 151936}) {
     for (int32_t k : {1, 3, 6, 10, 16, 64}) {
       if (k > cols) continue;
-      const int64_t rows = 5;
-      std::vector<float> x(static_cast<size_t>(rows * cols));
-      std::normal_distribution<float> normal(0.f, 3.f);
-      for (auto& v : x) v = std::round(normal(rng) * 8.f) / 8.f;  // many exact ties
-      gpu->reset_scratch();
-      cpu->reset_scratch();
-      Tensor tg = gpu->scratch(rows, cols), tc = cpu->scratch(rows, cols);
-      gpu->upload(x.data(), tg);
-      cpu->upload(x.data(), tc);
-      std::vector<int32_t> ig, ic;
-      std::vector<float> vg, vc;
-      gpu->top_k_log_softmax(tg, k, &ig, &vg);
-      cpu->top_k_log_softmax(tc, k, &ic, &vc);
-      EXPECT_EQ(ig, ic) << cols << " " << k;
-      ASSERT_EQ(vg.size(), vc.size());
-      for (size_t i = 0; i < vg.size(); ++i) EXPECT_NEAR(vg[i], vc[i], 1e-5) << cols << " " << k;
-      ++checked;
+      for (bool masked : {false, true}) {
+        if (masked && cols > 1000) continue;
+        const int64_t rows = std::array<int64_t, 4>{5, 1, 12, 3}[shape++ % 4];
+        std::vector<float> x(static_cast<size_t>(rows * cols));
+        std::normal_distribution<float> normal(0.f, 3.f);
+        for (auto& v : x) v = std::round(normal(rng) * 8.f) / 8.f;  // many exact ties
+        if (masked) {  // about three finite entries per row, at least one
+          for (int64_t i = 0; i < rows * cols; ++i)
+            if (rng() % static_cast<unsigned>(cols) >= 3) x[static_cast<size_t>(i)] = -INFINITY;
+          for (int64_t r = 0; r < rows; ++r)
+            x[static_cast<size_t>(r * cols + static_cast<int64_t>(rng() % cols))] = 1.5f;
+        }
+        gpu->reset_scratch();
+        cpu->reset_scratch();
+        Tensor tg = gpu->scratch(rows, cols), tc = cpu->scratch(rows, cols);
+        gpu->upload(x.data(), tg);
+        cpu->upload(x.data(), tc);
+        std::vector<int32_t> ig, ic, again;
+        std::vector<float> vg, vc, vagain;
+        gpu->top_k_log_softmax(tg, k, &ig, &vg);
+        gpu->top_k_log_softmax(tg, k, &again, &vagain);
+        cpu->top_k_log_softmax(tc, k, &ic, &vc);
+        EXPECT_EQ(ig, ic) << cols << " " << k << (masked ? " masked" : "");
+        EXPECT_EQ(again, ig) << cols << " " << k;
+        EXPECT_EQ(vagain, vg) << cols << " " << k;
+        ASSERT_EQ(vg.size(), vc.size());
+        for (size_t i = 0; i < vg.size(); ++i) {
+          if (std::isinf(vc[i]))
+            EXPECT_EQ(vg[i], vc[i]) << cols << " " << k << " masked";
+          else
+            EXPECT_NEAR(vg[i], vc[i], 1e-5) << cols << " " << k;
+        }
+        ++checked;
+      }
     }
   }
   Tensor t = gpu->scratch(2, 8);

@@ -382,6 +382,7 @@ struct CudaBackend::State {
   DeviceBuffer convert;         // fp32 staging for download/upload of 16-bit tensors
   DeviceBuffer argmax_ids;      // [M] int32 argmax_rows() output
   DeviceBuffer top_k_out;       // top_k_log_softmax's ids and values
+  DeviceBuffer top_k_work;      // its kernel's workspace (zero between launches)
   DeviceBuffer gather_buf;      // gather_values' indices and values
   StagedUpload sample_meta;     // sample_trees' batch
   DeviceBuffer sample_scratch;  // sample_trees' per-row / per-item scratch and outputs
@@ -1820,6 +1821,13 @@ void CudaBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector
   p.rows = logits.rows;
   p.cols = logits.cols;
   p.k = k;
+  const size_t work = kernels::top_k_workspace_bytes(logits.rows);
+  if (s.top_k_work.bytes < work) {
+    s.top_k_work.ensure(work, "top_k_log_softmax workspace");
+    cuda_check(cudaMemsetAsync(s.top_k_work.ptr, 0, s.top_k_work.bytes, s.stream),
+               "top_k_log_softmax workspace");
+  }
+  p.workspace = s.top_k_work.ptr;
   cuda_check(kernels::launch_top_k_log_softmax(p, s.stream), "top_k_log_softmax");
   cuda_check(cudaMemcpyAsync(ids->data(), p.ids, n * 4, cudaMemcpyDeviceToHost, s.stream),
              "top_k_log_softmax download");
