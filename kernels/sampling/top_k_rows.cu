@@ -99,8 +99,9 @@ __global__ void __launch_bounds__(kThreads) top_k_kernel(const TopKRowsParams p)
 // (ncu), against 15 us now.
 // The picks are ordered by raw logit. Since x - lse is monotonic in x they are the picks of the
 // log-softmax values (top_k_kernel, spec_math::top_k), except where two different logits round
-// to the same value of x - lse: this kernel then puts the larger logit first, the others the
-// lower index. An entry never picked stands in as (-inf, a distinct index above every real one).
+// to the same value of x - lse: this kernel then puts the larger logit first (and keeps it at
+// the k-th place), the others the lower index. NaN logits give unspecified picks. An entry never
+// picked stands in as (-inf, a distinct index above every real one).
 constexpr int kSplits = 8;
 constexpr int kMaxKFast = 16;
 constexpr int kCandidates = kThreads / kSplits;  // per block: the last block ranks one per thread
@@ -119,9 +120,10 @@ struct alignas(16) TopKRowWork {
   TopKPartial partials[kSplits];
 };
 
-// An unsigned key in the order of the floats (-inf .. +inf; NaN unordered), and back.
+// An unsigned key in the order of the floats (-inf .. +inf, -0 and +0 equal as better() has
+// them; NaN unordered), and back (+0 for both zeros).
 __device__ __forceinline__ unsigned order_key(float f) {
-  const unsigned u = __float_as_uint(f);
+  const unsigned u = __float_as_uint(f == 0.0f ? 0.0f : f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 __device__ __forceinline__ float key_value(unsigned key) {

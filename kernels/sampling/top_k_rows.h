@@ -14,7 +14,8 @@ namespace arbor::kernels {
 // first among equal values (spec_math::top_k). k <= 16, rows up to 131072 wide and a workspace:
 // 8 blocks per row that pick by raw logit (float exponentials summed in double), which differs
 // from the above only where two different logits round to the same v (the larger logit comes
-// first); otherwise one block per row, k selection passes.
+// first, and is the one kept at the k-th place); otherwise one block per row, k selection
+// passes. NaN logits give unspecified picks.
 struct TopKRowsParams {
   const float* x = nullptr;  // [rows, cols] device
   int32_t* ids = nullptr;    // [rows, k] device

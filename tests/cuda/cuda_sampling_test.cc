@@ -329,34 +329,55 @@ TEST(CudaSampleTrees, MalformedBatchesAreRejectedBeforeLaunch) {
 
 // Backend::top_k_log_softmax (the EAGLE draft's tree expansion, the Medusa heads) against the
 // CPU backend: random rows with repeated values (ties broken by the lower id) at several widths
-// and k, and rows where most entries are -inf (masked), so that picks include -inf entries.
+// and k; rows where most entries are -inf (masked), so that picks include -inf entries; constant
+// rows; rows of zeros of both signs (equal values, so the lower ids win).
 TEST(CudaSampleTrees, TopKLogSoftmaxMatchesCpu) {
   ARBOR_REQUIRE_GPU();
   auto gpu = make_cuda_backend();
   auto cpu = make_cpu_backend(1);
   std::mt19937 rng(3);
   int checked = 0;
+  enum class Kind { kRandom, kMasked, kConstant, kSignedZeros };
+  const char* kind_names[] = {"random", "masked", "constant", "signed zeros"};
   // k 1..16: 8 blocks per row, at 8, 16 and 32 entries per thread (up to 32768, 65536 and
-  // 131072 columns; 7 leaves some blocks no entry; masked rows and many equal values take the
-  // blocks' exact k best instead of their candidates); k 64 and 151936 columns: one block per
-  // row. Every shape runs twice, and the row count changes between shapes (one backend, so one
-  // workspace): each launch must leave the workspace ready for the next, whatever its rows.
+  // 131072 columns; 7 leaves some blocks no entry; 20000 puts several entries in each thread).
+  // Masked, constant and signed-zero rows leave more than 64 candidates per block, so the blocks
+  // take their exact k best instead. k 64, and 131073+ columns: one block per row. Every shape
+  // runs twice, and the row count changes between shapes (one backend, so one workspace): each
+  // launch must leave the workspace ready for the next, whatever its rows.
   int64_t shape = 0;
-  for (int64_t cols : {7, 1000, 49151, 49152, 65536, 128256, 151936}) {
+  for (int64_t cols :
+       {7, 1000, 20000, 32768, 32769, 49151, 49152, 65536, 65537, 128256, 131072, 131073, 151936}) {
     for (int32_t k : {1, 3, 6, 10, 16, 64}) {
       if (k > cols) continue;
-      for (bool masked : {false, true}) {
-        if (masked && cols > 1000) continue;
+      for (Kind kind : {Kind::kRandom, Kind::kMasked, Kind::kConstant, Kind::kSignedZeros}) {
+        const bool special_width =
+            cols == 1000 || cols == 20000 || cols == 49152 || cols == 131072 || cols == 131073;
+        if (kind != Kind::kRandom && (!special_width || (k != 1 && k != 10 && k != 16))) continue;
         const int64_t rows = std::array<int64_t, 4>{5, 1, 12, 3}[shape++ % 4];
         std::vector<float> x(static_cast<size_t>(rows * cols));
         std::normal_distribution<float> normal(0.f, 3.f);
-        for (auto& v : x) v = std::round(normal(rng) * 8.f) / 8.f;  // many exact ties
-        if (masked) {  // about three finite entries per row, at least one
+        for (auto& v : x) {
+          switch (kind) {
+            case Kind::kRandom:
+            case Kind::kMasked:
+              v = std::round(normal(rng) * 8.f) / 8.f;  // many exact ties
+              break;
+            case Kind::kConstant:
+              v = 0.75f;
+              break;
+            case Kind::kSignedZeros:
+              v = rng() % 2 ? -0.0f : 0.0f;
+              break;
+          }
+        }
+        if (kind == Kind::kMasked) {  // about three finite entries per row, at least one
           for (int64_t i = 0; i < rows * cols; ++i)
             if (rng() % static_cast<unsigned>(cols) >= 3) x[static_cast<size_t>(i)] = -INFINITY;
           for (int64_t r = 0; r < rows; ++r)
             x[static_cast<size_t>(r * cols + static_cast<int64_t>(rng() % cols))] = 1.5f;
         }
+        const char* what = kind_names[static_cast<int>(kind)];
         gpu->reset_scratch();
         cpu->reset_scratch();
         Tensor tg = gpu->scratch(rows, cols), tc = cpu->scratch(rows, cols);
@@ -367,15 +388,15 @@ TEST(CudaSampleTrees, TopKLogSoftmaxMatchesCpu) {
         gpu->top_k_log_softmax(tg, k, &ig, &vg);
         gpu->top_k_log_softmax(tg, k, &again, &vagain);
         cpu->top_k_log_softmax(tc, k, &ic, &vc);
-        EXPECT_EQ(ig, ic) << cols << " " << k << (masked ? " masked" : "");
-        EXPECT_EQ(again, ig) << cols << " " << k;
-        EXPECT_EQ(vagain, vg) << cols << " " << k;
+        EXPECT_EQ(ig, ic) << cols << " " << k << " " << what;
+        EXPECT_EQ(again, ig) << cols << " " << k << " " << what;
+        EXPECT_EQ(vagain, vg) << cols << " " << k << " " << what;
         ASSERT_EQ(vg.size(), vc.size());
         for (size_t i = 0; i < vg.size(); ++i) {
           if (std::isinf(vc[i]))
-            EXPECT_EQ(vg[i], vc[i]) << cols << " " << k << " masked";
+            EXPECT_EQ(vg[i], vc[i]) << cols << " " << k << " " << what;
           else
-            EXPECT_NEAR(vg[i], vc[i], 1e-5) << cols << " " << k;
+            EXPECT_NEAR(vg[i], vc[i], 1e-5) << cols << " " << k << " " << what;
         }
         ++checked;
       }
