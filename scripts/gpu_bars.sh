@@ -17,6 +17,8 @@
 #   bash scripts/gpu_bars.sh e2e         # SmolLM2 spec-bench: n-gram / EAGLE / Medusa vs plain
 #   bash scripts/gpu_bars.sh e2e-ab      # the same, this build's arbor against .gpu/base_arbor.tar.gz
 #   bash scripts/gpu_bars.sh e2e-sweep   # SmolLM2 spec-bench over tree shapes (ARBOR_E2E_SWEEP)
+# The SmolLM2 modes need only the CLI: carry .gpu/payload_cli.tar.gz (written by pack beside
+# the whole payload) and not .gpu/payload.tar.gz when a base binary must travel as well.
 # The tests alone: ARBOR_GPU_SKIP_SANITIZER=1 ARBOR_GPU_SKIP_BENCH=1 ARBOR_GPU_SKIP_MODEL_BENCH=1
 # bash scripts/run_gpu_suite.sh.
 #   bash scripts/gpu_bars.sh flashinfer  # our grid (attention_bench from .gpu/attn.tar.gz), then
@@ -73,9 +75,12 @@ if [ "$MODE" = flashinfer ]; then
   exit $STATUS
 fi
 
-[ -f .gpu/payload.tar.gz ] || { echo "no .gpu/payload.tar.gz: run scripts/run_gpu_suite.sh pack"; exit 1; }
+# The whole payload, else the CLI-only one (enough for stage, e2e, e2e-ab and e2e-sweep).
+PAYLOAD=.gpu/payload.tar.gz
+[ -f "$PAYLOAD" ] || PAYLOAD=.gpu/payload_cli.tar.gz
+[ -f "$PAYLOAD" ] || { echo "no .gpu/payload.tar.gz: run scripts/run_gpu_suite.sh pack"; exit 1; }
 BIN=/tmp/arbor_gpu
-unpack_payload .gpu/payload.tar.gz "$BIN" && use_gpu_libs "$BIN"
+unpack_payload "$PAYLOAD" "$BIN" && use_gpu_libs "$BIN"
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit \

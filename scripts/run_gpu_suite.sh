@@ -41,8 +41,12 @@ if [ "${1:-}" = pack ]; then
   [ -f "$SHARED/models/stories260K/stories260K.bin" ] &&
     cp "$SHARED/models/stories260K/stories260K.bin" "$SHARED/models/stories260K/tok512.bin" "$STAGE/"
   tar -C "$STAGE" -czf .gpu/payload.tar.gz .
+  # The CLI alone with the libraries (about 26 MB): carried by the SmolLM2 calls of
+  # scripts/gpu_bars.sh, where the whole payload, a base binary and the repo pass the 64 MiB limit.
+  (cd "$STAGE" && find . -maxdepth 1 -type f -perm -u+x ! -name arbor -delete)
+  tar -C "$STAGE" -czf .gpu/payload_cli.tar.gz .
   rm -rf "$STAGE"
-  ls -la .gpu/payload.tar.gz
+  ls -la .gpu/payload.tar.gz .gpu/payload_cli.tar.gz
   exit 0
 fi
 
