@@ -88,6 +88,25 @@ unpack_payload "$PAYLOAD" "$BIN" && use_gpu_libs "$BIN"
 } | tee "$LOG/gpu_$MODE.txt"
 STATUS=0
 
+# One SmolLM2 spec-bench run (the staged GGUF, the 16 held-out prompts, 128 tokens, greedy; the
+# trained heads for eagle and medusa): its table, step and draft lines appended to LOGFILE, a
+# failure recorded in STATUS.
+spec_bench_run() {  # LOGFILE "VAR=value ..." EXE METHOD BATCH [spec-bench options]
+  local logfile=$1 envs=$2 exe=$3 method=$4 batch=$5 heads="" rc
+  shift 5
+  [ "$method" != ngram ] && heads="--spec-heads tests/data/heads/smollm2/$method"
+  # shellcheck disable=SC2086
+  env $envs timeout 150 "$exe" spec-bench --backend cuda -m /tmp/smol.gguf \
+    --prompts .stage/heldout.jsonl --no-bos --max-tokens 128 --temperature 0 \
+    --batch "$batch" --spec "$method" $heads "$@" >/tmp/e2e_run.log 2>&1
+  rc=$?
+  grep -E '^(\||spec:|plain:|draft:)' /tmp/e2e_run.log | grep -v -- '---' | tee -a "$logfile"
+  if [ $rc -ne 0 ]; then
+    echo "FAILED (exit $rc): $(tail -3 /tmp/e2e_run.log | tr '\n' ' ')" | tee -a "$logfile"
+    STATUS=1
+  fi
+}
+
 # One plain-decode run of a model_bench binary: its table rows, prefixed with LABEL, appended to
 # $LOG/NAME.log (the run's whole output stays in $LOG/NAME.tmp until the next run).
 decode_rows() {  # NAME LABEL "VAR=value ..." EXE [model_bench arguments]
@@ -221,8 +240,6 @@ case "$MODE" in
     for round in $(seq "${ARBOR_E2E_ROUNDS:-2}"); do
       for batch in ${ARBOR_E2E_BATCH:-1 8}; do
         for method in ${ARBOR_E2E_METHODS:-medusa eagle ngram}; do
-          extra=""
-          [ "$method" != ngram ] && extra="--spec-heads tests/data/heads/smollm2/$method"
           order=("${BUILDS[@]}")
           if [ $((round % 2)) -eq 0 ]; then  # the other order on even rounds
             order=()
@@ -237,17 +254,7 @@ case "$MODE" in
               exe=/tmp/arbor_base/base_arbor
             fi
             echo "== round $round batch $batch $method ${build:-default}" | tee -a "$LOG/e2e_ab.log"
-            # shellcheck disable=SC2086
-            env $env_set timeout 150 "$exe" spec-bench --backend cuda -m /tmp/smol.gguf \
-              --prompts .stage/heldout.jsonl --no-bos --max-tokens 128 --temperature 0 \
-              --batch "$batch" --spec "$method" $extra >/tmp/e2e_run.log 2>&1
-            rc=$?
-            grep -E '^(\||spec:|plain:|draft:)' /tmp/e2e_run.log | grep -v -- '---' |
-              tee -a "$LOG/e2e_ab.log"
-            if [ $rc -ne 0 ]; then
-              echo "FAILED (exit $rc): $(tail -3 /tmp/e2e_run.log | tr '\n' ' ')" | tee -a "$LOG/e2e_ab.log"
-              STATUS=1
-            fi
+            spec_bench_run "$LOG/e2e_ab.log" "$env_set" "$exe" "$method" "$batch"
           done
         done
       done
@@ -265,21 +272,9 @@ case "$MODE" in
       for batch in ${ARBOR_E2E_BATCH:-1}; do
         for config in "${CONFIGS[@]}"; do
           read -r method args <<<"$config"
-          extra=""
-          [ "$method" != ngram ] && extra="--spec-heads tests/data/heads/smollm2/$method"
           echo "== round $round batch $batch $config" | tee -a "$LOG/e2e_sweep.log"
           # shellcheck disable=SC2086
-          timeout 150 "$BIN/arbor" spec-bench --backend cuda -m /tmp/smol.gguf \
-            --prompts .stage/heldout.jsonl --no-bos --max-tokens 128 --temperature 0 \
-            --batch "$batch" --spec "$method" $extra $args >/tmp/e2e_run.log 2>&1
-          rc=$?
-          grep -E '^(\||spec:|plain:|draft:)' /tmp/e2e_run.log | grep -v -- '---' |
-            tee -a "$LOG/e2e_sweep.log"
-          if [ $rc -ne 0 ]; then
-            echo "FAILED (exit $rc): $(tail -3 /tmp/e2e_run.log | tr '\n' ' ')" |
-              tee -a "$LOG/e2e_sweep.log"
-            STATUS=1
-          fi
+          spec_bench_run "$LOG/e2e_sweep.log" "" "$BIN/arbor" "$method" "$batch" $args
         done
       done
     done

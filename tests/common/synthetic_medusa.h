@@ -3,12 +3,16 @@
 // reference (medusa_head_logits) on shapes no fixture has.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <random>
+#include <span>
 #include <utility>
 #include <vector>
 
 #include "engine/core/host_tensor.h"
+#include "engine/spec/medusa_device_heads.h"
 #include "engine/spec/medusa_heads.h"
 
 namespace arbor::testing {
@@ -44,6 +48,36 @@ inline MedusaHeads one_block_medusa_heads(NormalTensors& random, int64_t hidden,
   }
   out.base_lm_head = random({vocab, hidden}, 0.3f);
   return out;
+}
+
+// device.top_k for fresh random hidden rows [rows, hidden] (drawn from `random`) at each row
+// count and each k set: a head asked for 0 must get no ids, and every asked head's ids for one
+// row go to check(rows, r, d, k, ids of that row (k[d] of them), head d's host logits for row r).
+template <typename Check>
+void check_device_top_k(MedusaDeviceHeads& device, const MedusaHeads& heads, NormalTensors& random,
+                        const std::vector<int64_t>& row_counts,
+                        const std::vector<std::vector<int32_t>>& k_sets, Check check) {
+  const int64_t hidden_size = heads.hidden_size;
+  for (int64_t rows : row_counts) {
+    const HostTensor hidden = random({rows, hidden_size}, 1.f);
+    for (const std::vector<int32_t>& k : k_sets) {
+      const auto got = device.top_k(hidden.data, rows, k);
+      ASSERT_EQ(got.size(), k.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto logits = medusa_head_logits(
+            heads, std::span<const float>(hidden.data).subspan(r * hidden_size, hidden_size), 1);
+        for (size_t d = 0; d < k.size(); ++d) {
+          if (k[d] == 0) {
+            EXPECT_TRUE(got[d].empty()) << "head " << d << " was not asked for";
+            continue;
+          }
+          const std::vector<int32_t> ids(got[d].begin() + r * k[d],
+                                         got[d].begin() + (r + 1) * k[d]);
+          check(rows, r, d, k, ids, logits[d]);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace arbor::testing

@@ -35,7 +35,6 @@
 #include <cstring>
 #include <numeric>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -50,14 +49,6 @@ constexpr int kHq = 32, kHkv = 8, kBlock = 16;
 int g_head_dim = 128;  // --head-dim: 128 (Llama-3-8B) or 64
 
 using arbor::testing::check_cuda;
-
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) v.push_back(std::atoi(item.c_str()));
-  return v;
-}
 
 uint16_t bf16_bits(float f) {
   uint32_t b;
@@ -91,6 +82,39 @@ void flush_l2(cudaStream_t stream, const void* flush, size_t flush_bytes, int* s
                                              flush_bytes / sizeof(int4), sink);
 }
 
+// The L2 buffer every timed launch starts from.
+struct ColdL2 {
+  const void* flush = nullptr;
+  size_t flush_bytes = 0;
+  int* sink = nullptr;
+  int sms = 0;
+};
+
+// Median us of `iters` launches, each after an L2 flush with events around it (after `untimed`
+// more the same way).
+template <typename Launch>
+double median_cold_us(cudaStream_t stream, const ColdL2& l2, int iters, int untimed,
+                      Launch&& launch) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> t;
+  for (int it = 0; it < untimed + iters; ++it) {
+    flush_l2(stream, l2.flush, l2.flush_bytes, l2.sink, l2.sms);
+    cudaEventRecord(e0, stream);
+    launch();
+    cudaEventRecord(e1, stream);
+    check_cuda(cudaEventSynchronize(e1), "timed launch");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (it >= untimed) t.push_back(ms * 1000.f);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 __global__ void empty_probe() {}
 
 // Work item -> its request's first block-table entry -> one K row of that block (2 KiB: every
@@ -110,32 +134,14 @@ __global__ void dependent_read_probe(const arbor::kernels::AttentionWorkItem* wo
 
 // --latency-probe: the two probes' medians beside the floor's 1.3x and 1.6x.
 void print_latency_probe(const arbor::kernels::PagedTreeAttentionParams& p, double floor_us,
-                         cudaStream_t stream, const void* flush, size_t flush_bytes, int* sink,
-                         int sms, int iters) {
+                         cudaStream_t stream, const ColdL2& l2, int iters) {
   const int slot_int4s = kHkv * g_head_dim * 2 / 16;
   int4* out = nullptr;
   check_cuda(cudaMalloc(&out, static_cast<size_t>(p.num_work) * slot_int4s * 16), "probe out");
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  auto time = [&](auto&& launch) {
-    std::vector<float> t;
-    for (int it = 0; it < iters + 3; ++it) {
-      flush_l2(stream, flush, flush_bytes, sink, sms);
-      cudaEventRecord(e0, stream);
-      launch();
-      cudaEventRecord(e1, stream);
-      check_cuda(cudaEventSynchronize(e1), "probe sync");
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      if (it >= 3) t.push_back(ms * 1000.f);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
   const int threads = std::max(128, slot_int4s);
-  const float empty_us = time([&] { empty_probe<<<p.num_work, threads, 0, stream>>>(); });
-  const float chain_us = time([&] {
+  const double empty_us = median_cold_us(
+      stream, l2, iters, 3, [&] { empty_probe<<<p.num_work, threads, 0, stream>>>(); });
+  const double chain_us = median_cold_us(stream, l2, iters, 3, [&] {
     dependent_read_probe<<<p.num_work, threads, 0, stream>>>(
         p.work, p.block_tables, p.max_blocks_per_request, p.num_requests,
         static_cast<const int4*>(p.k_cache), slot_int4s, p.block_size, out);
@@ -148,8 +154,6 @@ void print_latency_probe(const arbor::kernels::PagedTreeAttentionParams& p, doub
       chain_us > 1.6 * floor_us   ? " (both below the probe)"
       : chain_us > 1.3 * floor_us ? " (x1.3 below the probe)"
                                   : "");
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   cudaFree(out);
 }
 
@@ -221,17 +225,17 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--batch")
-      batches = parse_list(argv[i + 1]);
+      batches = arbor::testing::parse_int_list(argv[i + 1]);
     else if (a == "--context")
-      contexts = parse_list(argv[i + 1]);
+      contexts = arbor::testing::parse_int_list(argv[i + 1]);
     else if (a == "--tree")
-      trees = parse_list(argv[i + 1]);
+      trees = arbor::testing::parse_int_list(argv[i + 1]);
     else if (a == "--iters")
       iters = std::atoi(argv[i + 1]);
     else if (a == "--max-splits")
       max_splits = std::atoi(argv[i + 1]);
     else if (a == "--splits")
-      fixed_splits = parse_list(argv[i + 1]);
+      fixed_splits = arbor::testing::parse_int_list(argv[i + 1]);
     else if (a == "--phases")
       phases = std::atoi(argv[i + 1]) != 0;
     else if (a == "--latency-probe")
@@ -296,9 +300,7 @@ int main(int argc, char** argv) {
   check_cuda(cudaMalloc(&sink, sizeof(int)), "malloc sink");
   cudaStream_t stream;
   check_cuda(cudaStreamCreate(&stream), "stream");
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
+  const ColdL2 l2{flush, flush_bytes, sink, prop.multiProcessorCount};
 
   std::printf(
       "\n| batch | context | tree | splits | CTAs | median us | floor us | x floor | "
@@ -391,19 +393,9 @@ int main(int argc, char** argv) {
           }
           for (int w = 0; w < 3; ++w)
             check_cuda(arbor::kernels::launch_paged_tree_attention(p, stream), "warmup");
-          std::vector<float> times;
-          for (int it = 0; it < iters; ++it) {
-            flush_l2(stream, flush, flush_bytes, sink, prop.multiProcessorCount);
-            cudaEventRecord(e0, stream);
+          const double med = median_cold_us(stream, l2, iters, 0, [&] {
             check_cuda(arbor::kernels::launch_paged_tree_attention(p, stream), "launch");
-            cudaEventRecord(e1, stream);
-            check_cuda(cudaEventSynchronize(e1), "sync");
-            float ms = 0;
-            cudaEventElapsedTime(&ms, e0, e1);
-            times.push_back(ms * 1000.f);
-          }
-          std::sort(times.begin(), times.end());
-          const double med = times[times.size() / 2];
+          });
           const double kv_bytes = static_cast<double>(b) * (l + t) * kHkv * g_head_dim * 2 * 2;
           const double qo_bytes = static_cast<double>(n) * kHq * g_head_dim * 2 * 2;
           const double flops = 4.0 * g_head_dim * visible;
@@ -416,9 +408,7 @@ int main(int argc, char** argv) {
                       (kv_bytes + qo_bytes) / (med * 1e-6) / 1e12);
           std::fflush(stdout);
           if (phases) print_phases(p, stream, flush, flush_bytes, sink, prop.multiProcessorCount);
-          if (latency_probe)
-            print_latency_probe(p, floor_us, stream, flush, flush_bytes, sink,
-                                prop.multiProcessorCount, iters);
+          if (latency_probe) print_latency_probe(p, floor_us, stream, l2, iters);
           for (void* ptr : owned) cudaFree(ptr);
         }
       }

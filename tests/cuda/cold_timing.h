@@ -1,6 +1,6 @@
 // Benchmark support: the time of one launch with the L2 cold, as a decode step finds its weights
-// (a memset of a buffer larger than the L2 before each run). Used by model_bench --linear and
-// the GEMM probes.
+// (a memset of a buffer larger than the L2 before each run), used by model_bench --linear and
+// the GEMM probes; the benchmarks' comma-separated integer options.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,9 +8,19 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
+#include <string>
 #include <vector>
 
 namespace arbor::testing {
+
+// "1,8,32" -> {1, 8, 32}.
+inline std::vector<int> parse_int_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::atoi(item.c_str()));
+  return v;
+}
 
 // Exits with `what` and the CUDA error unless e is cudaSuccess (benchmarks and probes).
 inline void check_cuda(cudaError_t e, const char* what) {

@@ -422,37 +422,23 @@ TEST(CudaMedusaHeads, OneBlockHeadsTopKMatchTheHost) {
   const MedusaHeads heads = testing::one_block_medusa_heads(random, kHidden, kVocab, kHeads, 0.1f);
   MedusaDeviceHeads device(make_cuda_backend(), heads);
   int checked = 0;
-  for (int64_t rows : {1, 5, 12}) {
-    const HostTensor hidden = random({rows, kHidden}, 1.f);
-    for (const std::vector<int32_t>& k :
-         {std::vector<int32_t>{10, 5, 3, 2}, std::vector<int32_t>{8, 4, 2},
-          std::vector<int32_t>{3, 0, 2, 1}}) {
-      const auto got = device.top_k(hidden.data, rows, k);
-      ASSERT_EQ(got.size(), k.size());
-      for (int64_t r = 0; r < rows; ++r) {
-        const auto logits = medusa_head_logits(
-            heads, std::span<const float>(hidden.data).subspan(r * kHidden, kHidden), 1);
-        for (size_t d = 0; d < k.size(); ++d) {
-          if (k[d] == 0) {
-            EXPECT_TRUE(got[d].empty()) << "head " << d << " was not asked for";
-            continue;
-          }
-          std::vector<float> sorted = logits[d];
-          std::sort(sorted.begin(), sorted.end(), std::greater<float>());
-          const float kth = sorted[static_cast<size_t>(k[d] - 1)];
-          for (int32_t j = 0; j < k[d]; ++j) {
-            const int32_t id = got[d][static_cast<size_t>(r * k[d] + j)];
-            ASSERT_GE(id, 0);
-            ASSERT_LT(id, kVocab);
-            EXPECT_GE(logits[d][static_cast<size_t>(id)], kth - 0.1f)
-                << "rows " << rows << ", row " << r << ", head " << d << ", rank " << j << ", "
-                << k.size() << " heads run";
-            ++checked;
-          }
+  testing::check_device_top_k(
+      device, heads, random, {1, 5, 12}, {{10, 5, 3, 2}, {8, 4, 2}, {3, 0, 2, 1}},
+      [&](int64_t rows, int64_t r, size_t d, const std::vector<int32_t>& k,
+          const std::vector<int32_t>& ids, const std::vector<float>& logits) {
+        std::vector<float> sorted = logits;
+        std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+        const float kth = sorted[static_cast<size_t>(k[d] - 1)];
+        for (int32_t j = 0; j < k[d]; ++j) {
+          const int32_t id = ids[static_cast<size_t>(j)];
+          ASSERT_GE(id, 0);
+          ASSERT_LT(id, kVocab);
+          EXPECT_GE(logits[static_cast<size_t>(id)], kth - 0.1f)
+              << "rows " << rows << ", row " << r << ", head " << d << ", rank " << j << ", "
+              << k.size() << " heads run";
+          ++checked;
         }
-      }
-    }
-  }
+      });
   std::printf("  Medusa heads on the GPU: %d candidates within the host's top-k\n", checked);
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/common/device_utils.cuh"
+#include "tests/cuda/cold_timing.h"
 
 namespace {
 
@@ -75,19 +76,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> out;
-  std::string str(s);
-  size_t pos = 0;
-  while (pos <= str.size()) {
-    const size_t c = str.find(',', pos);
-    out.push_back(std::atoi(str.substr(pos, c - pos).c_str()));
-    if (c == std::string::npos) break;
-    pos = c + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,7 +97,7 @@ int main(int argc, char** argv) {
     else if (k == "--pdl")
       pdl = std::atoi(argv[i + 1]) != 0;
     else if (k == "--counts")
-      counts = parse_list(argv[i + 1]);
+      counts = arbor::testing::parse_int_list(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown argument '%s'\n", argv[i]);
       return 2;

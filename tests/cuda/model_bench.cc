@@ -42,7 +42,6 @@
 #include <memory>
 #include <numeric>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -62,13 +61,6 @@ void check(cudaError_t e, const char* what) {
     std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
     std::exit(1);
   }
-}
-
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::atoi(item.c_str()));
-  return v;
 }
 
 double median(std::vector<double> v) {
@@ -913,15 +905,15 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (k == "--batch")
-      a.batches = arbor::parse_list(next());
+      a.batches = arbor::testing::parse_int_list(next());
     else if (k == "--context")
       a.context = std::atoi(next().c_str());
     else if (k == "--decode-steps")
       a.decode_steps = std::atoi(next().c_str());
     else if (k == "--verify-batch")
-      a.verify_batches = arbor::parse_list(next());
+      a.verify_batches = arbor::testing::parse_int_list(next());
     else if (k == "--tree")
-      a.trees = arbor::parse_list(next());
+      a.trees = arbor::testing::parse_int_list(next());
     else if (k == "--verify-iters")
       a.verify_iters = std::atoi(next().c_str());
     else if (k == "--profile-tree")
@@ -931,7 +923,7 @@ int main(int argc, char** argv) {
     else if (k == "--max-splits")
       a.max_splits = std::atoi(next().c_str());
     else if (k == "--split-keys")
-      a.split_keys = arbor::parse_list(next());
+      a.split_keys = arbor::testing::parse_int_list(next());
     else if (k == "--fuse")
       a.fuse = std::atoi(next().c_str());
     else if (k == "--tree-groups")
@@ -944,7 +936,7 @@ int main(int argc, char** argv) {
       a.layers = std::atoi(next().c_str());
     else if (k == "--batch-invariant") {
       const std::string v = next();
-      a.batch_invariant = v == "both" ? std::vector<int>{0, 1} : arbor::parse_list(v);
+      a.batch_invariant = v == "both" ? std::vector<int>{0, 1} : arbor::testing::parse_int_list(v);
     } else if (k == "--linear")
       a.linear = true;
     else if (k == "--linear-only")

@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,14 +21,6 @@ namespace {
 
 using arbor::testing::check_cuda;
 
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) v.push_back(std::atoi(item.c_str()));
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -39,11 +30,11 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--rows")
-      rows_list = parse_list(argv[i + 1]);
+      rows_list = arbor::testing::parse_int_list(argv[i + 1]);
     else if (a == "--cols")
-      cols_list = parse_list(argv[i + 1]);
+      cols_list = arbor::testing::parse_int_list(argv[i + 1]);
     else if (a == "--k")
-      k_list = parse_list(argv[i + 1]);
+      k_list = arbor::testing::parse_int_list(argv[i + 1]);
     else if (a == "--iters")
       iters = std::max(1, std::atoi(argv[i + 1]));
     else {

@@ -141,30 +141,14 @@ TEST(MedusaDeviceHeads, OneBlockHeadsSharingTheLmHeadMatchTheHost) {
   testing::NormalTensors random(5);
   const MedusaHeads heads = testing::one_block_medusa_heads(random, kHidden, kVocab, kHeads, 0.2f);
   MedusaDeviceHeads device(std::make_unique<CpuBackend>(1), heads);
-  for (int64_t rows : {1, 3}) {
-    const HostTensor hidden = random({rows, kHidden}, 1.f);
-    for (const std::vector<int32_t>& k :
-         {std::vector<int32_t>{10, 5, 3, 2}, std::vector<int32_t>{7, 4},
-          std::vector<int32_t>{3, 0, 2, 1}}) {
-      const auto got = device.top_k(hidden.data, rows, k);
-      ASSERT_EQ(got.size(), k.size());
-      for (int64_t r = 0; r < rows; ++r) {
-        const auto logits = medusa_head_logits(
-            heads, std::span<const float>(hidden.data).subspan(r * kHidden, kHidden), 1);
-        for (size_t d = 0; d < k.size(); ++d) {
-          if (k[d] == 0) {
-            EXPECT_TRUE(got[d].empty()) << "head " << d << " was not asked for";
-            continue;
-          }
-          const std::vector<int32_t> want = spec_math::top_k(logits[d], k[d]);
-          const std::vector<int32_t> row(got[d].begin() + r * k[d],
-                                         got[d].begin() + (r + 1) * k[d]);
-          EXPECT_EQ(row, want) << "rows " << rows << ", head " << d << ", row " << r << ", "
-                               << k.size() << " heads run";
-        }
-      }
-    }
-  }
+  testing::check_device_top_k(
+      device, heads, random, {1, 3}, {{10, 5, 3, 2}, {7, 4}, {3, 0, 2, 1}},
+      [](int64_t rows, int64_t r, size_t d, const std::vector<int32_t>& k,
+         const std::vector<int32_t>& ids, const std::vector<float>& logits) {
+        EXPECT_EQ(ids, spec_math::top_k(logits, k[d]))
+            << "rows " << rows << ", head " << d << ", row " << r << ", " << k.size()
+            << " heads run";
+      });
 }
 
 TEST(MedusaProposer, BudgetCutsTheStaticTreeToItsFirstNodes) {
