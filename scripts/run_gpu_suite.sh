@@ -17,7 +17,7 @@
 # e.g. "--batch-invariant both" for the cost of CudaBackendOptions::batch_invariant).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 
 if [ "${1:-}" = pack ]; then
   BUILD="${2:-build-cuda}"
@@ -68,8 +68,11 @@ use_gpu_libs "$BIN"
 [ -f "$BIN/stories260K.bin" ] && export ARBOR_STORIES260K="$BIN/stories260K.bin"
 # SmolLM2-135M-Instruct (93 MB, over the carry limit): stage it in parts first, e.g.
 #   call 1..3: cp .stage/smol.part.a? /tmp/stage/  (carry one part per call, machine kept warm)
-#   call 4:    cat /tmp/stage/smol.part.* > /tmp/smol.gguf; bash scripts/run_gpu_suite.sh
+#   call 4:    bash scripts/run_gpu_suite.sh   (joins the three parts into /tmp/smol.gguf)
 # The CudaModel tests then cover it (GPU vs CPU logits, greedy tokens, trained-head speculation).
+if [ -z "${ARBOR_SMOLLM2_GGUF:-}" ] && [ ! -f /tmp/smol.gguf ] && [ -f /tmp/stage/smol.part.ac ]; then
+  cat /tmp/stage/smol.part.a? >/tmp/smol.gguf || rm -f /tmp/smol.gguf
+fi
 [ -z "${ARBOR_SMOLLM2_GGUF:-}" ] && [ -f /tmp/smol.gguf ] && export ARBOR_SMOLLM2_GGUF=/tmp/smol.gguf
 echo "SmolLM2 GGUF: ${ARBOR_SMOLLM2_GGUF:-not staged (CudaModel/SmolLM2 tests skip)}"
 SANITIZER="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)"
