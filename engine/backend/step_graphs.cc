@@ -28,6 +28,12 @@ int64_t graph_bucket(int64_t n, int64_t steps) {
   return (n + unit - 1) / unit * unit;
 }
 
+int64_t graph_request_capacity(int64_t requests) {
+  int64_t cap = kGraphMinRequests;
+  while (cap < requests) cap *= 2;
+  return cap;
+}
+
 const StepInputs& with_graph_table_width(const StepInputs& step, StepInputs* storage) {
   const auto width = static_cast<int32_t>(
       std::max<int64_t>(kGraphMinTableWidth, graph_bucket(step.max_blocks_per_request, 1)));

@@ -35,6 +35,16 @@ struct StepGraphStats {
 // `steps` buckets per power of two (at most 1/steps of padding). n <= steps: n itself.
 int64_t graph_bucket(int64_t n, int64_t steps = 8);
 
+// The request capacity a step's per-request metadata is laid out for (CudaBackend::set_step)
+// and that a step graph's key holds instead of the request count: the next power of two, at
+// least kGraphMinRequests. The tail of a batch (requests finishing one by one) and a batch that
+// loses or gains a request then keep the keys of the full batch, as vLLM pads its batch to a
+// captured size. Launches that take the request count by value (attention plans that are not
+// batch-invariant) put it in the backend's part of the key; batch-invariant plans count virtual
+// requests there, one per tree token.
+constexpr int64_t kGraphMinRequests = 8;
+int64_t graph_request_capacity(int64_t requests);
+
 // A copy of `step` whose block tables are max_blocks_per_request wide, padded with -1 (a
 // capacity in the graph key that changes every 2^e blocks, not every block). Needs width >=
 // step.max_blocks_per_request.

@@ -153,15 +153,17 @@ StepGraphKey LlamaModel::graph_key(const StepInputs& step, const ForwardRequest&
   StepGraphKey key;
   if (!graphs_ || !graph_eligible(step, want)) return key;
   const int32_t r_count = step.num_requests();
-  // Layout: tag, N, R, M, block-table width, final_hidden, raw logits copy, then the backend's
-  // part. How the N tokens split into the R requests (query counts, tree masks), token ids,
-  // positions, slots, committed lengths, block ids and mask bits are not in it: the recorded
-  // kernels read them from device memory, where they sit at offsets that only N, R, M and the
-  // width fix (the masks last: CudaBackend::set_step), and the backend's part holds what its
-  // launches derive from them by value (the attention grid, the virtual request count).
+  // Layout: tag, N, the request capacity (graph_request_capacity(R)), M, block-table width,
+  // final_hidden, raw logits copy, then the backend's part. How the N tokens split into the R
+  // requests (query counts, tree masks), R itself below its capacity, token ids, positions,
+  // slots, committed lengths, block ids and mask bits are not in it: the recorded kernels read
+  // them from device memory, where they sit at offsets that only N, the capacity, M and the
+  // width fix (per-request sections sized to the capacity, the masks last:
+  // CudaBackend::set_step), and the backend's part holds what its launches derive from them by
+  // value (the attention grid, the (virtual) request count).
   key = {1,
          step.num_tokens(),
-         r_count,
+         graph_request_capacity(r_count),
          static_cast<int64_t>(step.logits_rows.size()),
          step.max_blocks_per_request,
          want.final_hidden ? 1 : 0,

@@ -162,6 +162,20 @@ TEST(GraphBucket, RoundsUpWithBoundedPadding) {
   EXPECT_LT(distinct, 8 + 8 * 17);  // about 8 per power of two
 }
 
+TEST(GraphBucket, RequestCapacityIsAPowerOfTwoOfAtLeastEight) {
+  for (int64_t r = 0; r <= 8; ++r) EXPECT_EQ(graph_request_capacity(r), 8) << r;
+  EXPECT_EQ(graph_request_capacity(9), 16);
+  EXPECT_EQ(graph_request_capacity(16), 16);
+  EXPECT_EQ(graph_request_capacity(17), 32);
+  EXPECT_EQ(graph_request_capacity(255), 256);
+  for (int64_t r = 1; r <= 4096; ++r) {
+    const int64_t c = graph_request_capacity(r);
+    ASSERT_GE(c, r);
+    ASSERT_LT(c, std::max<int64_t>(16, 2 * r)) << r;  // under 2x (or the minimum of 8)
+    ASSERT_EQ(c & (c - 1), 0) << r;
+  }
+}
+
 TEST(GraphBucket, BlockTablesPaddedWithMinusOne) {
   StepInputs s;
   s.token_ids = {5, 6};

@@ -170,11 +170,12 @@ struct PinnedRing {
 // Lays out several host arrays in one buffer (256-byte aligned sections).
 class Packer {
  public:
+  // v's elements, in a section of room for at least `capacity` of them (the rest unwritten).
   template <typename T>
-  size_t add(const std::vector<T>& v) {
+  size_t add(const std::vector<T>& v, size_t capacity = 0) {
     const size_t off = size_;
     sections_.push_back({off, v.data(), v.size() * sizeof(T)});
-    size_ = align_up(off + v.size() * sizeof(T), 256);
+    size_ = align_up(off + std::max(v.size(), capacity) * sizeof(T), 256);
     return off;
   }
   size_t size() const { return std::max<size_t>(size_, 256); }
@@ -1099,11 +1100,17 @@ void CudaBackend::set_step(const StepInputs& step) {
   for (int32_t r = 0; r < r_count; ++r)
     for (int32_t i = step.qo_indptr[r]; i < step.qo_indptr[r + 1]; ++i) token_request[i] = r;
 
+  // Per-request sections are laid out for graph_request_capacity(R) requests, so the offsets of
+  // the sections after them move only when that capacity does (a step graph's key holds it, not
+  // R).
+  const auto cap = static_cast<size_t>(graph_request_capacity(r_count));
+  const auto width = static_cast<size_t>(step.max_blocks_per_request);
   Packer pk;
   const size_t o_ids = pk.add(step.token_ids), o_pos = pk.add(step.positions),
-               o_slots = pk.add(step.slot_mapping), o_qo = pk.add(step.qo_indptr),
-               o_committed = pk.add(step.committed_len), o_tables = pk.add(step.block_tables),
-               o_mask_ptr = pk.add(step.mask_indptr), o_logits = pk.add(step.logits_rows),
+               o_slots = pk.add(step.slot_mapping), o_qo = pk.add(step.qo_indptr, cap + 1),
+               o_committed = pk.add(step.committed_len, cap),
+               o_tables = pk.add(step.block_tables, cap * width),
+               o_mask_ptr = pk.add(step.mask_indptr, cap + 1), o_logits = pk.add(step.logits_rows),
                o_treq = pk.add(token_request);
   // The tree masks last: their size depends on how the tokens split into trees, which a step
   // graph's key leaves out, so it must not move the other sections.
