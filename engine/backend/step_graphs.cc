@@ -29,9 +29,7 @@ int64_t graph_bucket(int64_t n, int64_t steps) {
 }
 
 int64_t graph_request_capacity(int64_t requests) {
-  int64_t cap = kGraphMinRequests;
-  while (cap < requests) cap *= 2;
-  return cap;
+  return std::max(kGraphMinRequests, graph_bucket(requests, 1));
 }
 
 const StepInputs& with_graph_table_width(const StepInputs& step, StepInputs* storage) {

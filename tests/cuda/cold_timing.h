@@ -30,6 +30,32 @@ inline void check_cuda(cudaError_t e, const char* what) {
   }
 }
 
+// Times `runs` launches of `launch` on `stream` (events around each) after `untimed` ones and
+// returns the timed ones in us, sorted. `before` (untimed) runs ahead of every launch. Exits on a
+// CUDA error.
+template <typename Launch, typename Before>
+std::vector<double> sorted_launch_us(cudaStream_t stream, int runs, int untimed, Launch&& launch,
+                                     Before&& before) {
+  cudaEvent_t e0, e1;
+  check_cuda(cudaEventCreate(&e0), "timing event");
+  check_cuda(cudaEventCreate(&e1), "timing event");
+  std::vector<double> t;
+  for (int it = 0; it < untimed + runs; ++it) {
+    before(it);
+    check_cuda(cudaEventRecord(e0, stream), "timing event");
+    launch();
+    check_cuda(cudaEventRecord(e1, stream), "timing event");
+    check_cuda(cudaEventSynchronize(e1), "timing");
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, e0, e1), "timing");
+    if (it >= untimed) t.push_back(ms * 1e3);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(t.begin(), t.end());
+  return t;
+}
+
 // Median of 10 timed runs of `launch` on `stream` after 2 untimed ones, us; with `cold`,
 // flush_bytes of `flush` are overwritten before each run. `prepare` (untimed) runs between the
 // flush and the timed launch. Exits on a CUDA error.
@@ -37,24 +63,10 @@ template <typename Launch, typename Prepare = void (*)()>
 double median_launch_us(
     cudaStream_t stream, void* flush, size_t flush_bytes, Launch&& launch, bool cold = true,
     Prepare&& prepare = [] {}) {
-  cudaEvent_t e0, e1;
-  check_cuda(cudaEventCreate(&e0), "timing event");
-  check_cuda(cudaEventCreate(&e1), "timing event");
-  std::vector<double> t;
-  for (int it = 0; it < 12; ++it) {
+  const std::vector<double> t = sorted_launch_us(stream, 10, 2, launch, [&](int it) {
     if (cold) check_cuda(cudaMemsetAsync(flush, it, flush_bytes, stream), "L2 flush");
     prepare();
-    check_cuda(cudaEventRecord(e0, stream), "timing event");
-    launch();
-    check_cuda(cudaEventRecord(e1, stream), "timing event");
-    check_cuda(cudaEventSynchronize(e1), "timing");
-    float ms = 0;
-    check_cuda(cudaEventElapsedTime(&ms, e0, e1), "timing");
-    if (it >= 2) t.push_back(ms * 1e3);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  std::sort(t.begin(), t.end());
+  });
   return t[t.size() / 2];
 }
 

@@ -49,9 +49,6 @@ int main(int argc, char** argv) {
       prop.name, prop.multiProcessorCount);
   cudaStream_t stream;
   check_cuda(cudaStreamCreate(&stream), "stream");
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.f, 4.f);
   int failures = 0;
@@ -82,22 +79,15 @@ int main(int argc, char** argv) {
         check_cuda(arbor::kernels::launch_top_k_log_softmax(p, stream), "launch");
         std::vector<int32_t> first(static_cast<size_t>(rows) * k), again(first.size());
         check_cuda(cudaMemcpy(first.data(), ids, first.size() * 4, cudaMemcpyDeviceToHost), "ids");
-        std::vector<float> t;
-        for (int it = 0; it < iters; ++it) {
-          cudaEventRecord(e0, stream);
-          check_cuda(arbor::kernels::launch_top_k_log_softmax(p, stream), "launch");
-          cudaEventRecord(e1, stream);
-          check_cuda(cudaEventSynchronize(e1), "sync");
-          float ms = 0;
-          cudaEventElapsedTime(&ms, e0, e1);
-          t.push_back(ms * 1000.f);
-        }
+        const std::vector<double> t = arbor::testing::sorted_launch_us(
+            stream, iters, 0,
+            [&] { check_cuda(arbor::kernels::launch_top_k_log_softmax(p, stream), "launch"); },
+            [](int) {});
         check_cuda(cudaMemcpy(again.data(), ids, again.size() * 4, cudaMemcpyDeviceToHost), "ids");
         // The first row's best id must be its argmax (lowest index among equal maxima).
         const int argmax =
             static_cast<int>(std::max_element(x.begin(), x.begin() + cols) - x.begin());
         if (again != first || first[0] != argmax) ++failures;
-        std::sort(t.begin(), t.end());
         std::printf("| %d | %d | %d | %.1f | %.1f |\n", rows, cols, k, t[t.size() / 2], t[0]);
         cudaFree(dx);
         cudaFree(ids);
