@@ -110,11 +110,9 @@ int run_spec_bench(const SpecBenchOptions& o) {
                             });
   const auto texts = read_prompts(o.prompts, o.limit);
   std::vector<GenerationRequest> reqs;
-  int64_t prompt_tokens = 0;
   for (size_t i = 0; i < texts.size(); ++i) {
     GenerationRequest r;
     r.prompt = bundle.tokenizer->encode(texts[i], !o.no_bos, /*parse_special=*/true);
-    prompt_tokens += static_cast<int64_t>(r.prompt.size());
     r.sampling.temperature = o.temperature;
     r.sampling.seed = static_cast<uint64_t>(o.seed) + i;
     r.max_tokens = o.max_tokens;

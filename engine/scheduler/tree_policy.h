@@ -77,7 +77,7 @@ class DraftCostEstimate {
 
  private:
   double ema_;
-  double w_ = 0, x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;  // weighted moments of (depth - 1, ms)
+  double x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;  // weighted moments of (depth - 1, ms)
   DraftCost cost_;
   int64_t samples_ = 0;
 };
