@@ -3,9 +3,10 @@
 
 Writes tests/data/sampling/processors.json:
   cases: random fp32 logits pushed through Hugging Face transformers' own processors
-         (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+         (SequenceBiasLogitsProcessor on one-token sequences for OpenAI's logit_bias,
+         RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
          TopPLogitsWarper, MinPLogitsWarper), OpenAI presence/frequency penalties in numpy, and
-         the whole chain in the order HF generate applies it. Each case stores the input, the
+         the whole chain in the order HF generate applies it (the bias first, as vLLM v1 too). Each case stores the input, the
          surviving token ids, their processed logits and the softmax of the result. Cases whose
          top-p / min-p decision lies within 1e-5 of the threshold (where fp32 rounding could
          flip a token) are redrawn, so the surviving set is well defined.
@@ -22,6 +23,7 @@ import torch
 import transformers
 from transformers.generation.logits_process import (MinPLogitsWarper,
                                                     RepetitionPenaltyLogitsProcessor,
+                                                    SequenceBiasLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
@@ -61,11 +63,25 @@ def min_p_margin_ok(scores, min_p):
     return bool(np.all(np.abs(p[finite] - min_p * p.max()) > MARGIN * p.max()))
 
 
+def logit_bias_processor(logit_bias):
+    """OpenAI's logit_bias as HF's SequenceBiasLogitsProcessor over one-token sequences (the
+    list form; older transformers take only the dict form)."""
+    try:
+        return SequenceBiasLogitsProcessor(
+            sequence_bias=[[[int(t)], float(b)] for t, b in logit_bias])
+    except (TypeError, ValueError):
+        return SequenceBiasLogitsProcessor(
+            sequence_bias={(int(t),): float(b) for t, b in logit_bias})
+
+
 def run_chain(logits, params, prompt, output):
-    """HF processors in generate's order, with the OpenAI penalties after the repetition one.
+    """HF processors in generate's order (the sequence bias first, as HF's _get_logits_processor
+    and vLLM v1's sampler put it), with the OpenAI penalties after the repetition one.
     Returns the processed fp32 scores, or None when a threshold decision is too close to call."""
     ids = torch.tensor([list(prompt) + list(output)], dtype=torch.long)
     scores = torch.tensor(logits[None, :], dtype=torch.float32)
+    if params.get("logit_bias"):
+        scores = logit_bias_processor(params["logit_bias"])(ids, scores)
     if params.get("repetition_penalty", 1.0) != 1.0:
         scores = RepetitionPenaltyLogitsProcessor(float(params["repetition_penalty"]))(ids, scores)
     if params.get("presence_penalty", 0.0) or params.get("frequency_penalty", 0.0):
@@ -87,7 +103,9 @@ def run_chain(logits, params, prompt, output):
     return scores[0].numpy()
 
 
-def make_case(rng, name, params, vocab=64, history=True, ties=False, scale=2.0):
+def make_case(rng, name, params, vocab=64, history=True, ties=False, scale=2.0, bias=None):
+    """bias: None, or a random logit_bias drawn per attempt (`logit_bias` below): "any" over the
+    vocabulary, "seen" with half its ids from the history."""
     for _ in range(1000):
         logits = (rng.standard_normal(vocab) * scale).astype(np.float32)
         if ties:  # few distinct values, so the k-th largest logit is tied
@@ -97,6 +115,9 @@ def make_case(rng, name, params, vocab=64, history=True, ties=False, scale=2.0):
         if history:
             output += output[:4]  # repeated tokens, so frequency counts reach 2 and more
             prompt.append(vocab + 3)  # out of the LM head's range: ignored, as HF does
+        if bias is not None:
+            params = dict(params, logit_bias=logit_bias(rng, vocab, prompt + output
+                                                        if bias == "seen" else []))
         processed = run_chain(logits, params, prompt, output)
         if processed is None:
             continue
@@ -142,7 +163,44 @@ def cases(rng):
             "min_p": float(rng.choice([0.0, 0.02, 0.1])),
         }
         out.append(make_case(rng, f"chain_{i}", params, vocab=int(rng.choice([50, 128]))))
+    # logit_bias cases come last, so the cases above keep their random draws.
+    out.append(make_case(rng, "logit_bias", {}, bias="any"))
+    out.append(make_case(rng, "logit_bias_extremes",
+                         {"logit_bias": [[3, -100.0], [17, 100.0], [40, -100.0]]}))
+    out.append(make_case(rng, "logit_bias_ties", {"logit_bias": [[2, 0.5], [9, -0.5], [33, 1.0]],
+                                                  "top_k": 7}, history=False, ties=True))
+    for r in (1.5, 0.7):
+        out.append(make_case(rng, f"logit_bias_then_repetition_{r}", {"repetition_penalty": r},
+                             bias="seen"))
+    out.append(make_case(rng, "logit_bias_then_presence_frequency",
+                         {"presence_penalty": 0.8, "frequency_penalty": 0.4}, bias="seen"))
+    for i in range(6):
+        params = {
+            "repetition_penalty": float(rng.choice([1.0, 1.3])),
+            "presence_penalty": float(rng.choice([0.0, 0.5])),
+            "frequency_penalty": float(rng.choice([0.0, 0.3])),
+            "temperature": float(rng.choice([0.6, 1.0, 1.4])),
+            "top_k": int(rng.choice([0, 10])),
+            "top_p": float(rng.choice([1.0, 0.9])),
+            "min_p": float(rng.choice([0.0, 0.05])),
+        }
+        out.append(make_case(rng, f"logit_bias_chain_{i}", params,
+                             vocab=int(rng.choice([50, 128])), bias="seen"))
     return out
+
+
+def logit_bias(rng, vocab, history):
+    """A sorted OpenAI logit_bias list [[id, bias], ...] of 8 distinct ids in [0, vocab): biases
+    of both signs in [-5, 5] and one -100 (a token all but banned; +100 would leave a one-token
+    distribution). Half the ids come from `history` when given (ids < vocab), so that the bias
+    and the penalties meet on one token: applying them in the other order gives other logits."""
+    seen = sorted({t for t in history if t < vocab})
+    ids = set(rng.choice(seen, size=min(4, len(seen)), replace=False).tolist()) if seen else set()
+    while len(ids) < 8:
+        ids.add(int(rng.integers(0, vocab)))
+    biases = [float(np.float32(b)) for b in rng.uniform(-5.0, 5.0, size=7)] + [-100.0]
+    rng.shuffle(biases)
+    return [[int(t), b] for t, b in zip(sorted(ids), biases)]
 
 
 def xoshiro256ss(seed, count):

@@ -66,6 +66,11 @@ void validate_tree_sample_batch(const TreeSampleBatch& b, int64_t vocab, int64_t
   if (b.ctx_output_count.size() != b.ctx_token.size())
     bad("ctx_output_count has " + std::to_string(b.ctx_output_count.size()) + " entries for " +
         std::to_string(b.ctx_token.size()) + " context tokens");
+  if (!b.bias_indptr.empty() || !b.bias_token.empty())
+    check_indptr(b.bias_indptr, "bias_indptr", items, b.bias_token.size());
+  if (b.bias_value.size() != b.bias_token.size())
+    bad("bias_value has " + std::to_string(b.bias_value.size()) + " entries for " +
+        std::to_string(b.bias_token.size()) + " bias tokens");
   check_indptr(b.uniform_indptr, "uniform_indptr", items, b.uniforms.size());
   for (size_t i = 0; i < items; ++i) {
     const int32_t first = b.node_indptr[i], t = b.node_indptr[i + 1] - first;
@@ -109,6 +114,24 @@ void validate_tree_sample_batch(const TreeSampleBatch& b, int64_t vocab, int64_t
         bad("ctx_token of item " + std::to_string(i) + " is not strictly ascending at " +
             std::to_string(c));
       if (b.ctx_output_count[cc] < 0) bad(at("ctx_output_count", cc) + " is negative");
+    }
+    if (b.bias_indptr.empty()) continue;
+    if (b.bias_indptr[i + 1] - b.bias_indptr[i] > kMaxTreeSampleBiasEntries)
+      bad("item " + std::to_string(i) + " has " +
+          std::to_string(b.bias_indptr[i + 1] - b.bias_indptr[i]) +
+          " logit bias entries, at most " + std::to_string(kMaxTreeSampleBiasEntries));
+    for (int32_t e = b.bias_indptr[i]; e < b.bias_indptr[i + 1]; ++e) {
+      const size_t ee = static_cast<size_t>(e);
+      if (b.bias_token[ee] < 0 || b.bias_token[ee] >= vocab)
+        bad(at("bias_token", ee) + " is " + std::to_string(b.bias_token[ee]) + ", outside [0, " +
+            std::to_string(vocab) + ")");
+      if (e > b.bias_indptr[i] && b.bias_token[ee] <= b.bias_token[ee - 1])
+        bad("bias_token of item " + std::to_string(i) + " is not strictly ascending at " +
+            std::to_string(e));
+      if (!(b.bias_value[ee] >= -kMaxTreeSampleBias && b.bias_value[ee] <= kMaxTreeSampleBias))
+        bad(at("bias_value", ee) + " is " + std::to_string(b.bias_value[ee]) + ", outside [-" +
+            std::to_string(static_cast<int>(kMaxTreeSampleBias)) + ", " +
+            std::to_string(static_cast<int>(kMaxTreeSampleBias)) + "]");
     }
   }
   for (size_t u = 0; u < b.uniforms.size(); ++u)

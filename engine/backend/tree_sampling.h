@@ -11,9 +11,10 @@
 
 namespace arbor {
 
-// One item's sampling parameters (SamplingParams without the seed: the randomness comes as
-// uniforms). greedy != 0: argmax of the penalised logits, no temperature / top-k / top-p /
-// min-p, no uniforms used.
+// One item's sampling parameters (SamplingParams without the seed, the randomness comes as
+// uniforms, and without the logit bias, which is TreeSampleBatch's bias CSR). greedy != 0:
+// argmax of the biased and penalised logits, no temperature / top-k / top-p / min-p, no uniforms
+// used.
 struct TreeSampleParams {
   float temperature = 1.0f;
   int32_t top_k = 0;
@@ -28,7 +29,7 @@ struct TreeSampleParams {
 // I items (one request choice each), each a draft tree of T_i >= 1 nodes (T_i = 1: plain
 // sampling of the next token). Node j of item i is global node node_indptr[i] + j; its target
 // logits are row logits_row[global node] of the logits tensor. Items may share a logits row
-// only if they have the same parameters and the same context at that node (n > 1 choices
+// only if they have the same parameters, logit bias and context at that node (n > 1 choices
 // drawing their first token from one prefill row).
 struct TreeSampleBatch {
   std::vector<TreeSampleParams> params;  // [I]
@@ -48,6 +49,13 @@ struct TreeSampleBatch {
   std::vector<int32_t> ctx_indptr;        // [I + 1]
   std::vector<int32_t> ctx_token;         // [ctx]
   std::vector<int32_t> ctx_output_count;  // [ctx]
+  // Logit bias of item i (SamplingParams::logit_bias): bias_value[b] is added to the logit of
+  // token bias_token[b] for b in [bias_indptr[i], bias_indptr[i + 1]), ids strictly ascending
+  // in [0, vocab), before the penalties, at every node of the item. bias_indptr empty (with
+  // bias_token and bias_value): no item has a bias.
+  std::vector<int32_t> bias_indptr;  // [I + 1] or empty
+  std::vector<int32_t> bias_token;   // [bias]
+  std::vector<float> bias_value;     // [bias] finite, in [-kMaxTreeSampleBias, kMaxTreeSampleBias]
   // Uniforms in [0, 1) the walk of item i consumes in order (one per tested child, one for the
   // final draw): uniform_indptr[i + 1] - uniform_indptr[i] >= T_i for a sampled item.
   std::vector<int32_t> uniform_indptr;  // [I + 1]
@@ -73,11 +81,17 @@ struct TreeSampleResult {
 
 // Largest tree (nodes per item) sample_trees accepts.
 inline constexpr int32_t kMaxTreeSampleNodes = 1024;
+// SamplingParams' logit_bias limits (kMaxLogitBias, kMaxLogitBiasEntries; device_verify.cc
+// asserts they are equal), so that the batch accepts exactly what the host reference does.
+inline constexpr float kMaxTreeSampleBias = 100.0f;
+inline constexpr int32_t kMaxTreeSampleBiasEntries = 1024;
 
 // Throws kInvalidArgument naming the first inconsistent field: sizes and indptrs, a tree larger
-// than kMaxTreeSampleNodes, parents not topological from a root at each item's node 0, tokens or
-// penalty-context ids outside [0, vocab), a context not ascending, logits rows outside [0,
-// logits_rows), q rows outside q, too few uniforms for a sampled item, parameters out of range.
+// than kMaxTreeSampleNodes, parents not topological from a root at each item's node 0, tokens,
+// penalty-context or logit-bias ids outside [0, vocab), a context or bias list not strictly
+// ascending, a bias out of range or an item with more than kMaxTreeSampleBiasEntries, logits
+// rows outside [0, logits_rows), q rows outside q, too few uniforms for a sampled item,
+// parameters out of range.
 void validate_tree_sample_batch(const TreeSampleBatch& batch, int64_t vocab, int64_t logits_rows);
 
 }  // namespace arbor

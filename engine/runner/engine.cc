@@ -79,11 +79,12 @@ TokenLogprob logprob_of(std::span<const float> logits, int32_t token, int32_t k)
 }
 
 // True when a request's next tokens are the raw logits' argmax: greedy sampling whose logits
-// processing is the identity (no penalties) and no logprobs. Its step then needs only the argmax
-// ids (ForwardRequest::argmax_only), and verify_greedy_argmax() equals verify() for its trees.
+// processing is the identity (no logit bias, no penalties) and no logprobs. Its step then needs
+// only the argmax ids (ForwardRequest::argmax_only), and verify_greedy_argmax() equals verify()
+// for its trees.
 bool argmax_suffices(const GenerationRequest& r, const SamplingParams& p) {
-  return p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f && r.logprobs < 0;
+  return p.greedy() && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && r.logprobs < 0;
 }
 
 // The greedy token of an argmax_only logits row; -1 (NaN, +inf or only -inf) fails as argmax()
@@ -172,6 +173,12 @@ void Engine::check(const GenerationRequest& r) const {
       throw_error(ErrorCode::kInvalidArgument,
                   "stop token id " + std::to_string(t) + " is outside the vocabulary");
   r.sampling.validate();
+  // Refused here, at add, rather than by the sampler mid-step (where it would fail the step).
+  for (const auto& [t, bias] : r.sampling.logit_bias)
+    if (t >= vocab)
+      throw_error(ErrorCode::kInvalidArgument, "logit_bias token id " + std::to_string(t) +
+                                                   " is outside the vocabulary of " +
+                                                   std::to_string(vocab));
 }
 
 void Engine::add(ReqId id, const GenerationRequest& r) {

@@ -45,6 +45,16 @@ void check_finite(std::span<const float> logits) {
 }
 }  // namespace
 
+void apply_logit_bias(std::span<float> logits, std::span<const std::pair<int32_t, float>> bias) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  for (const auto& [token, value] : bias)
+    if (token < 0 || token >= vocab)
+      throw_error(ErrorCode::kInvalidArgument, "logit_bias token id " + std::to_string(token) +
+                                                   " is outside the vocabulary [0, " +
+                                                   std::to_string(vocab) + ")");
+  for (const auto& [token, value] : bias) logits[static_cast<size_t>(token)] += value;
+}
+
 void apply_repetition_penalty(std::span<float> logits, float penalty,
                               std::span<const int32_t> prompt_tokens,
                               std::span<const int32_t> output_tokens) {

@@ -1,13 +1,21 @@
 // Logits processors for one request on host fp32 logits ([vocab]), each matching a reference:
-// Hugging Face transformers' RepetitionPenalty / Temperature / TopK / TopP / MinP processors and
-// OpenAI's presence / frequency penalties. Filtered tokens get -inf, as HF's warpers do.
+// Hugging Face transformers' SequenceBias (one-token sequences: OpenAI's logit_bias) /
+// RepetitionPenalty / Temperature / TopK / TopP / MinP processors and OpenAI's presence /
+// frequency penalties. Filtered tokens get -inf, as HF's warpers do.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace arbor {
+
+// OpenAI logit_bias (HF SequenceBiasLogitsProcessor on one-token sequences, vLLM's
+// LogitBiasLogitsProcessor): logit[id] += bias in fp32 for each (id, bias); a -inf logit stays
+// -inf. Throws kInvalidArgument for an id outside [0, vocab) (before changing anything; HF and
+// vLLM refuse such ids too).
+void apply_logit_bias(std::span<float> logits, std::span<const std::pair<int32_t, float>> bias);
 
 // HF RepetitionPenaltyLogitsProcessor: every distinct token in prompt or output has its logit
 // divided by `penalty` if positive, multiplied if negative. Ids >= vocab are ignored (as HF does

@@ -18,6 +18,7 @@ Rng Sampler::make_rng() const {
 
 void Sampler::process_logits(std::span<float> logits, std::span<const int32_t> prompt_tokens,
                              std::span<const int32_t> output_tokens) const {
+  apply_logit_bias(logits, params_.logit_bias);
   apply_repetition_penalty(logits, params_.repetition_penalty, prompt_tokens, output_tokens);
   apply_presence_frequency_penalty(logits, params_.presence_penalty, params_.frequency_penalty,
                                    output_tokens);

@@ -30,6 +30,26 @@ void SamplingParams::validate() const {
     bad("presence_penalty", "in [-2, 2]", presence_penalty);
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
     bad("frequency_penalty", "in [-2, 2]", frequency_penalty);
+  if (logit_bias.size() > static_cast<size_t>(kMaxLogitBiasEntries))
+    throw_error(ErrorCode::kInvalidArgument,
+                "logit_bias has " + std::to_string(logit_bias.size()) + " entries, at most " +
+                    std::to_string(kMaxLogitBiasEntries) + " are allowed");
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto [token, bias] = logit_bias[i];
+    if (token < 0)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "logit_bias token id " + std::to_string(token) + " is negative");
+    if (i > 0 && token <= logit_bias[i - 1].first)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "logit_bias token ids must be strictly ascending: " + std::to_string(token) +
+                      " follows " + std::to_string(logit_bias[i - 1].first));
+    if (!(bias >= -kMaxLogitBias && bias <= kMaxLogitBias)) {
+      std::ostringstream os;
+      os << "logit_bias bias for token " << token << " is " << bias << ", must be in [-"
+         << kMaxLogitBias << ", " << kMaxLogitBias << "]";
+      throw_error(ErrorCode::kInvalidArgument, os.str());
+    }
+  }
 }
 
 }  // namespace arbor

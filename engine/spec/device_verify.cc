@@ -9,6 +9,11 @@
 #include "engine/spec/tree_layout.h"
 
 namespace arbor {
+
+static_assert(kMaxTreeSampleBias == kMaxLogitBias &&
+                  kMaxTreeSampleBiasEntries == kMaxLogitBiasEntries,
+              "the batch must accept exactly the logit_bias SamplingParams accepts");
+
 namespace {
 
 bool has_penalty(const SamplingParams& p) {
@@ -69,6 +74,7 @@ bool tree_sampling_supports(const SamplingParams& params, VerifyMode mode) {
 TreeSampleBuilder::TreeSampleBuilder(int64_t vocab) : vocab_(vocab) {
   batch_.node_indptr = {0};
   batch_.ctx_indptr = {0};
+  batch_.bias_indptr = {0};
   batch_.uniform_indptr = {0};
 }
 
@@ -76,6 +82,11 @@ int32_t TreeSampleBuilder::add(const DraftTree& tree, int32_t first_row,
                                const SamplingParams& params, std::span<const int32_t> prompt,
                                std::span<const int32_t> output, Rng* rng) {
   validate_draft_tree(tree, vocab_);
+  for (const auto& [token, bias] : params.logit_bias)
+    if (token < 0 || token >= vocab_)
+      throw_error(ErrorCode::kInvalidArgument, "logit_bias token id " + std::to_string(token) +
+                                                   " is outside the vocabulary [0, " +
+                                                   std::to_string(vocab_) + ")");
   const int32_t last = !output.empty() ? output.back() : !prompt.empty() ? prompt.back() : -1;
   if (last != tree.token[0])
     throw_error(ErrorCode::kInvalidArgument,
@@ -116,6 +127,11 @@ int32_t TreeSampleBuilder::add(const DraftTree& tree, int32_t first_row,
     }
   }
   batch_.ctx_indptr.push_back(static_cast<int32_t>(batch_.ctx_token.size()));
+  for (const auto& [token, bias] : params.logit_bias) {
+    batch_.bias_token.push_back(token);
+    batch_.bias_value.push_back(bias);
+  }
+  batch_.bias_indptr.push_back(static_cast<int32_t>(batch_.bias_token.size()));
   rngs_.push_back(rng);
   snapshots_.push_back(rng ? *rng : Rng(0));
   if (!flat.greedy) {
@@ -197,7 +213,12 @@ void sample_trees_on_host(std::span<const float> logits, int64_t vocab,
                     static_cast<size_t>(batch.ctx_output_count[static_cast<size_t>(c)]),
                     batch.ctx_token[static_cast<size_t>(c)]);
     }
-    const Sampler sampler(unflat_params(batch.params[ii]));
+    SamplingParams params = unflat_params(batch.params[ii]);
+    if (!batch.bias_indptr.empty())
+      for (int32_t e = batch.bias_indptr[ii]; e < batch.bias_indptr[ii + 1]; ++e)
+        params.logit_bias.emplace_back(batch.bias_token[static_cast<size_t>(e)],
+                                       batch.bias_value[static_cast<size_t>(e)]);
+    const Sampler sampler(params);
     ReplayRandomness randomness(
         std::span<const double>(batch.uniforms)
             .subspan(static_cast<size_t>(batch.uniform_indptr[ii]),

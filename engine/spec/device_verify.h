@@ -36,7 +36,7 @@ class TreeSampleBuilder {
   // Adds an item: node i's target logits are row first_row + i. prompt / output as verify()
   // takes them (the root token ends them). rng is read only for sampled parameters, and must
   // outlive result(). Returns the item index. Throws kInvalidArgument as verify() does for a
-  // malformed tree or a wrong root.
+  // malformed tree, a wrong root or a logit_bias id outside the vocabulary.
   int32_t add(const DraftTree& tree, int32_t first_row, const SamplingParams& params,
               std::span<const int32_t> prompt, std::span<const int32_t> output, Rng* rng);
 

@@ -100,9 +100,9 @@ VerifyResult verify(const DraftTree& tree, std::span<const float> logits, int64_
 //           where that row has a NaN or +inf or only -inf (throws kInvalidArgument if reached,
 //           as argmax() on the logits does).
 // Equals verify() on those logits for a greedy sampler whose logits processing is the identity
-// (repetition_penalty 1, presence and frequency penalties 0), in every VerifyMode. Throws
-// kInvalidArgument as verify() does for a malformed tree or a wrong root, and for argmax.size()
-// other than T.
+// (no logit_bias, repetition_penalty 1, presence and frequency penalties 0), in every VerifyMode.
+// Throws kInvalidArgument as verify() does for a malformed tree or a wrong root, and for
+// argmax.size() other than T.
 VerifyResult verify_greedy_argmax(const DraftTree& tree, std::span<const int32_t> argmax,
                                   int64_t vocab, std::span<const int32_t> prompt,
                                   std::span<const int32_t> output);

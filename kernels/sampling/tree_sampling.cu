@@ -2,15 +2,16 @@
 // verify() with engine/sampling's processors; these kernels follow it step by step:
 //
 // process_rows_kernel (one 1024-thread block per distinct logits row):
-//   penalties on the few ids of the item's context and the node's path (the repetition penalty,
-//   then presence + frequency * count, in fp32 with explicit rounding so nvcc cannot contract it
-//   into an FMA the host does not do); greedy: lowest-index argmax. Sampled: temperature, the
-//   finiteness check, top-k by bisection on the order-preserving uint32 key of the logits (the
-//   k-th largest key is the largest t with #{key >= t} >= k), then the row becomes weights
-//   w = exp(x - max) (0 where filtered), top-p by the same bisection weighted by w (the boundary
-//   value v* is the largest with mass(w >= v*) >= top_p * sum w; among tokens equal to v* the
-//   lower ids count as more likely, as the host's stable sort does), min-p (w < min_p, since the
-//   largest w is 1), and the normalised probabilities in place.
+//   the logit bias on the item's bias ids (one fp32 add each, __fadd_rn as the host's plain add),
+//   then penalties on the few ids of the item's context and the node's path (the repetition
+//   penalty, then presence + frequency * count, in fp32 with explicit rounding so nvcc cannot
+//   contract it into an FMA the host does not do); greedy: lowest-index argmax. Sampled:
+//   temperature, the finiteness check, top-k by bisection on the order-preserving uint32 key of the
+//   logits (the k-th largest key is the largest t with #{key >= t} >= k), then the row becomes
+//   weights w = exp(x - max) (0 where filtered), top-p by the same bisection weighted by w (the
+//   boundary value v* is the largest with mass(w >= v*) >= top_p * sum w; among tokens equal to v*
+//   the lower ids count as more likely, as the host's stable sort does), min-p (w < min_p, since
+//   the largest w is 1), and the normalised probabilities in place.
 // walk_kernel (one 1024-thread block per item): the tree's children lists in shared memory, then
 //   greedy matching from the rows' argmax ids, or the rejection walk: at each node the row is
 //   copied to the item's work buffer; a deterministic child x is accepted with probability
@@ -162,6 +163,19 @@ __global__ void __launch_bounds__(kThreads) process_rows_kernel(const TreeSample
   const int64_t row = p.logits_row[g];
   const int n = static_cast<int>(p.vocab);
   float* x = p.logits + row * p.vocab;
+
+  // Logit bias, before the penalties (Sampler::process_logits' order). An item's bias ids are
+  // distinct, so each entry is one thread's.
+  if (p.bias_indptr != nullptr) {
+    const int b0 = p.bias_indptr[item], b1 = p.bias_indptr[item + 1];
+    if (b0 < b1) {  // the same for the whole block
+      for (int e = b0 + tid; e < b1; e += kThreads) {
+        const int32_t t = p.bias_token[e];
+        x[t] = __fadd_rn(x[t], p.bias_value[e]);
+      }
+      __syncthreads();
+    }
+  }
 
   // Penalties: the context's distinct ids (each counted with its path occurrences), then path
   // ids that are not in the context (first occurrence handles the token).

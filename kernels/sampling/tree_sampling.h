@@ -1,9 +1,9 @@
 // Sampling and speculative verification on the device (the CUDA side of Backend::sample_trees,
 // engine/backend/tree_sampling.h). Two launches:
-//   1. one block per distinct logits row: the item's penalties (repetition / presence /
-//      frequency, context + the node's tree path), then for a greedy item the argmax, for a
-//      sampled one temperature, top-k, top-p, min-p and softmax, written in place as fp32
-//      probabilities;
+//   1. one block per distinct logits row: the item's logit bias, then its penalties (repetition
+//      / presence / frequency, context + the node's tree path), then for a greedy item the
+//      argmax, for a sampled one temperature, top-k, top-p, min-p and softmax, written in place
+//      as fp32 probabilities;
 //   2. one block per item: the verifier's walk (greedy matching from the argmax ids, or
 //      multi-branch rejection sampling consuming the item's uniforms) writing the accepted
 //      path, the tried-children counts, the bonus token and the uniforms used.
@@ -43,6 +43,9 @@ struct TreeSampleLaunch {
   const int32_t* ctx_indptr = nullptr;           // [items + 1]
   const int32_t* ctx_token = nullptr;            // ascending per item
   const int32_t* ctx_output_count = nullptr;
+  const int32_t* bias_indptr = nullptr;     // [items + 1] logit bias CSR (nullptr: no bias at all)
+  const int32_t* bias_token = nullptr;      // [bias] distinct ids in [0, vocab) per item
+  const float* bias_value = nullptr;        // [bias] added to the logit before the penalties
   const int32_t* uniform_indptr = nullptr;  // [items + 1]
   const double* uniforms = nullptr;
   const int32_t* task_node = nullptr;  // [tasks] a global node whose row the task processes

@@ -1,8 +1,8 @@
 // Backend::sample_trees on the GPU against the host reference (sample_trees_on_host: verify()
 // with the engine's logits processors, itself tested against exact distributions and Hugging
 // Face's processors on the CPU): random logits rows, random trees with deterministic and
-// sampled (q) children, every sampling parameter, shared rows, NaN rows and malformed batches;
-// then the engine on the GPU with and without backend sampling.
+// sampled (q) children, every sampling parameter, logit biases, shared rows, NaN rows and
+// malformed batches; then the engine on the GPU with and without backend sampling.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -95,13 +95,17 @@ bool has_penalty(const TreeSampleParams& p) {
 
 // Peaked random rows (a few boosted tokens) so that draft tokens are often accepted; children
 // are mostly boosted tokens of their parent's row. Every third sampled item has sampled (q)
-// children at some nodes. Items 0 and 1 share one row (n > 1 choices' first token).
+// children at some nodes. Items 0 and 1 share one row (n > 1 choices' first token). Every fourth
+// item from item 2 (every parameter variant among them) has a logit bias: its root row's
+// favourite banned, its runner-up and a random token pushed up, another random token down, so
+// the bias moves both the argmax and the sampled distribution.
 Case make_case(std::mt19937& rng, int64_t vocab, int items, int max_nodes) {
   Case c;
   c.vocab = vocab;
   TreeSampleBatch& b = c.batch;
   b.node_indptr = {0};
   b.ctx_indptr = {0};
+  b.bias_indptr = {0};
   b.uniform_indptr = {0};
   std::normal_distribution<float> normal(0.f, 2.f);
   std::uniform_int_distribution<int32_t> any_token(0, static_cast<int32_t>(vocab) - 1);
@@ -186,6 +190,17 @@ Case make_case(std::mt19937& rng, int64_t vocab, int items, int max_nodes) {
       }
     }
     b.ctx_indptr.push_back(static_cast<int32_t>(b.ctx_token.size()));
+    if (i % 4 == 2) {
+      const std::vector<int32_t>& top = boosted[static_cast<size_t>(rows[0])];
+      std::map<int32_t, float> bias = {{top[0], -100.0f}, {top[1], 3.0f}};
+      bias.emplace(any_token(rng), 2.5f);
+      bias.emplace(any_token(rng), -1.5f);
+      for (const auto& [token, value] : bias) {
+        b.bias_token.push_back(token);
+        b.bias_value.push_back(value);
+      }
+    }
+    b.bias_indptr.push_back(static_cast<int32_t>(b.bias_token.size()));
     if (!b.params.back().greedy)
       for (int j = 0; j < t; ++j) b.uniforms.push_back(uniform(rng));
     b.uniform_indptr.push_back(static_cast<int32_t>(b.uniforms.size()));
@@ -317,6 +332,11 @@ TEST(CudaSampleTrees, MalformedBatchesAreRejectedBeforeLaunch) {
   expect_error("uniform 1.0", [&](TreeSampleBatch& b) {
     if (!b.uniforms.empty()) b.uniforms[0] = 1.0;
   });
+  expect_error("bias token out of range", [&](TreeSampleBatch& b) {
+    ASSERT_FALSE(b.bias_token.empty());
+    b.bias_token.back() = 64;
+  });
+  expect_error("bias 150", [&](TreeSampleBatch& b) { b.bias_value[0] = 150.0f; });
   expect_error("unsorted penalty context", [&](TreeSampleBatch& b) {
     b.ctx_token = {5, 3};
     b.ctx_output_count = {0, 1};
@@ -461,6 +481,7 @@ void expect_backend_sampling_equals_host(const std::string& model_path, const st
     r.sampling.repetition_penalty = p.repetition_penalty;
     r.sampling.presence_penalty = p.presence_penalty;
     r.sampling.frequency_penalty = p.frequency_penalty;
+    if (i % 4 == 2) r.sampling.logit_bias = {{10, 2.0f}, {20, -100.0f}, {300, 1.5f}};
     r.sampling.seed = 1000 + i;
     r.max_tokens = 64;
     r.ignore_eos = true;

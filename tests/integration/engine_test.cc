@@ -447,6 +447,18 @@ TEST_F(EngineTest, CancellationFreesBlocksAtOnce) {
   GenerationRequest bad = greedy(prompt, 5);
   bad.n = 0;
   EXPECT_THROW(e.add(9, bad), Error);
+  // A logit_bias id outside the vocabulary is refused at add, not by the sampler mid-step.
+  bad = greedy(prompt, 5);
+  bad.sampling.logit_bias = {{3, 1.0f}, {1 << 20, 5.0f}};
+  try {
+    e.add(9, bad);
+    ADD_FAILURE() << "logit_bias id 1048576 accepted";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(err.what()).find("logit_bias token id 1048576"), std::string::npos)
+        << err.what();
+  }
+  EXPECT_TRUE(e.idle());
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
 // Speculation is lossless. Greedy: for every proposer (n-gram, Medusa, EAGLE-1/2, EAGLE-3) and
 // several trees (chain, mc_sim_7b_63, dynamic EAGLE-2 trees of different sizes), a batch of
-// mixed requests (speculating and not, prompts ending near a block boundary, one sampled
-// request beside them) produces exactly the tokens of plain greedy decoding. Heads: random
+// mixed requests (speculating and not, prompts ending near a block boundary, greedy requests
+// with a logit bias, one sampled request beside them) produces exactly the tokens of plain
+// greedy decoding; a +100 bias makes both emit only the biased token. Heads: random
 // weights (worst-case acceptance: nearly every draft token is rejected) on stories260K and on a
 // tiny random Llama, and trained heads on stories260K when present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "engine/backend/backend.h"
 #include "engine/model/llama_model.h"
@@ -40,6 +43,8 @@ const ModelWeights& weights_of(const std::string& name) {
   return it->second;
 }
 
+constexpr int32_t kForcedToken = 42;  // biased_requests' last request: logit_bias +100 on it
+
 // Prompts of lengths around the 16-token block boundary, with repeats (n-gram matches).
 std::vector<GenerationRequest> mixed_requests(int64_t vocab) {
   std::vector<GenerationRequest> reqs;
@@ -65,6 +70,30 @@ std::vector<GenerationRequest> mixed_requests(int64_t vocab) {
   sampled.sampling.temperature = 0.8f;
   sampled.sampling.seed = 7;
   reqs.push_back(sampled);
+  return reqs;
+}
+
+// Greedy requests with a logit bias (not the raw argmax: sampled and verified on the backend,
+// not argmax_only) beside two of mixed_requests' own: the prompt's motif banned and a few other
+// tokens pushed up (request 2); a bias with a repetition penalty (3); +100 on kForcedToken (4).
+// Batches of their own, so that mixed_requests' steps (and their tree padding) stay as they are.
+std::vector<GenerationRequest> biased_requests(int64_t vocab) {
+  const std::vector<GenerationRequest> mixed = mixed_requests(vocab);
+  std::vector<GenerationRequest> reqs = {mixed[2], mixed[4]};
+  GenerationRequest biased = mixed[3];
+  const std::set<int32_t> motif(mixed[3].prompt.begin() + 1, mixed[3].prompt.end());
+  for (int32_t t : motif) biased.sampling.logit_bias.emplace_back(t, -100.0f);
+  for (int32_t t : {5, 9, static_cast<int32_t>(vocab) - 2})
+    if (!motif.count(t)) biased.sampling.logit_bias.emplace_back(t, 2.0f);
+  std::sort(biased.sampling.logit_bias.begin(), biased.sampling.logit_bias.end());
+  reqs.push_back(biased);
+  GenerationRequest biased_penalised = mixed[1];
+  biased_penalised.sampling.logit_bias = {{7, 3.0f}, {11, -1.0f}};
+  biased_penalised.sampling.repetition_penalty = 1.3f;
+  reqs.push_back(biased_penalised);
+  GenerationRequest forced = mixed[0];  // +100: the biased token every time
+  forced.sampling.logit_bias = {{kForcedToken, 100.0f}};
+  reqs.push_back(forced);
   return reqs;
 }
 
@@ -123,6 +152,36 @@ TEST_P(SpecLossless, GreedyEqualsPlainGreedy) {
       total.emitted += got[i].acceptance.emitted;
     }
   }
+
+  // Greedy with a logit bias, in batches of their own: all of them, then those without
+  // penalties (with nothing else in the step that needs more than the raw argmax, that step
+  // would be argmax_only if a bias were ignored there).
+  gc.pad_trees = c.pad_trees;
+  const auto biased = biased_requests(w.config.vocab_size);
+  std::vector<GenerationRequest> unpenalised = biased;
+  unpenalised.erase(unpenalised.begin() + 3);
+  std::vector<GenerationResult> biased_tokens;
+  for (const auto& batch : {biased, unpenalised}) {
+    Generator plain_run(plain_model, gc), spec_run(spec_model, gc, proposer.get());
+    const auto want = plain_run.run(batch), have = spec_run.run(batch);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      EXPECT_EQ(batch[i].sampling.temperature, 0.0f);
+      EXPECT_EQ(have[i].tokens, want[i].tokens) << c.name << " biased request " << i;
+      EXPECT_EQ(have[i].tokens.size(), 48u);
+    }
+    EXPECT_EQ(want.back().tokens, std::vector<int32_t>(48, kForcedToken)) << "+100, plain";
+    EXPECT_EQ(have.back().tokens, std::vector<int32_t>(48, kForcedToken)) << "+100, spec";
+    if (biased_tokens.empty()) biased_tokens = have;
+  }
+  // The ban holds: the motif request emits none of its banned tokens, and the bias changed what
+  // greedy decoding emits (reqs[3] is the same request without the bias).
+  for (const auto& [t, bias] : biased[2].sampling.logit_bias) {
+    if (bias == -100.0f) {
+      EXPECT_EQ(std::count(biased_tokens[2].tokens.begin(), biased_tokens[2].tokens.end(), t), 0)
+          << "banned token " << t;
+    }
+  }
+  EXPECT_NE(biased_tokens[2].tokens, expect[3].tokens);
   std::printf("%s: %.3f tokens per verify step over %lld steps\n", c.name.c_str(),
               total.mean_emitted_per_step(), static_cast<long long>(total.steps));
   EXPECT_GE(total.mean_emitted_per_step(), 1.0);

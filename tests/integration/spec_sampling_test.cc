@@ -4,11 +4,16 @@
 // multi-branch rejection sampling) are compared with 4000 samples of plain decoding by a
 // two-sample chi-square test of homogeneity. Categories with a pooled expected count below 5 are
 // merged. Significance 1e-3: a correct implementation fails with probability 1e-3 per
-// comparison (the seeds are fixed, so a given build passes or fails deterministically).
+// comparison (the seeds are fixed, so a given build passes or fails deterministically). With a
+// logit bias (plain decoding's favourite first token banned, the runner-up pushed up) the
+// speculative distribution equals plain decoding's with the same bias, which is another one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "engine/backend/backend.h"
 #include "engine/model/llama_model.h"
@@ -79,8 +84,9 @@ double homogeneity_p(const std::map<std::vector<int32_t>, int>& a,
   return chi2_sf(stat, static_cast<int>(bins.size()) - 1);
 }
 
-std::map<std::vector<int32_t>, int> sample(const ModelWeights& w, Proposer* proposer,
-                                           uint64_t seed_base, int32_t pad_trees = -1) {
+std::map<std::vector<int32_t>, int> sample(
+    const ModelWeights& w, Proposer* proposer, uint64_t seed_base, int32_t pad_trees = -1,
+    const std::vector<std::pair<int32_t, float>>& logit_bias = {}) {
   // A prompt with a repeated phrase, so that the n-gram proposer finds continuations.
   const std::vector<int32_t> prompt = {1,   403, 407, 261, 378, 432, 383, 286,
                                        261, 403, 407, 261, 378, 432, 383};
@@ -90,6 +96,7 @@ std::map<std::vector<int32_t>, int> sample(const ModelWeights& w, Proposer* prop
     reqs[i].sampling.temperature = 1.0f;
     reqs[i].sampling.top_k = 4;
     reqs[i].sampling.seed = seed_base + i;
+    reqs[i].sampling.logit_bias = logit_bias;
     reqs[i].max_tokens = 3;
     reqs[i].ignore_eos = true;
   }
@@ -150,6 +157,42 @@ TEST(SpecSampling, DistributionEqualsPlainSampling) {
     moved += take;
   }
   EXPECT_LT(homogeneity_p(plain, skewed), 1e-3);
+}
+
+TEST(SpecSampling, DistributionWithLogitBiasEqualsPlainSamplingWithIt) {
+  const ModelWeights w =
+      load_model_weights(std::string(ARBOR_SHARED_DIR) + "/models/stories260K/stories260K.bin");
+  // The bias from plain decoding's first tokens: the favourite banned, the runner-up up by 1.
+  const auto unbiased = sample(w, nullptr, 1000000);
+  std::map<int32_t, int> first;
+  for (const auto& [tokens, n] : unbiased) first[tokens[0]] += n;
+  std::vector<std::pair<int, int32_t>> ranked;
+  for (const auto& [t, n] : first) ranked.emplace_back(-n, t);
+  std::sort(ranked.begin(), ranked.end());
+  ASSERT_GE(ranked.size(), 2u);
+  std::vector<std::pair<int32_t, float>> bias = {{ranked[0].second, -100.0f},
+                                                 {ranked[1].second, 1.0f}};
+  std::sort(bias.begin(), bias.end());
+  const auto plain = sample(w, nullptr, 6000000, -1, bias);
+  EXPECT_LT(homogeneity_p(unbiased, plain), 1e-3) << "the bias should change the distribution";
+  for (const auto& [tokens, n] : plain)
+    EXPECT_EQ(std::count(tokens.begin(), tokens.end(), ranked[0].second), 0) << "banned token";
+
+  SpecConfig ngram;
+  ngram.method = SpecMethod::kNgram;
+  auto p1 = make_proposer(ngram, w);
+  const double p_ngram = homogeneity_p(plain, sample(w, p1.get(), 7000000, -1, bias));
+  std::printf("n-gram vs plain, logit bias: p = %.4f\n", p_ngram);
+  EXPECT_GT(p_ngram, 1e-3);
+
+  SpecConfig medusa;
+  medusa.method = SpecMethod::kMedusa;
+  medusa.head_path = std::string(ARBOR_TEST_DATA_DIR) + "/spec/random/medusa_stories260K";
+  medusa.tree = "product-4-3-2";
+  auto p2 = make_proposer(medusa, w);
+  const double p_medusa = homogeneity_p(plain, sample(w, p2.get(), 8000000, -1, bias));
+  std::printf("medusa vs plain, logit bias: p = %.4f\n", p_medusa);
+  EXPECT_GT(p_medusa, 1e-3);
 }
 
 }  // namespace

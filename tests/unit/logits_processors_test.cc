@@ -1,8 +1,9 @@
 // Logits processors against Hugging Face transformers: tests/data/sampling/processors.json holds
-// random fp32 logits pushed through HF's RepetitionPenalty / Temperature / TopK / TopP / MinP
-// processors (and OpenAI presence/frequency penalties in numpy), alone and chained in generate's
-// order (scripts/make_sampling_fixtures.py). We compare the surviving token set exactly, the
-// surviving logits and the renormalised probabilities within fp32 rounding.
+// random fp32 logits pushed through HF's SequenceBias (OpenAI logit_bias) / RepetitionPenalty /
+// Temperature / TopK / TopP / MinP processors (and OpenAI presence/frequency penalties in numpy),
+// alone and chained in generate's order (scripts/make_sampling_fixtures.py). We compare the
+// surviving token set exactly, the surviving logits and the renormalised probabilities within
+// fp32 rounding. The logit bias is also checked against hand-computed values.
 #include "engine/sampling/logits_processors.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/core/error.h"
@@ -40,6 +43,9 @@ SamplingParams params_of(const nlohmann::json& p) {
   s.repetition_penalty = p.value("repetition_penalty", 1.0f);
   s.presence_penalty = p.value("presence_penalty", 0.0f);
   s.frequency_penalty = p.value("frequency_penalty", 0.0f);
+  if (p.contains("logit_bias"))
+    for (const auto& entry : p["logit_bias"])
+      s.logit_bias.emplace_back(entry[0].get<int32_t>(), entry[1].get<float>());
   return s;
 }
 
@@ -47,7 +53,14 @@ TEST(LogitsProcessors, MatchTransformers) {
   const nlohmann::json fixture = load_fixture();
   ASSERT_TRUE(fixture.contains("cases"));
   ASSERT_GE(fixture["cases"].size(), 20u);
+  int bias_cases = 0, bias_and_penalty_cases = 0;
   for (const auto& c : fixture["cases"]) {
+    if (c["params"].contains("logit_bias")) {
+      ++bias_cases;
+      bias_and_penalty_cases += c["params"].value("repetition_penalty", 1.0f) != 1.0f ||
+                                c["params"].value("presence_penalty", 0.0f) != 0.0f ||
+                                c["params"].value("frequency_penalty", 0.0f) != 0.0f;
+    }
     SCOPED_TRACE(c["name"].get<std::string>());
     const Sampler sampler(params_of(c["params"]));
     const auto logits = c["logits"].get<std::vector<float>>();
@@ -77,6 +90,33 @@ TEST(LogitsProcessors, MatchTransformers) {
       total += probs[i];
     }
     EXPECT_NEAR(total, 1.0, 1e-5);
+  }
+  EXPECT_GE(bias_cases, 10) << "the fixture predates logit_bias (re-run the script)";
+  EXPECT_GE(bias_and_penalty_cases, 5);
+}
+
+TEST(LogitsProcessors, LogitBiasAddsToTheRawLogit) {
+  std::vector<float> x = {1.0f, -2.0f, 0.5f, -kInf, 3.0f};
+  const std::vector<std::pair<int32_t, float>> bias = {{0, 2.5f}, {2, -100.0f}, {3, 100.0f}};
+  apply_logit_bias(x, bias);
+  // 1 + 2.5; 0.5 - 100 in fp32; -inf stays -inf; untouched ids unchanged.
+  EXPECT_EQ(x, (std::vector<float>{3.5f, -2.0f, -99.5f, -kInf, 3.0f}));
+  apply_logit_bias(x, {});
+  EXPECT_EQ(x, (std::vector<float>{3.5f, -2.0f, -99.5f, -kInf, 3.0f}));
+}
+
+TEST(LogitsProcessors, LogitBiasRefusesIdsOutsideTheVocabularyWithoutTouchingLogits) {
+  for (int32_t bad : {5, 1 << 30, -1}) {
+    std::vector<float> x = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f};
+    const std::vector<std::pair<int32_t, float>> bias = {{0, 1.0f}, {bad, 1.0f}};
+    try {
+      apply_logit_bias(x, bias);
+      ADD_FAILURE() << "id " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(x, (std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f, 5.0f})) << "changed before the throw";
   }
 }
 

@@ -1,11 +1,13 @@
 // The engine side of backend sampling (engine/spec/device_verify.h): a TreeSampleBuilder batch
 // run by the reference implementation (sample_trees_on_host) gives exactly verify()'s result on
 // the same logits, and leaves each request's Rng exactly where verify() leaves it, for random
-// trees (deterministic and sampled children), every sampling parameter and penalty contexts;
-// several items share one batch. Malformed batches are rejected naming the field. The CUDA
+// trees (deterministic and sampled children), every sampling parameter, logit biases (greedy
+// and sampled) and penalty contexts; several items share one batch. Malformed batches are
+// rejected naming the field. The CUDA
 // implementation is compared with this reference in tests/cuda/cuda_sampling_test.cc.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <random>
 #include <string>
@@ -50,6 +52,10 @@ SamplingParams variant(int v) {
       p.top_k = 1;
       break;
   }
+  // Every other cycle of the seven: the same parameters with a logit bias (an id all but banned,
+  // the others moved both ways), so greedy and sampled items, with and without penalties, see
+  // a bias.
+  if ((v / 7) % 2 == 1) p.logit_bias = {{0, 1.5f}, {2, -100.0f}, {5, 0.75f}, {7, -2.0f}};
   return p;
 }
 
@@ -86,7 +92,7 @@ DraftTree random_tree(std::mt19937& rng, int32_t vocab, int32_t root, bool sampl
 TEST(TreeSampling, BuilderAndHostReferenceEqualVerify) {
   std::mt19937 rng(123);
   const testing::ToyModel model{8, 2.5f, 7};
-  int items = 0, accepted = 0, sampled_items = 0;
+  int items = 0, accepted = 0, sampled_items = 0, biased_items = 0, bias_changed = 0;
   for (int round = 0; round < 60; ++round) {
     TreeSampleBuilder builder(model.vocab);
     std::vector<float> logits;  // rows of every item, in order
@@ -119,7 +125,22 @@ TEST(TreeSampling, BuilderAndHostReferenceEqualVerify) {
       builder.add(tree, first_row, params, prompt, output, rngs.back().get());
       want.push_back({r, direct.next_u64(), rngs.back().get()});
       sampled_items += !params.greedy();
+      if (!params.logit_bias.empty()) {
+        // The bias matters here: without it verify() decides differently on some items.
+        SamplingParams unbiased = params;
+        unbiased.logit_bias.clear();
+        Rng again(seed);
+        const VerifyResult u =
+            verify(tree, rows, model.vocab, Sampler(unbiased), prompt, output, again);
+        bias_changed += u.accepted_nodes != r.accepted_nodes || u.bonus_token != r.bonus_token;
+        ++biased_items;
+      }
     }
+    const TreeSampleBatch& b = builder.batch();
+    ASSERT_EQ(b.bias_indptr.size(), static_cast<size_t>(builder.size()) + 1);
+    for (int32_t i = 0; i < builder.size(); ++i)
+      EXPECT_EQ(b.bias_indptr[i + 1] - b.bias_indptr[i],
+                static_cast<int32_t>(variant(round * 5 + i).logit_bias.size()));
     TreeSampleResult out;
     sample_trees_on_host(logits, model.vocab, builder.batch(), &out);
     for (int32_t i = 0; i < builder.size(); ++i) {
@@ -136,6 +157,24 @@ TEST(TreeSampling, BuilderAndHostReferenceEqualVerify) {
   }
   EXPECT_GT(accepted, 20);
   EXPECT_GT(sampled_items, items / 2);
+  EXPECT_GT(biased_items, items / 3);
+  EXPECT_GT(bias_changed, biased_items / 4) << "the bias should change the outcome often";
+}
+
+TEST(TreeSampling, LogitBiasIdOutsideTheVocabularyIsRefused) {
+  TreeSampleBuilder builder(10);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  Rng rng(1);
+  SamplingParams p;
+  p.logit_bias = {{4, 1.0f}, {10, 2.0f}};
+  try {
+    builder.add(DraftTree::root_only(3), 0, p, prompt, {}, &rng);
+    ADD_FAILURE() << "id 10 accepted with vocab 10";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("logit_bias token id 10"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(builder.size(), 0) << "nothing added";
 }
 
 TEST(TreeSampling, WrongRootAndMalformedBatchesAreRejected) {
@@ -144,6 +183,7 @@ TEST(TreeSampling, WrongRootAndMalformedBatchesAreRejected) {
   Rng rng(1);
   SamplingParams p;
   EXPECT_THROW(builder.add(DraftTree::root_only(4), 0, p, prompt, {}, &rng), Error);
+  p.logit_bias = {{2, 1.5f}, {7, -3.0f}};
   builder.add(DraftTree{{-1, 0, 0}, {3, 5, 6}, {}, {}}, 0, p, prompt, {}, &rng);
   const TreeSampleBatch good = builder.batch();
   EXPECT_NO_THROW(validate_tree_sample_batch(good, 10, 3));
@@ -169,6 +209,34 @@ TEST(TreeSampling, WrongRootAndMalformedBatchesAreRejected) {
   expect_bad("temperature", [](TreeSampleBatch& b) { b.params[0].temperature = 0.0f; });
   expect_bad("q_row", [](TreeSampleBatch& b) { b.q_row = {0, -1, -1}; });
   expect_bad("node_indptr", [](TreeSampleBatch& b) { b.node_indptr.back() = 2; });
+  expect_bad("bias_token[1] is 10", [](TreeSampleBatch& b) { b.bias_token[1] = 10; });
+  expect_bad("bias_token[0] is -1", [](TreeSampleBatch& b) { b.bias_token[0] = -1; });
+  expect_bad("bias_token of item 0 is not strictly ascending", [](TreeSampleBatch& b) {
+    b.bias_token = {7, 2};
+  });
+  expect_bad("bias_value[0] is 150", [](TreeSampleBatch& b) { b.bias_value[0] = 150.0f; });
+  expect_bad("bias_value[1] is nan", [](TreeSampleBatch& b) { b.bias_value[1] = std::nanf(""); });
+  expect_bad("bias_value has 1 entries", [](TreeSampleBatch& b) { b.bias_value.pop_back(); });
+  expect_bad("bias_indptr", [](TreeSampleBatch& b) { b.bias_indptr.back() = 1; });
+  expect_bad("bias_indptr", [](TreeSampleBatch& b) { b.bias_indptr.clear(); });
+  expect_bad(
+      "logit bias entries, at most 1024",
+      [](TreeSampleBatch& b) {
+        b.bias_token.clear();
+        b.bias_value.clear();
+        for (int32_t t = 0; t < 1025; ++t) {
+          b.bias_token.push_back(t);
+          b.bias_value.push_back(0.5f);
+        }
+        b.bias_indptr = {0, 1025};
+      },
+      3);
+  // An empty CSR means no bias at all (batches built before the bias existed).
+  TreeSampleBatch no_bias = good;
+  no_bias.bias_indptr.clear();
+  no_bias.bias_token.clear();
+  no_bias.bias_value.clear();
+  EXPECT_NO_THROW(validate_tree_sample_batch(no_bias, 10, 3));
 }
 
 }  // namespace

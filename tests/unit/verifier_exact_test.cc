@@ -4,9 +4,11 @@
 // first one, two and three emitted tokens must equal plain decoding's (products of
 // Sampler::probs along the sequence, penalties and filters included) to 1e-9. Trees: chains,
 // branching static trees, mc_sim_7b_63, duplicate siblings, i.i.d. sampled proposals with a real
-// q (zeros in q and in p), mixed sampled / deterministic nodes, a root-only tree, and requests
-// with penalties over a non-empty output. Two deliberately wrong verifiers (no residual update;
-// sampled proposals treated as one-hot) must be caught by the same comparison.
+// q (zeros in q and in p), mixed sampled / deterministic nodes, a root-only tree, requests
+// with penalties over a non-empty output, and a logit bias (alone, with penalties, with top-k).
+// Deliberately wrong verifiers (no residual update; sampled proposals treated as one-hot;
+// penalties that ignore the path; a target that ignores the logit bias) must be caught by the
+// same comparison.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -139,6 +141,36 @@ TEST(VerifierExact, PenaltiesAlongThePathMatchPlainDecoding) {
   expect_exact(sampled, 3, "penalties, sampled tree");
 }
 
+// The logit bias is part of the target p at every node (the proposals know nothing of it): a
+// bias that promotes a token the draft never ranks first, bans another, and meets the penalties
+// on the path.
+TEST(VerifierExact, LogitBiasMatchesPlainDecoding) {
+  SamplingParams params = plain(1.0f);
+  params.logit_bias = {{0, 1.2f}, {2, -100.0f}, {4, -0.8f}};
+  const SpecSetup chain{
+      target5(), params, {3, 1}, {}, static_proposer(resolve_static_tree("chain-3"), draft5())};
+  expect_exact(chain, 3, "logit bias, chain");
+  const SpecSetup sampled{
+      target5(), params, {3, 1}, {0}, sampled_proposer(draft5(), 4, 3, 2, true)};
+  expect_exact(sampled, 3, "logit bias, sampled tree");
+  params.temperature = 0.8f;
+  params.top_k = 3;
+  params.repetition_penalty = 1.5f;
+  params.presence_penalty = 0.4f;
+  params.frequency_penalty = 0.2f;
+  const SpecSetup penalised{
+      target5(),
+      params,
+      {1, 2, 1},
+      {0, 0, 4},
+      static_proposer(parse_tree_choices("[[0],[1],[0,0],[0,1],[0,0,0]]", "t"), target5())};
+  expect_exact(penalised, 3, "logit bias, penalties and top-k");
+  // The bias reshaped p: plain decoding's joint differs from the unbiased one.
+  SpecSetup unbiased = penalised;
+  unbiased.params.logit_bias.clear();
+  EXPECT_GT(max_abs_difference(target_joint(penalised, 2), target_joint(unbiased, 2)), 0.01);
+}
+
 TEST(VerifierExact, WrongVerifiersAreCaught) {
   auto error = [](const SpecSetup& s, Bug bug) {
     return max_abs_difference(exact_step_joint(s, 2, buggy_verifier(bug)), target_joint(s, 2));
@@ -159,6 +191,11 @@ TEST(VerifierExact, WrongVerifiersAreCaught) {
   const SpecSetup path{
       target5(), penalised, {1}, {}, static_proposer(resolve_static_tree("chain-2"), target5())};
   EXPECT_GT(error(path, Bug::kPathlessPenalty), 1e-3);
+  SamplingParams biased = plain(1.0f);
+  biased.logit_bias = {{0, 1.2f}, {2, -100.0f}};
+  const SpecSetup bias{
+      target5(), biased, {3}, {}, static_proposer(resolve_static_tree("chain-2"), draft5())};
+  EXPECT_GT(error(bias, Bug::kBiaslessTarget), 0.01);
 }
 
 // Not a bug: the one-hot rule is lossless for any proposal that does not look at the verifier's

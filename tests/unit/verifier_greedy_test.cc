@@ -2,13 +2,14 @@
 // sample_token, penalties included) of the toy model gives the token sequence; the verifier must
 // accept the deepest tree node whose path spells a prefix of it (lowest index among equals) and
 // emit exactly the greedy tokens. Random trees with duplicate siblings, both greedy entry points
-// (kGreedy, and kRejection / kTypical with a greedy sampler, which must not touch the RNG), and
-// argument errors.
+// (kGreedy, and kRejection / kTypical with a greedy sampler, which must not touch the RNG), a
+// logit bias (alone and with penalties), and argument errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/core/error.h"
@@ -62,6 +63,9 @@ DraftTree random_tree(std::mt19937& gen, int32_t size, int32_t vocab, int32_t ro
   return tree;
 }
 
+// Over the toy model's 6 tokens: one banned, two promoted by about the logits' spread.
+const std::vector<std::pair<int32_t, float>> kGreedyBias = {{1, 1.5f}, {3, -100.0f}, {4, 2.0f}};
+
 struct Case {
   std::string name;
   SamplingParams params;
@@ -79,11 +83,18 @@ std::vector<Case> greedy_cases() {
   warm.temperature = 0.8f;
   warm.top_k = 3;
   warm.repetition_penalty = 1.3f;
+  SamplingParams biased = greedy;
+  biased.logit_bias = kGreedyBias;
+  SamplingParams biased_penalised = penalised;
+  biased_penalised.logit_bias = kGreedyBias;
   return {{"greedy", greedy, VerifyMode::kGreedy},
           {"greedy sampler, rejection mode", greedy, VerifyMode::kRejection},
           {"greedy sampler, typical mode", greedy, VerifyMode::kTypical},
           {"penalised greedy", penalised, VerifyMode::kRejection},
-          {"argmax of a sampling config", warm, VerifyMode::kGreedy}};
+          {"argmax of a sampling config", warm, VerifyMode::kGreedy},
+          {"biased greedy", biased, VerifyMode::kRejection},
+          {"biased greedy, greedy mode", biased, VerifyMode::kGreedy},
+          {"biased penalised greedy", biased_penalised, VerifyMode::kRejection}};
 }
 
 TEST(VerifierGreedy, MatchesBruteForceOnRandomTrees) {
@@ -130,6 +141,22 @@ TEST(VerifierGreedy, MatchesBruteForceOnRandomTrees) {
     }
   }
   EXPECT_GT(total_accepted, 2 * trees);  // the trees really exercised deep acceptance
+}
+
+// The bias cases above test something: greedy decoding with the bias is another sequence, and
+// never emits the banned token.
+TEST(VerifierGreedy, TheLogitBiasChangesGreedyDecoding) {
+  const ToyModel model{6, 2.0f, 77};
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  SamplingParams biased = greedy;
+  biased.logit_bias = kGreedyBias;
+  const std::vector<int32_t> prompt = {0, 5, 2};
+  const std::vector<int32_t> plain = greedy_decode(model, Sampler(greedy), prompt, {}, 45);
+  const std::vector<int32_t> with_bias = greedy_decode(model, Sampler(biased), prompt, {}, 45);
+  EXPECT_NE(plain, with_bias);
+  EXPECT_EQ(std::count(with_bias.begin(), with_bias.end(), 3), 0);
+  EXPECT_GT(std::count(plain.begin(), plain.end(), 3), 0) << "banning 3 should matter";
 }
 
 // Duplicate siblings: the second copy holds the deeper match; a first-match walk would stop at

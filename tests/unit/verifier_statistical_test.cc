@@ -3,7 +3,7 @@
 // 200000 runs per configuration, and a chi-square test of the joint distribution of the first
 // three tokens against plain decoding's exact joint (products of Sampler::probs).
 // False-alarm rate: each configuration's check fires with probability 1e-6 for a correct
-// verifier (4e-6 for the four), fixed once the seeds are chosen, so the test is deterministic.
+// verifier (5e-6 for the five), fixed once the seeds are chosen, so the test is deterministic.
 // Power: a verifier that skips the residual update, and one that updates p as for one-hot
 // proposals after a real-q rejection, exceed the same threshold.
 #include <gtest/gtest.h>
@@ -170,6 +170,19 @@ TEST(VerifierStatistical, PenaltiesAndFilters) {
                    {3, 3},
                    sampled_proposer(ToyModel{4, 1.0f, 10}, 4, 2, 2, true)},
                   4, "penalties and top-p");
+}
+
+TEST(VerifierStatistical, LogitBias) {
+  SamplingParams params;
+  params.temperature = 0.9f;
+  params.repetition_penalty = 1.3f;
+  params.logit_bias = {{0, -1.0f}, {1, 2.0f}, {3, -3.0f}};
+  expect_lossless({ToyModel{4, 1.0f, 11},
+                   params,
+                   {2, 1},
+                   {0},
+                   sampled_proposer(ToyModel{4, 1.0f, 12}, 4, 2, 2, true)},
+                  7, "logit bias and repetition penalty");
 }
 
 TEST(VerifierStatistical, WrongVerifiersAreDetected) {

@@ -328,14 +328,18 @@ enum class Bug {
   kNoResidualUpdate,  // on rejection keep p as it was
   kOneHotResidual,    // sampled child: accept with min(1, p/q) but update p as for one-hot
   kPathlessPenalty,   // p at a node penalises the output only, not the path's tokens
+  kBiaslessTarget,    // p ignores the request's logit bias (the raw model's distribution)
 };
 
 // A deliberately wrong verifier (the rejection walk with one mistake), to show that the exact
 // and statistical tests catch such mistakes.
 VerifyFn buggy_verifier(Bug bug) {
   return [bug](const DraftTree& tree, std::span<const float> logits, int64_t vocab,
-               const Sampler& sampler, std::span<const int32_t> prompt,
+               const Sampler& request_sampler, std::span<const int32_t> prompt,
                std::span<const int32_t> output, VerifyRandomness& r) {
+    SamplingParams params = request_sampler.params();
+    if (bug == Bug::kBiaslessTarget) params.logit_bias.clear();
+    const Sampler sampler(params);
     const TreeLayout layout = layout_tree(tree.parent, 0);
     std::vector<int32_t> history(output.begin(), output.end());
     VerifyResult result;

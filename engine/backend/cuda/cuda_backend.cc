@@ -1872,15 +1872,17 @@ void CudaBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batc
       task_item.push_back(i);
     }
   const std::vector<int32_t> no_q(batch.q_row.empty() ? static_cast<size_t>(nodes) : 0, -1);
+  const bool any_bias = !batch.bias_token.empty();
   Packer pk;
   const size_t o_params = pk.add(batch.params), o_nodes = pk.add(batch.node_indptr),
                o_rows = pk.add(batch.logits_row), o_parent = pk.add(batch.parent),
                o_token = pk.add(batch.token),
                o_qrow = pk.add(batch.q_row.empty() ? no_q : batch.q_row), o_q = pk.add(batch.q),
                o_ctx = pk.add(batch.ctx_indptr), o_ctx_tok = pk.add(batch.ctx_token),
-               o_ctx_cnt = pk.add(batch.ctx_output_count), o_uptr = pk.add(batch.uniform_indptr),
-               o_u = pk.add(batch.uniforms), o_tnode = pk.add(task_node),
-               o_titem = pk.add(task_item);
+               o_ctx_cnt = pk.add(batch.ctx_output_count), o_bias = pk.add(batch.bias_indptr),
+               o_bias_tok = pk.add(batch.bias_token), o_bias_val = pk.add(batch.bias_value),
+               o_uptr = pk.add(batch.uniform_indptr), o_u = pk.add(batch.uniforms),
+               o_tnode = pk.add(task_node), o_titem = pk.add(task_item);
   uint8_t* host = s.sample_meta.begin(pk.size(), "sample_trees");
   pk.write(host);
   s.sample_meta.commit(pk.size(), s.stream, "sample_trees");
@@ -1910,6 +1912,11 @@ void CudaBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batc
   p.ctx_indptr = reinterpret_cast<const int32_t*>(meta + o_ctx);
   p.ctx_token = reinterpret_cast<const int32_t*>(meta + o_ctx_tok);
   p.ctx_output_count = reinterpret_cast<const int32_t*>(meta + o_ctx_cnt);
+  if (any_bias) {  // else the kernel skips the bias (bias_indptr may be empty then)
+    p.bias_indptr = reinterpret_cast<const int32_t*>(meta + o_bias);
+    p.bias_token = reinterpret_cast<const int32_t*>(meta + o_bias_tok);
+    p.bias_value = reinterpret_cast<const float*>(meta + o_bias_val);
+  }
   p.uniform_indptr = reinterpret_cast<const int32_t*>(meta + o_uptr);
   p.uniforms = reinterpret_cast<const double*>(meta + o_u);
   p.task_node = reinterpret_cast<const int32_t*>(meta + o_tnode);
