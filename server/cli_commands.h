@@ -22,6 +22,7 @@ struct GenerateOptions {
   std::string prompt;
   int32_t max_tokens = 128;
   bool no_bos = false;
+  bool echo = false;  // prompt to stdout before the text
   bool ignore_eos = false;
   int32_t threads = 0;  // 0: BLAS default
   int32_t kv_blocks = 256;

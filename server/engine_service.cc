@@ -14,17 +14,20 @@ using Clock = std::chrono::steady_clock;
 // RequestStream
 
 bool RequestStream::next(StreamUpdate* out, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (delivered_done_) return false;
-  cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || done_; });
-  if (pending_.empty() && !done_) return false;
-  out->deltas = std::move(pending_);
-  pending_.clear();
-  out->done = done_;
-  out->usage = usage_;
-  out->error = error_;
-  if (done_) delivered_done_ = true;
-  return true;
+  mu_.LockWhenWithTimeout(absl::Condition(this, &RequestStream::has_output),
+                          absl::FromChrono(timeout));
+  bool got = false;
+  if (!delivered_done_ && has_output()) {
+    out->deltas = std::move(pending_);
+    pending_.clear();
+    out->done = done_;
+    out->usage = usage_;
+    out->error = error_;
+    if (done_) delivered_done_ = true;
+    got = true;
+  }
+  mu_.Unlock();
+  return got;
 }
 
 void RequestStream::cancel() {
@@ -54,6 +57,8 @@ struct EngineService::Live {
   Usage usage;
   Clock::time_point arrival;
   std::vector<ChoiceDelta> out;  // deltas built this iteration
+  std::string error;             // why the engine failed the request (empty: it did not)
+  bool finished = false;         // the stream has been told it is done
 };
 
 EngineService::EngineService(Engine& engine, const Tokenizer& tokenizer,
@@ -63,13 +68,16 @@ EngineService::EngineService(Engine& engine, const Tokenizer& tokenizer,
       tokenizer_(tokenizer),
       stop_token_ids_(std::move(stop_token_ids)),
       options_(options),
-      metrics_(metrics) {
+      metrics_(metrics),
+      limits_(options.limits) {
   const int64_t model_max = engine_.model().config().max_position;
   const auto& kv = engine_.kv();
   const int64_t capacity = static_cast<int64_t>(kv.num_blocks()) * kv.block_size();
   int64_t m = std::min(model_max, capacity);
-  if (options_.max_context > 0) m = std::min<int64_t>(m, options_.max_context);
-  max_context_ = static_cast<int32_t>(m);
+  if (limits_.max_context > 0) m = std::min<int64_t>(m, limits_.max_context);
+  limits_.max_context = static_cast<int32_t>(m);
+  limits_.vocab_size = static_cast<int32_t>(
+      std::min<int64_t>(tokenizer_.vocab_size(), engine_.model().config().vocab_size));
   if (options_.max_queue < 0)
     throw_error(ErrorCode::kInvalidArgument,
                 "max_queue must be >= 0, got " + std::to_string(options_.max_queue));
@@ -77,10 +85,9 @@ EngineService::EngineService(Engine& engine, const Tokenizer& tokenizer,
 
 EngineService::~EngineService() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -88,29 +95,21 @@ void EngineService::start() {
   thread_ = std::thread([this] { loop(); });
 }
 
-std::shared_ptr<RequestStream> EngineService::submit(std::vector<ServiceRequest> requests) {
+std::shared_ptr<RequestStream> EngineService::submit(std::vector<ServiceRequest> requests,
+                                                     bool speculate_requested) {
   if (draining_)
     throw_error(ErrorCode::kUnsupported, "the server is shutting down and takes no new requests");
-  if (requests.empty()) throw_error(ErrorCode::kInvalidArgument, "no prompt given");
+  check_request(requests, limits_, speculate_requested);
   int64_t prompt_tokens = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const GenerationRequest& g = requests[i].gen;
-    const std::string which = requests.size() > 1 ? " (prompt " + std::to_string(i) + ")" : "";
     try {
       engine_.check(g);  // the engine's own request checks; immutable state, any thread
     } catch (const Error& e) {
-      throw_error(e.code(), e.what() + which);
+      throw_error(e.code(), requests.size() > 1
+                                ? e.what() + std::string(" (prompt ") + std::to_string(i) + ")"
+                                : std::string(e.what()));
     }
-    const int64_t total = static_cast<int64_t>(g.prompt.size()) + g.max_tokens;
-    if (total > max_context_)
-      throw_error(ErrorCode::kInvalidArgument,
-                  "this model's maximum context length is " + std::to_string(max_context_) +
-                      " tokens, but " + std::to_string(total) + " were requested (" +
-                      std::to_string(g.prompt.size()) + " in the prompt" + which + ", " +
-                      std::to_string(g.max_tokens) +
-                      " for the completion); reduce the prompt or max_tokens");
-    for (const std::string& s : requests[i].stop)
-      if (s.empty()) throw_error(ErrorCode::kInvalidArgument, "stop strings must not be empty");
     prompt_tokens += static_cast<int64_t>(g.prompt.size());
   }
   auto live = std::make_shared<Live>();
@@ -132,7 +131,7 @@ std::shared_ptr<RequestStream> EngineService::submit(std::vector<ServiceRequest>
   }
   live->requests = std::move(requests);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const int64_t waiting = queued_.load() + static_cast<int64_t>(submitted_.size());
     if (waiting >= options_.max_queue) {
       if (metrics_) metrics_->inc("arbor_requests_rejected_total", 1, "reason=\"queue_full\"");
@@ -145,16 +144,12 @@ std::shared_ptr<RequestStream> EngineService::submit(std::vector<ServiceRequest>
     submitted_.emplace_back(key, live);
     live_++;
   }
-  cv_.notify_all();
   return live->stream;
 }
 
 void EngineService::request_cancel(uint64_t key) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    cancels_.push_back(key);
-  }
-  cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  cancels_.push_back(key);
 }
 
 void EngineService::drain(std::chrono::milliseconds timeout) {
@@ -163,10 +158,9 @@ void EngineService::drain(std::chrono::milliseconds timeout) {
   while (live_.load() > 0 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;  // the loop cancels what is left
   }
-  cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -186,10 +180,7 @@ void EngineService::admit(uint64_t key, const std::shared_ptr<Live>& live) {
       engine_.add(id, r.gen);
     } catch (const Error& e) {
       live->engine_ids.push_back(0);
-      {
-        std::lock_guard<std::mutex> lock(live->stream->mu_);
-        live->stream->error_ = e.what();
-      }
+      live->error = e.what();
       cancel_live(*live, "error");
       return;
     }
@@ -250,8 +241,8 @@ void EngineService::flush(Live& live) {
         live.engine_ids[i] = 0;
       }
   }
-  // Only this (the engine) thread sets done_, so reading it here is race-free.
-  const bool finished_now = done && !live.stream->done_;
+  const bool finished_now = done && !live.finished;
+  if (finished_now) live.finished = true;
   // Callers hold their own reference; erasing the map's must not free `live` under us.
   std::shared_ptr<Live> keep;
   if (finished_now) {
@@ -261,7 +252,7 @@ void EngineService::flush(Live& live) {
     // Counted before the stream can see its end, so a client that has read the whole response
     // already finds the request in /metrics.
     if (metrics_) {
-      const std::string& err = live.stream->error_;
+      const std::string& err = live.error;
       metrics_->inc("arbor_requests_total", 1,
                     err.empty()
                         ? (live.stream->cancelled_ ? "status=\"cancelled\"" : "status=\"ok\"")
@@ -270,13 +261,15 @@ void EngineService::flush(Live& live) {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(live.stream->mu_);
+    absl::MutexLock lock(&live.stream->mu_);  // its waiters re-check their condition on unlock
     for (ChoiceDelta& d : live.out) live.stream->pending_.push_back(std::move(d));
     live.stream->usage_ = live.usage;
-    if (finished_now) live.stream->done_ = true;
+    if (finished_now) {
+      live.stream->error_ = live.error;
+      live.stream->done_ = true;
+    }
   }
   live.out.clear();
-  live.stream->cv_.notify_all();
 }
 
 namespace {
@@ -325,13 +318,15 @@ void EngineService::loop() {
     std::vector<uint64_t> cancels;
     bool stop = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] {
-        return stop_ || !submitted_.empty() || !cancels_.empty() || !engine_.idle();
-      });
+      // Idle: sleep until a front end hands over work. Busy: take what is there and step.
+      if (engine_.idle())
+        mu_.LockWhen(absl::Condition(this, &EngineService::has_work));
+      else
+        mu_.Lock();
       submitted.swap(submitted_);
       cancels.swap(cancels_);
       stop = stop_;
+      mu_.Unlock();
     }
     for (auto& [key, live] : submitted) admit(key, live);
     for (uint64_t key : cancels) {
@@ -359,10 +354,7 @@ void EngineService::loop() {
       std::vector<std::shared_ptr<Live>> all;
       for (auto& [k, l] : by_key_) all.push_back(l);
       for (auto& l : all) {
-        {
-          std::lock_guard<std::mutex> lock(l->stream->mu_);
-          l->stream->error_ = std::string("engine step failed: ") + e.what();
-        }
+        l->error = std::string("engine step failed: ") + e.what();
         cancel_live(*l, "error");
       }
       update_gauges();

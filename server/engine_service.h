@@ -7,19 +7,21 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include <absl/base/thread_annotations.h>
+#include <absl/synchronization/mutex.h>
+
 #include "engine/runner/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/metrics.h"
+#include "server/request_limits.h"
 
 namespace arbor {
 
@@ -73,13 +75,13 @@ class RequestStream {
 
  private:
   friend class EngineService;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<ChoiceDelta> pending_;
-  bool done_ = false;
-  bool delivered_done_ = false;
-  std::string error_;
-  Usage usage_;
+  bool has_output() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !pending_.empty() || done_; }
+  absl::Mutex mu_;
+  std::vector<ChoiceDelta> pending_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool delivered_done_ ABSL_GUARDED_BY(mu_) = false;
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  Usage usage_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> cancelled_{false};
   int32_t num_choices_ = 0;
   int64_t prompt_tokens_ = 0;
@@ -89,7 +91,9 @@ class RequestStream {
 
 struct ServiceOptions {
   int32_t max_queue = 256;  // requests waiting for a running slot; beyond: 429
-  int32_t max_context = 0;  // prompt + max_tokens limit (0: the model's)
+  // Request content limits (server/request_limits.h). limits.max_context 0: the model's (and
+  // never more than the KV cache holds); limits.vocab_size is the tokenizer's.
+  RequestLimits limits;
 };
 
 class EngineService {
@@ -100,16 +104,19 @@ class EngineService {
 
   // Starts the loop thread.
   void start();
-  // Queues one request per prompt (choices numbered prompt-major). Throws arbor::Error:
-  // kInvalidArgument (bad values, named), kResourceExhausted (queue full), kUnsupported when
-  // draining.
-  std::shared_ptr<RequestStream> submit(std::vector<ServiceRequest> requests);
+  // Queues one request per prompt (choices numbered prompt-major) after check_request() (the
+  // one place for content limits). Throws RequestError (a refused field, named),
+  // arbor::Error kResourceExhausted (queue full), kUnsupported when draining.
+  // `speculate_requested`: the client asked for speculation explicitly.
+  std::shared_ptr<RequestStream> submit(std::vector<ServiceRequest> requests,
+                                        bool speculate_requested = false);
   // Stops taking requests, waits until every running one finished (or `timeout`, then cancels
   // the rest), stops the loop.
   void drain(std::chrono::milliseconds timeout);
   bool draining() const { return draining_; }
 
-  int32_t max_context() const { return max_context_; }
+  int32_t max_context() const { return limits_.max_context; }
+  const RequestLimits& limits() const { return limits_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const Engine& engine() const { return engine_; }
   size_t live_requests() const { return live_.load(); }
@@ -125,23 +132,26 @@ class EngineService {
   void finish_choice(Live& live, int32_t index, const std::string& reason, bool natural);
   void flush(Live& live);
   void update_gauges();
+  bool has_work() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !submitted_.empty() || !cancels_.empty();
+  }
 
   Engine& engine_;
   const Tokenizer& tokenizer_;
   std::vector<int32_t> stop_token_ids_;
   ServiceOptions options_;
   Metrics* metrics_;
-  int32_t max_context_;
+  RequestLimits limits_;
 
-  std::mutex mu_;  // guards the queues below
-  std::condition_variable cv_;
-  std::deque<std::pair<uint64_t, std::shared_ptr<Live>>> submitted_;
-  std::vector<uint64_t> cancels_;
-  bool stop_ = false;
+  // Front-end threads hand requests and cancels to the loop thread here.
+  absl::Mutex mu_;
+  std::deque<std::pair<uint64_t, std::shared_ptr<Live>>> submitted_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_key_ ABSL_GUARDED_BY(mu_) = 1;
   std::atomic<bool> draining_{false};
   std::atomic<size_t> live_{0};
   std::atomic<int64_t> queued_{0};  // sequences waiting in the scheduler (loop thread writes)
-  uint64_t next_key_ = 1;
   std::thread thread_;
 
   // Loop thread only.

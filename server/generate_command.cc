@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <functional>
 
+#include <unistd.h>
+
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/runner/generator.h"
@@ -36,6 +38,7 @@ void add_generate_command(CLI::App& app, GenerateOptions* o) {
   c->add_option("--frequency-penalty", o->sampling.frequency_penalty, "OpenAI frequency penalty");
   c->add_option("--seed", o->seed, "Sampling seed (-1: random)");
   c->add_flag("--no-bos", o->no_bos, "Do not prepend BOS");
+  c->add_flag("--echo", o->echo, "Write the prompt to stdout before the generated text");
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past EOS");
   c->add_option("--threads", o->threads, "BLAS threads (0: default)");
   c->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
@@ -141,9 +144,14 @@ int run_generate(const GenerateOptions& o) {
   gc.tree_budget.max_nodes = o.max_tree_nodes;
   if (o.typical) gc.verify.mode = VerifyMode::kTypical;
   Generator gen(*model, gc, proposer.get());
-  IncrementalDecoder decoder(tok, /*skip_special=*/true, /*at_text_start=*/o.prompt.empty());
-  std::fputs(o.prompt.c_str(), stdout);
-  std::fflush(stdout);
+  // stdout gets the generated text alone (with --echo, the prompt before it); logs, progress and
+  // the speed report go to stderr.
+  IncrementalDecoder decoder(tok, /*skip_special=*/true,
+                             /*at_text_start=*/!o.echo || o.prompt.empty());
+  if (o.echo) {
+    std::fputs(o.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const auto results = gen.run({req}, [&](size_t, int32_t id) {
     if (!o.ignore_eos && std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), id) !=
@@ -155,7 +163,8 @@ int run_generate(const GenerateOptions& o) {
   });
   const std::string rest = decoder.finish();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
-  std::fputc('\n', stdout);
+  if (isatty(fileno(stdout))) std::fputc('\n', stdout);  // a file gets the text exactly
+  std::fflush(stdout);
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const GeneratorStats& st = gen.stats();
   const double decode_rate =

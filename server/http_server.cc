@@ -1,6 +1,13 @@
 #include "server/http_server.h"
 
+#include <dirent.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <random>
 #include <thread>
@@ -9,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/core/error.h"
+#include "server/auth.h"
 
 namespace arbor {
 
@@ -22,14 +30,14 @@ struct HttpServer::Impl {
   HttpOptions opt;
   httplib::Server svr;
   std::thread thread;
-  std::mt19937_64 rng{std::random_device{}()};
-  std::mutex rng_mu;
+  absl::Mutex rng_mu;
+  std::mt19937_64 rng ABSL_GUARDED_BY(rng_mu){std::random_device{}()};
 
   Impl(EngineService& s, Metrics& m, ServedModelInfo i, ApiContext a, HttpOptions o)
       : service(s), metrics(m), info(std::move(i)), api(std::move(a)), opt(std::move(o)) {}
 
   std::string new_id(const char* prefix) {
-    std::lock_guard<std::mutex> lock(rng_mu);
+    absl::MutexLock lock(&rng_mu);
     char buf[40];
     std::snprintf(buf, sizeof(buf), "%s%016llx", prefix, static_cast<unsigned long long>(rng()));
     return buf;
@@ -38,9 +46,61 @@ struct HttpServer::Impl {
 
 namespace {
 
+// The listening socket's backlog. cpp-httplib 0.11 (a shared library on Debian) listens with 5,
+// which drops the SYNs of a burst of new connections: their clients wait for the kernel's 1 s
+// retransmit. start() listens again with this backlog (Linux takes a second listen() on a
+// listening socket as a new backlog); the kernel caps it at net.core.somaxconn.
+constexpr int kListenBacklog = 1024;
+
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(dump_json(error_body(e)), "application/json");
+}
+
+// Routes that need the API key when the server has one: the generation API and /tokenize.
+// /health and /metrics stay public (load balancers and Prometheus scrape them).
+bool needs_api_key(const std::string& path) {
+  return path.rfind("/v1/", 0) == 0 || path == "/tokenize";
+}
+
+// The socket of the connection a handler serves. cpp-httplib 0.11 does not hand it to
+// handlers, so it is found by the connection's addresses, unique among open sockets; -1 when
+// not found (the handler then waits without noticing a gone client).
+int connection_fd(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    struct stat st;
+    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t local_len = sizeof local, peer_len = sizeof peer;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0)
+      continue;
+    char local_port[16], peer_host[NI_MAXHOST], peer_port[16];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&local), local_len, nullptr, 0, local_port,
+                    sizeof local_port, NI_NUMERICSERV) != 0 ||
+        getnameinfo(reinterpret_cast<sockaddr*>(&peer), peer_len, peer_host, sizeof peer_host,
+                    peer_port, sizeof peer_port, NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+      continue;
+    if (std::atoi(local_port) == req.local_port && std::atoi(peer_port) == req.remote_port &&
+        req.remote_addr == peer_host) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// The client closed its end (or the connection broke).
+bool connection_closed(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 const char* reason_label(int status) {
@@ -90,10 +150,11 @@ void HttpServer::start() {
 
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     Impl& m = *impl_;
-    if (m.opt.api_key.empty() || req.path.rfind("/v1/", 0) != 0)
+    if (m.opt.api_key.empty() || !needs_api_key(req.path))
       return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
-    if (auth == "Bearer " + m.opt.api_key) return httplib::Server::HandlerResponse::Unhandled;
+    if (same_secret(auth, "Bearer " + m.opt.api_key))
+      return httplib::Server::HandlerResponse::Unhandled;
     m.metrics.inc("arbor_requests_rejected_total", 1, reason_label(401));
     send_error(res, ApiError(401,
                              auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
@@ -152,15 +213,26 @@ void HttpServer::start() {
                     "application/json");
   });
   svr.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    json body;
-    try {
-      body = json::parse(req.body);
-    } catch (const std::exception& e) {
-      throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
-    }
-    if (!body.is_object() || !body.contains("prompt") || !body["prompt"].is_string())
+    const json body = parse_json_body(req.body);
+    if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+    for (const auto& [key, value] : body.items())
+      if (key != "prompt" && key != "add_special_tokens" && key != "model")
+        throw ApiError(400, "Unrecognized request argument supplied: '" + key.substr(0, 64) + "'",
+                       "invalid_request_error", key.substr(0, 64));
+    if (!body.contains("prompt") || !body["prompt"].is_string())
       throw ApiError(400, "'prompt' must be a string", "invalid_request_error", "prompt");
-    const bool add_special = body.value("add_special_tokens", true);
+    if (body.contains("model") && body["model"] != impl_->info.id)
+      throw ApiError(404, "the model does not exist; this server serves '" + impl_->info.id + "'",
+                     "invalid_request_error", "model", "model_not_found");
+    bool add_special = true;
+    if (body.contains("add_special_tokens")) {
+      if (!body["add_special_tokens"].is_boolean())
+        throw ApiError(400,
+                       std::string("'add_special_tokens' must be a boolean, got ") +
+                           body["add_special_tokens"].type_name(),
+                       "invalid_request_error", "add_special_tokens");
+      add_special = body["add_special_tokens"].get<bool>();
+    }
     const auto ids =
         impl_->service.tokenizer().encode(body["prompt"].get<std::string>(), add_special, true);
     res.set_content(
@@ -172,22 +244,15 @@ void HttpServer::start() {
   auto generate = [this](bool chat) {
     return [this, chat](const httplib::Request& req, httplib::Response& res) {
       Impl& m = *impl_;
-      json body;
-      try {
-        body = json::parse(req.body);
-      } catch (const std::exception& e) {
-        m.metrics.inc("arbor_requests_rejected_total", 1, reason_label(400));
-        send_error(res, ApiError(400, std::string("the body is not valid JSON: ") + e.what()));
-        return;
-      }
       std::shared_ptr<ParsedRequest> p;
       std::shared_ptr<RequestStream> stream;
       try {
-        p = std::make_shared<ParsedRequest>(parse_openai_request(body, chat, m.api));
+        p = std::make_shared<ParsedRequest>(parse_openai_body(req.body, chat, m.api));
         if (draining_) throw Error(ErrorCode::kUnsupported, "the server is shutting down");
-        stream = m.service.submit(p->requests);
+        stream = m.service.submit(p->requests, p->speculate_requested);
       } catch (const std::exception& e) {
-        const ApiError a = to_api_error(e);
+        ApiError a = to_api_error(e);
+        if (chat && a.param == "prompt") a.param = "messages";
         m.metrics.inc("arbor_requests_rejected_total", 1, reason_label(a.status));
         send_error(res, a);
         return;
@@ -238,40 +303,49 @@ void HttpServer::start() {
             release);
         return;
       }
-      auto state = std::make_shared<std::vector<ChoiceState>>(stream->num_choices());
-      const auto started = std::chrono::steady_clock::now();
-      res.set_chunked_content_provider(
-          "application/json",
-          [=](size_t, httplib::DataSink& sink) {
-            StreamUpdate u;
-            if (!stream->next(&u, keepalive)) {
-              // JSON allows leading whitespace: after the first second, a space is the
-              // keep-alive that notices a gone client.
-              if (std::chrono::steady_clock::now() - started < std::chrono::seconds(1)) return true;
-              return sink.write(" ", 1);
-            }
-            for (ChoiceDelta& d : u.deltas) {
-              ChoiceState& c = (*state)[static_cast<size_t>(d.index)];
-              c.text += d.text;
-              c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-              if (!d.finish_reason.empty()) c.finish_reason = d.finish_reason;
-            }
-            if (!u.done) return true;
-            std::string out;
-            if (!u.error.empty())
-              out = dump_json(error_body(ApiError(500, u.error, "internal_error")));
-            else
-              out = dump_json(completion_response(*p, id, created, model, *state, u.usage, *tok));
-            if (!sink.write(out.data(), out.size())) return false;
-            sink.done();
-            return true;
-          },
-          release);
+      // Not streamed: wait for the whole result here, so that a request the engine fails
+      // answers 500 with an error body (a status cannot change once sent). A client that
+      // closes its connection meanwhile cancels the request.
+      std::vector<ChoiceState> state(static_cast<size_t>(stream->num_choices()));
+      const int fd = connection_fd(req);
+      StreamUpdate u;
+      while (true) {
+        if (!stream->next(&u, keepalive)) {
+          if (fd >= 0 && connection_closed(fd)) {
+            stream->cancel();
+            res.status = 499;  // nginx's "client closed request"; nobody reads it
+            return;
+          }
+          continue;
+        }
+        for (ChoiceDelta& d : u.deltas) {
+          ChoiceState& c = state[static_cast<size_t>(d.index)];
+          c.text += d.text;
+          c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+          if (!d.finish_reason.empty()) c.finish_reason = d.finish_reason;
+        }
+        if (u.done) break;
+      }
+      if (!u.error.empty()) {
+        send_error(res, ApiError(500, u.error, "internal_error"));
+        return;
+      }
+      res.set_content(dump_json(completion_response(*p, id, created, model, state, u.usage, *tok)),
+                      "application/json");
     };
   };
   svr.Post("/v1/completions", generate(false));
   svr.Post("/v1/chat/completions", generate(true));
 
+  // Our socket options instead of httplib's default, which sets SO_REUSEPORT (a second server
+  // could then bind the same port and take half its connections); the last socket the callback
+  // sees is the one that was bound.
+  int listen_fd = -1;
+  svr.set_socket_options([&listen_fd](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd = sock;
+  });
   if (m.opt.port == 0) {
     port_ = svr.bind_to_any_port(m.opt.host);
   } else {
@@ -281,6 +355,11 @@ void HttpServer::start() {
     throw_error(ErrorCode::kInvalidArgument, "cannot listen on " + m.opt.host + ":" +
                                                  std::to_string(m.opt.port) +
                                                  " (address in use or not local?)");
+  if (listen_fd < 0 || ::listen(listen_fd, kListenBacklog) != 0)
+    spdlog::warn(
+        "HTTP: could not raise the listen backlog to {}: bursts of new connections "
+        "may wait for SYN retransmits",
+        kListenBacklog);
   m.thread = std::thread([this] { impl_->svr.listen_after_bind(); });
 }
 

@@ -1,8 +1,9 @@
 // The OpenAI-compatible HTTP front end (cpp-httplib): /v1/completions, /v1/chat/completions
 // (JSON or SSE streaming), /v1/models, /health, /metrics, /tokenize. Optional bearer API key,
-// body size limit, OpenAI-style error bodies. A client that disconnects cancels its request:
-// streams notice on the next write (SSE keep-alive comments are sent while waiting), and
-// non-streamed responses are sent chunked with whitespace keep-alives before the JSON.
+// body size and nesting limits, OpenAI-style error bodies, a listen backlog of 1024. A client
+// that disconnects cancels its request: streams notice on the next write (SSE keep-alive
+// comments are sent while waiting); a non-streamed request watches its connection while it
+// waits for the whole result, so an engine failure answers 500 with an error body.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 // `arbor`: the command line. Subcommands: generate (stream text from a model), bench (CPU/GPU
 // tokens per second), spec-bench, serve (the OpenAI-compatible HTTP + gRPC server).
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
@@ -9,6 +10,8 @@
 #include "server/cli_commands.h"
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries what a command produces (`arbor generate`'s text).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("arbor"));
   CLI::App app{"arbor: speculative-decoding inference engine"};
   app.require_subcommand(1);
   arbor::GenerateOptions gen;

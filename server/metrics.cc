@@ -8,6 +8,7 @@
 namespace arbor {
 
 Metrics::Metrics() {
+  absl::MutexLock lock(&mu_);
   const std::vector<double> latency = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                        1,     2.5,  5,     10,   30,  60};
   const std::vector<double> per_token = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -48,21 +49,21 @@ void Metrics::define(const std::string& name, const std::string& type, const std
 }
 
 void Metrics::inc(const std::string& name, double v, const std::string& labels) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = families_.find(name);
   ARBOR_CHECK(it != families_.end(), "unknown metric " + name);
   it->second.samples[labels] += v;
 }
 
 void Metrics::set(const std::string& name, double v, const std::string& labels) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = families_.find(name);
   ARBOR_CHECK(it != families_.end(), "unknown metric " + name);
   it->second.samples[labels] = v;
 }
 
 void Metrics::observe(const std::string& name, double v) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = families_.find(name);
   ARBOR_CHECK(it != families_.end() && it->second.type == "histogram", "unknown histogram " + name);
   Family& f = it->second;
@@ -76,7 +77,7 @@ void Metrics::observe(const std::string& name, double v) {
 }
 
 double Metrics::value(const std::string& name, const std::string& labels) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = families_.find(name);
   if (it == families_.end()) return 0;
   if (it->second.type == "histogram") return static_cast<double>(it->second.count);
@@ -95,7 +96,7 @@ std::string num(double v) {
 }  // namespace
 
 std::string Metrics::render() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::ostringstream o;
   for (const auto& [name, f] : families_) {
     o << "# HELP " << name << ' ' << f.help << '\n' << "# TYPE " << name << ' ' << f.type << '\n';

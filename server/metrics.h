@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include <absl/base/thread_annotations.h>
+#include <absl/synchronization/mutex.h>
 
 namespace arbor {
 
@@ -32,9 +34,9 @@ class Metrics {
     uint64_t count = 0;
   };
   void define(const std::string& name, const std::string& type, const std::string& help,
-              std::vector<double> bounds = {});
-  mutable std::mutex mu_;
-  std::map<std::string, Family> families_;
+              std::vector<double> bounds = {}) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  mutable absl::Mutex mu_;
+  std::map<std::string, Family> families_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace arbor

@@ -1,7 +1,10 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <optional>
 
 #include "engine/core/error.h"
 #include "engine/tokenizer/chat_template.h"
@@ -19,6 +22,8 @@ nlohmann::json error_body(const ApiError& e) {
 
 ApiError to_api_error(const std::exception& ex) {
   if (const auto* a = dynamic_cast<const ApiError*>(&ex)) return *a;
+  if (const auto* r = dynamic_cast<const RequestError*>(&ex))
+    return ApiError(400, r->what(), "invalid_request_error", r->param, r->code);
   if (const auto* e = dynamic_cast<const Error*>(&ex)) {
     switch (e->code()) {
       case ErrorCode::kInvalidArgument:
@@ -65,37 +70,47 @@ bool get_bool(const json& body, const char* key, bool def) {
   return v->get<bool>();
 }
 
+// A JSON integer (never a float, not even 16.0: JSON numbers with a fraction or an exponent
+// are floats) within [lo, hi], compared exactly in 64 bits.
 int64_t get_int(const json& body, const char* key, int64_t def, int64_t lo, int64_t hi) {
   const json* v = field(body, key);
   if (!v) return def;
-  if (!v->is_number_integer() && !v->is_number_unsigned()) {
-    if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
-        std::abs(v->get<double>()) < 9e15)
-      ;  // 16.0 is accepted as 16
-    else
-      bad(key, std::string("'") + key + "' must be an integer, got " +
-                   (v->is_number() ? v->dump() : std::string(type_name(*v))));
-  }
-  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi))
-    bad(key,
-        std::string("'") + key + "' must be at most " + std::to_string(hi) + ", got " + v->dump());
-  const double d = v->get<double>();
-  if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
-    bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " +
+  if (!v->is_number_integer())  // covers is_number_unsigned()
+    bad(key, std::string("'") + key + "' must be an integer, got " +
+                 (v->is_number() ? v->dump() : std::string(type_name(*v))));
+  const bool above = v->is_number_unsigned()
+                         ? v->get<uint64_t>() > static_cast<uint64_t>(std::max<int64_t>(hi, 0))
+                         : v->get<int64_t>() > hi;
+  if (above || (!v->is_number_unsigned() && v->get<int64_t>() < lo))
+    bad(key, std::string("'") + key + "' must be an integer in [" + std::to_string(lo) + ", " +
                  std::to_string(hi) + "], got " + v->dump());
-  return static_cast<int64_t>(d);
+  return v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
 }
 
-double get_num(const json& body, const char* key, double def, double lo, double hi) {
+// An integer field held in an int32_t; the ranges themselves are check_request()'s.
+int32_t get_int32(const json& body, const char* key, int32_t def) {
+  return static_cast<int32_t>(get_int(body, key, def, std::numeric_limits<int32_t>::min(),
+                                      std::numeric_limits<int32_t>::max()));
+}
+
+// A number (integers too); finite, as JSON has no NaN (1e999 parses to infinity and is
+// refused by the range checks).
+float get_float(const json& body, const char* key, float def) {
   const json* v = field(body, key);
   if (!v) return def;
   if (!v->is_number())
     bad(key, std::string("'") + key + "' must be a number, got " + type_name(*v));
-  const double d = v->get<double>();
-  if (!(d >= lo && d <= hi))
-    bad(key, std::string("'") + key + "' must be in [" + json(lo).dump() + ", " + json(hi).dump() +
-                 "], got " + v->dump());
-  return d;
+  return static_cast<float>(v->get<double>());
+}
+
+// seed: any 64-bit integer, kept exactly (negative values as their two's complement).
+std::optional<uint64_t> get_seed(const json& body) {
+  const json* v = field(body, "seed");
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer())
+    bad("seed", "'seed' must be an integer in [-2^63, 2^64 - 1], got " +
+                    (v->is_number() ? v->dump() : std::string(type_name(*v))));
+  return v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
 }
 
 std::vector<std::string> get_stop(const json& body) {
@@ -105,7 +120,6 @@ std::vector<std::string> get_stop(const json& body) {
   if (v->is_string()) {
     out.push_back(v->get<std::string>());
   } else if (v->is_array()) {
-    if (v->size() > 16) bad("stop", "'stop' holds at most 16 strings");
     for (const json& s : *v) {
       if (!s.is_string()) bad("stop", "'stop' must be a string or an array of strings");
       out.push_back(s.get<std::string>());
@@ -114,27 +128,132 @@ std::vector<std::string> get_stop(const json& body) {
     bad("stop",
         std::string("'stop' must be a string or an array of strings, got ") + type_name(*v));
   }
-  for (const auto& s : out)
-    if (s.empty()) bad("stop", "'stop' strings must not be empty");
   return out;
 }
 
-std::vector<int32_t> token_array(const json& a, const Tokenizer& tok, const char* param) {
+// {"<token id>": bias, ...} -> (id, bias) sorted by id. Ranges are check_request()'s.
+std::vector<std::pair<int32_t, float>> get_logit_bias(const json& body) {
+  const json* v = field(body, "logit_bias");
+  if (!v) return {};
+  if (!v->is_object())
+    bad("logit_bias", std::string("'logit_bias' must be an object mapping token ids to biases, "
+                                  "got ") +
+                          type_name(*v));
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, bias] : v->items()) {
+    int64_t id = -1;
+    const bool digits =
+        !key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) id = std::stoll(key);
+    if (!digits || id > std::numeric_limits<int32_t>::max())
+      bad("logit_bias", "'logit_bias' keys must be token ids (decimal integers), got '" +
+                            key.substr(0, 32) + "'");
+    if (!bias.is_number())
+      bad("logit_bias", "'logit_bias' values must be numbers, got " + std::string(type_name(bias)) +
+                            " for token " + key);
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias.get<double>()));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<int32_t> token_array(const json& a, const char* param) {
   std::vector<int32_t> ids;
   for (const json& t : a) {
-    if (!t.is_number_integer() && !t.is_number_unsigned())
-      bad(param, std::string("'") + param + "' token arrays must hold integers");
-    const int64_t id = t.get<int64_t>();
-    if (id < 0 || id >= tok.vocab_size())
-      bad(param, "token id " + std::to_string(id) + " in '" + param +
-                     "' is outside the vocabulary of " + std::to_string(tok.vocab_size()));
-    ids.push_back(static_cast<int32_t>(id));
+    if (!t.is_number_integer())
+      bad(param, std::string("'") + param + "' token arrays must hold integers, got " +
+                     (t.is_number() ? t.dump() : std::string(type_name(t))));
+    // Out-of-vocabulary ids are check_request()'s; ids beyond int32 are refused here.
+    if (t.is_number_unsigned() ? t.get<uint64_t>() > std::numeric_limits<int32_t>::max()
+                               : (t.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+                                  t.get<int64_t>() > std::numeric_limits<int32_t>::max()))
+      bad(param,
+          std::string("token id ") + t.dump() + " in '" + param + "' is outside the vocabulary");
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   return ids;
 }
 
-// Chat messages as the template sees them: role and content strings (content parts of type
-// "text" are joined).
+// The request's fields: each is honoured, accepted as changing nothing, or refused by name.
+enum class FieldUse { kHonoured, kNoEffect };
+const std::map<std::string, FieldUse>& known_fields(bool chat) {
+  static const std::map<std::string, FieldUse> common = {
+      {"model", FieldUse::kHonoured},
+      {"stream", FieldUse::kHonoured},
+      {"stream_options", FieldUse::kHonoured},
+      {"n", FieldUse::kHonoured},
+      {"temperature", FieldUse::kHonoured},
+      {"top_p", FieldUse::kHonoured},
+      {"top_k", FieldUse::kHonoured},
+      {"min_p", FieldUse::kHonoured},
+      {"presence_penalty", FieldUse::kHonoured},
+      {"frequency_penalty", FieldUse::kHonoured},
+      {"repetition_penalty", FieldUse::kHonoured},
+      {"logit_bias", FieldUse::kHonoured},
+      {"seed", FieldUse::kHonoured},
+      {"stop", FieldUse::kHonoured},
+      {"max_tokens", FieldUse::kHonoured},
+      {"logprobs", FieldUse::kHonoured},
+      {"ignore_eos", FieldUse::kHonoured},
+      {"speculate", FieldUse::kHonoured},
+      {"speculation", FieldUse::kHonoured},
+      {"user", FieldUse::kNoEffect},
+      {"metadata", FieldUse::kNoEffect},
+      {"store", FieldUse::kNoEffect},
+      {"service_tier", FieldUse::kNoEffect},
+      {"prompt_cache_key", FieldUse::kNoEffect},
+      {"safety_identifier", FieldUse::kNoEffect},
+  };
+  static const std::map<std::string, FieldUse> completions = [] {
+    auto m = common;
+    m["prompt"] = m["echo"] = m["best_of"] = m["suffix"] = FieldUse::kHonoured;
+    return m;
+  }();
+  static const std::map<std::string, FieldUse> chat_fields = [] {
+    auto m = common;
+    m["messages"] = m["max_completion_tokens"] = m["top_logprobs"] = FieldUse::kHonoured;
+    // Checked below: text only / no tools.
+    m["response_format"] = m["tools"] = m["tool_choice"] = m["modalities"] = FieldUse::kHonoured;
+    m["parallel_tool_calls"] = FieldUse::kNoEffect;
+    return m;
+  }();
+  return chat ? chat_fields : completions;
+}
+
+void refuse_unsupported_fields(const json& body, bool chat) {
+  const auto& known = known_fields(chat);
+  for (const auto& [key, value] : body.items()) {
+    if (known.count(key)) continue;
+    bad(key, "Unrecognized request argument supplied: '" + key.substr(0, 64) +
+                 "' (not supported by this server" +
+                 (chat ? ")" : "; /v1/completions takes prompt, not messages)"));
+  }
+  if (chat) {
+    if (const json* rf = field(body, "response_format")) {
+      if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+        bad("response_format", "'response_format' must be an object with a string 'type'");
+      if ((*rf)["type"] != "text")
+        bad("response_format", "'response_format' of type '" +
+                                   (*rf)["type"].get<std::string>().substr(0, 32) +
+                                   "' is not supported: this server generates text only");
+    }
+    if (const json* tools = field(body, "tools"))
+      if (!tools->is_array() || !tools->empty())
+        bad("tools", "'tools' (function calling) is not supported by this server");
+    if (const json* tc = field(body, "tool_choice"))
+      if (!(tc->is_string() && *tc == "none"))
+        bad("tool_choice", "'tool_choice' other than \"none\" is not supported (no tools)");
+    if (const json* mod = field(body, "modalities"))
+      if (!mod->is_array() || mod->size() != 1 || (*mod)[0] != "text")
+        bad("modalities", "'modalities' other than [\"text\"] is not supported");
+  } else if (const json* suffix = field(body, "suffix")) {
+    if (!suffix->is_string() || !suffix->get<std::string>().empty())
+      bad("suffix", "'suffix' (insertion) is not supported by this server");
+  }
+}
+
+// Chat messages as the template sees them: role, content (text parts joined) and name.
 json chat_messages(const json& body) {
   const json* m = field(body, "messages");
   if (!m) bad("messages", "'messages' is required");
@@ -147,12 +266,27 @@ json chat_messages(const json& body) {
     const json* role = field(msg, "role");
     if (!role || !role->is_string()) bad(where + ".role", "'" + where + ".role' must be a string");
     const std::string r = role->get<std::string>();
-    if (r != "system" && r != "user" && r != "assistant" && r != "tool" && r != "developer")
+    if (r != "system" && r != "user" && r != "assistant" && r != "developer")
       bad(where + ".role", "'" + where +
-                               ".role' must be system, user, assistant, tool or developer, got '" +
-                               r + "'");
-    json o = msg;
+                               ".role' must be system, developer, user or assistant, got '" +
+                               r.substr(0, 32) + "'" +
+                               (r == "tool" ? " (tool messages need function calling, which "
+                                              "this server does not support)"
+                                            : ""));
+    json o = json::object();
     o["role"] = r == "developer" ? "system" : r;
+    for (const auto& [key, value] : msg.items()) {
+      if (key == "role" || key == "content" || value.is_null()) continue;
+      if (key == "name") {
+        if (!value.is_string()) bad(where + ".name", "'" + where + ".name' must be a string");
+        o["name"] = value;
+      } else if (key == "refusal" && value.is_string()) {
+        // An assistant turn's refusal text, as the API returns it: the template does not use it.
+      } else {
+        bad(where + "." + key.substr(0, 64),
+            "'" + where + "." + key.substr(0, 64) + "' is not supported by this server");
+      }
+    }
     const json* content = field(msg, "content");
     if (!content) {
       o["content"] = "";
@@ -161,8 +295,8 @@ json chat_messages(const json& body) {
     } else if (content->is_array()) {
       std::string text;
       for (const json& part : *content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string())
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+            !part.contains("text") || !part["text"].is_string())
           bad(where + ".content", "only text content parts are supported");
         text += part["text"].get<std::string>();
       }
@@ -170,15 +304,51 @@ json chat_messages(const json& body) {
     } else {
       bad(where + ".content", "'" + where + ".content' must be a string or an array of parts");
     }
-    out.push_back(o);
+    out.push_back(std::move(o));
   }
   return out;
 }
 
 }  // namespace
 
+nlohmann::json parse_json_body(std::string_view body, int max_depth) {
+  // Depth first, before the parser or anything else walks the value: a body nested 300,000
+  // arrays deep must cost a linear scan, not a recursion per level.
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth)
+        throw ApiError(400,
+                       "the request body nests arrays and objects deeper than " +
+                           std::to_string(max_depth) + " levels (the server's limit)",
+                       "invalid_request_error", "", "json_too_deep");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  try {
+    return json::parse(body);
+  } catch (const std::exception& e) {
+    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
+  }
+}
+
+ParsedRequest parse_openai_body(std::string_view body, bool chat, const ApiContext& ctx) {
+  return parse_openai_request(parse_json_body(body), chat, ctx);
+}
+
 ParsedRequest parse_openai_request(const json& body, bool chat, const ApiContext& ctx) {
   if (!body.is_object()) bad("", "the request body must be a JSON object");
+  refuse_unsupported_fields(body, chat);
   const Tokenizer& tok = *ctx.tokenizer;
   ParsedRequest p;
   p.chat = chat;
@@ -186,58 +356,55 @@ ParsedRequest parse_openai_request(const json& body, bool chat, const ApiContext
   if (model && !model->is_string()) bad("model", "'model' must be a string");
   p.model = model ? model->get<std::string>() : ctx.model_id;
   if (p.model != ctx.model_id)
-    throw ApiError(
-        404,
-        "The model '" + p.model + "' does not exist; this server serves '" + ctx.model_id + "'",
-        "invalid_request_error", "model", "model_not_found");
+    throw ApiError(404,
+                   "The model '" + p.model.substr(0, 256) +
+                       "' does not exist; this server serves '" + ctx.model_id + "'",
+                   "invalid_request_error", "model", "model_not_found");
   p.stream = get_bool(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
+    for (const auto& [key, value] : so->items())
+      if (key != "include_usage" && key != "continuous_usage_stats")
+        bad("stream_options", "'stream_options." + key.substr(0, 64) + "' is not supported");
     p.include_usage = get_bool(*so, "include_usage", false);
   }
-  p.n = static_cast<int32_t>(get_int(body, "n", 1, 1, 128));
-  if (field(body, "best_of") && get_int(body, "best_of", 1, 1, 128) != p.n)
+  p.n = get_int32(body, "n", 1);
+  if (field(body, "best_of") && get_int32(body, "best_of", 1) != p.n)
     bad("best_of", "'best_of' other than n is not supported");
 
   GenerationRequest g;
   SamplingParams& s = g.sampling;
-  s.temperature = static_cast<float>(get_num(body, "temperature", 1.0, 0.0, 2.0));
-  s.top_p = static_cast<float>(get_num(body, "top_p", 1.0, 0.0, 1.0));
-  if (s.top_p <= 0) bad("top_p", "'top_p' must be in (0, 1]");
-  s.top_k = static_cast<int32_t>(get_int(body, "top_k", 0, -1, 1 << 30));
-  s.min_p = static_cast<float>(get_num(body, "min_p", 0.0, 0.0, 1.0));
-  s.presence_penalty = static_cast<float>(get_num(body, "presence_penalty", 0.0, -2.0, 2.0));
-  s.frequency_penalty = static_cast<float>(get_num(body, "frequency_penalty", 0.0, -2.0, 2.0));
-  s.repetition_penalty = static_cast<float>(get_num(body, "repetition_penalty", 1.0, 1e-6, 1e6));
-  if (field(body, "seed"))
-    s.seed = static_cast<uint64_t>(get_int(body, "seed", 0, std::numeric_limits<int64_t>::min(),
-                                           std::numeric_limits<int64_t>::max()));
+  s.temperature = get_float(body, "temperature", 1.0f);
+  s.top_p = get_float(body, "top_p", 1.0f);
+  s.top_k = get_int32(body, "top_k", 0);
+  s.min_p = get_float(body, "min_p", 0.0f);
+  s.presence_penalty = get_float(body, "presence_penalty", 0.0f);
+  s.frequency_penalty = get_float(body, "frequency_penalty", 0.0f);
+  s.repetition_penalty = get_float(body, "repetition_penalty", 1.0f);
+  s.seed = get_seed(body);
+  s.logit_bias = get_logit_bias(body);
   g.ignore_eos = get_bool(body, "ignore_eos", false);
   g.n = p.n;
   g.speculate = true;
   for (const char* key : {"speculate", "speculation"}) {
     if (!field(body, key)) continue;
     g.speculate = get_bool(body, key, true);
-    if (g.speculate && !ctx.speculation_available)
-      bad(key, "speculation is not configured on this server (start it with --spec)");
+    p.speculate_requested = p.speculate_requested || g.speculate;
   }
 
-  const int64_t max_ctx = ctx.max_context;
+  bool default_max_tokens = false;
   if (chat) {
     if (get_bool(body, "logprobs", false)) {
-      p.logprobs = static_cast<int32_t>(get_int(body, "top_logprobs", 0, 0, 20));
+      p.logprobs = get_int32(body, "top_logprobs", 0);
+      if (p.logprobs < 0)
+        bad("top_logprobs", "'top_logprobs' must be in [0, 20], got " + std::to_string(p.logprobs));
     } else if (field(body, "top_logprobs")) {
       bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     }
     const char* mt_key =
         field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    g.max_tokens =
-        static_cast<int32_t>(get_int(body, mt_key, -1, -(int64_t{1} << 40), int64_t{1} << 40));
-    if (g.max_tokens == -1 && !field(body, mt_key))
-      g.max_tokens = 0;  // default below
-    else if (g.max_tokens < 1)
-      bad(mt_key,
-          std::string("'") + mt_key + "' must be at least 1, got " + std::to_string(g.max_tokens));
+    default_max_tokens = field(body, mt_key) == nullptr;
+    g.max_tokens = get_int32(body, mt_key, 0);
     if (!ctx.chat_template)
       throw ApiError(400, "this model has no chat template; use /v1/completions",
                      "invalid_request_error", "messages");
@@ -252,14 +419,13 @@ ParsedRequest parse_openai_request(const json& body, bool chat, const ApiContext
     if (g.prompt.empty()) bad("messages", "the rendered conversation is empty");
     p.requests.push_back(ServiceRequest{g, get_stop(body), true});
   } else {
-    if (const json* lp = field(body, "logprobs"))
-      p.logprobs = static_cast<int32_t>(get_int(body, "logprobs", -1, 0, 20)), (void)lp;
+    if (field(body, "logprobs")) {
+      p.logprobs = get_int32(body, "logprobs", -1);
+      if (p.logprobs < 0)
+        bad("logprobs", "'logprobs' must be in [0, 20], got " + std::to_string(p.logprobs));
+    }
     p.echo = get_bool(body, "echo", false);
-    const bool has_mt = field(body, "max_tokens") != nullptr;
-    g.max_tokens = static_cast<int32_t>(
-        get_int(body, "max_tokens", 16, -(int64_t{1} << 40), int64_t{1} << 40));
-    if (has_mt && g.max_tokens < 1)
-      bad("max_tokens", "'max_tokens' must be at least 1, got " + std::to_string(g.max_tokens));
+    g.max_tokens = get_int32(body, "max_tokens", 16);  // OpenAI's completions default
     const json* prompt = field(body, "prompt");
     if (!prompt) bad("prompt", "'prompt' is required");
     std::vector<std::vector<int32_t>> prompts;
@@ -279,54 +445,34 @@ ParsedRequest parse_openai_request(const json& body, bool chat, const ApiContext
       } else if ((*prompt)[0].is_array()) {
         for (const json& a : *prompt) {
           if (!a.is_array()) bad("prompt", "'prompt' must be a list of token lists");
-          prompts.push_back(token_array(a, tok, "prompt"));
-          texts.push_back(tok.decode(prompts.back(), false));
+          prompts.push_back(token_array(a, "prompt"));
         }
       } else {
-        prompts.push_back(token_array(*prompt, tok, "prompt"));
-        texts.push_back(tok.decode(prompts.back(), false));
+        prompts.push_back(token_array(*prompt, "prompt"));
       }
     } else {
       bad("prompt", "'prompt' must be a string, an array of strings, or token ids");
     }
-    if (prompts.size() > 64) bad("prompt", "at most 64 prompts per request");
+    if (p.echo && texts.empty())
+      for (const auto& ids : prompts) {
+        std::vector<int32_t> known;  // out-of-vocabulary ids are refused by check_request()
+        for (int32_t id : ids)
+          if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
+        texts.push_back(tok.decode(known, false));
+      }
     const std::vector<std::string> stop = get_stop(body);
     for (size_t i = 0; i < prompts.size(); ++i) {
       GenerationRequest gi = g;
       gi.prompt = std::move(prompts[i]);
-      gi.logprobs = p.logprobs;
-      if (gi.prompt.empty()) bad("prompt", "the prompt is empty");
       p.requests.push_back(ServiceRequest{gi, stop, true});
     }
     p.prompt_texts = std::move(texts);
   }
-  const int64_t max_prompt = ctx.max_prompt_tokens > 0 ? ctx.max_prompt_tokens : max_ctx - 1;
   for (ServiceRequest& r : p.requests) {
     r.gen.logprobs = p.logprobs;
-    const int64_t len = static_cast<int64_t>(r.gen.prompt.size());
-    if (len > max_prompt || len >= max_ctx)
-      throw ApiError(
-          400,
-          "This model's maximum context length is " + std::to_string(max_ctx) +
-              " tokens (prompts at most " + std::to_string(std::min(max_prompt, max_ctx - 1)) +
-              "); your prompt has " + std::to_string(len) + " tokens",
-          "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded");
-    if (r.gen.max_tokens == 0)  // chat default: what fits
-      r.gen.max_tokens =
-          static_cast<int32_t>(std::min<int64_t>(ctx.default_max_tokens, max_ctx - len));
-    if (len + r.gen.max_tokens > max_ctx)
-      throw ApiError(400,
-                     "This model's maximum context length is " + std::to_string(max_ctx) +
-                         " tokens; you requested " + std::to_string(len + r.gen.max_tokens) + " (" +
-                         std::to_string(len) + " in the prompt, " +
-                         std::to_string(r.gen.max_tokens) + " for the completion)",
-                     "invalid_request_error", chat ? "max_tokens" : "max_tokens",
-                     "context_length_exceeded");
-    try {
-      r.gen.sampling.validate();
-    } catch (const Error& e) {
-      bad("", e.what());
-    }
+    if (default_max_tokens)  // chat without max_tokens: what fits
+      r.gen.max_tokens = static_cast<int32_t>(std::clamp<int64_t>(
+          ctx.max_context - static_cast<int64_t>(r.gen.prompt.size()), 1, ctx.default_max_tokens));
   }
   return p;
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -33,19 +34,17 @@ class ApiError : public std::runtime_error {
 
 // {"error": {"message", "type", "param", "code"}}
 nlohmann::json error_body(const ApiError& e);
-// arbor::Error -> ApiError (kInvalidArgument 400, kResourceExhausted 429, kUnsupported 503
-// while draining, kNotFound 404, else 500).
+// RequestError -> 400 with its param and code; arbor::Error -> ApiError (kInvalidArgument 400,
+// kResourceExhausted 429, kUnsupported 503 while draining, kNotFound 404, else 500).
 ApiError to_api_error(const std::exception& e);
 
 struct ApiContext {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: chat answers 400
   std::string model_id;
-  int32_t max_context = 0;
-  int32_t max_prompt_tokens = 0;     // 0: max_context - 1
+  int32_t max_context = 0;           // for chat's default max_tokens (limits: check_request())
   int32_t default_max_tokens = 256;  // chat (completions default to OpenAI's 16)
-  bool speculation_available = false;
-  bool add_bos = true;  // completions prompts (chat templates carry their own)
+  bool add_bos = true;               // completions prompts (chat templates carry their own)
 };
 
 struct ParsedRequest {
@@ -57,12 +56,25 @@ struct ParsedRequest {
   // Completions: logprobs = k (-1 none). Chat: logprobs true -> top_logprobs (0..20).
   int32_t logprobs = -1;
   bool echo = false;
+  bool speculate_requested = false;       // "speculate": true given explicitly
   std::vector<std::string> prompt_texts;  // completions with echo: the prompt texts
   std::vector<ServiceRequest> requests;   // one per prompt
 };
 
-// Throws ApiError (400 naming the parameter, 404 for an unknown model).
+// Request bodies nest at most this deep (arrays and objects); deeper ones are refused before
+// the JSON parser or any recursive walk sees them.
+inline constexpr int kMaxJsonDepth = 64;
+
+// A request body as JSON: 400 (code "json_too_deep") when it nests deeper than `max_depth`,
+// 400 when it is not JSON.
+nlohmann::json parse_json_body(std::string_view body, int max_depth = kMaxJsonDepth);
+
+// The wire format -> ServiceRequests: field types, integers as integers, fields this server
+// does not implement refused by name. Throws ApiError (400 naming the parameter, 404 for an
+// unknown model). The content limits are check_request()'s (EngineService::submit).
 ParsedRequest parse_openai_request(const nlohmann::json& body, bool chat, const ApiContext& ctx);
+// parse_json_body + parse_openai_request.
+ParsedRequest parse_openai_body(std::string_view body, bool chat, const ApiContext& ctx);
 
 // Response builders. `id` like "cmpl-..."/"chatcmpl-...", created = unix seconds.
 struct ChoiceState {

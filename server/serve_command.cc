@@ -149,6 +149,8 @@ int run_serve() {
   Metrics metrics;
   ServiceOptions so;
   so.max_queue = cfg.max_queue;
+  so.limits.max_prompt_tokens = cfg.max_prompt_tokens;
+  so.limits.speculation_available = proposer != nullptr;
   EngineService service(engine, tok, bundle.stop_token_ids, so, &metrics);
 
   std::unique_ptr<ChatTemplate> chat;
@@ -179,9 +181,7 @@ int run_serve() {
   api.chat_template = chat.get();
   api.model_id = info.id;
   api.max_context = info.max_context;
-  api.max_prompt_tokens = cfg.max_prompt_tokens;
   api.default_max_tokens = cfg.default_max_tokens;
-  api.speculation_available = proposer != nullptr;
   api.add_bos = tok.spec().add_bos;
 
   service.start();

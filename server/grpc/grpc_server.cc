@@ -2,18 +2,18 @@
 
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <mutex>
-#include <optional>
 #include <vector>
 
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
 #include "arbor.grpc.pb.h"
 #include "engine/core/error.h"
+#include "server/auth.h"
+#include "server/grpc/grpc_request.h"
 
 namespace arbor {
 
@@ -29,13 +29,6 @@ constexpr int kMaxThreads = 256;
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
 // shutdown(): how long calls in flight may go on before gRPC cancels them.
 constexpr auto kShutdownGrace = std::chrono::seconds(5);
-constexpr int32_t kDefaultMaxTokens = 16;  // as OpenAI completions
-constexpr int32_t kMaxLogprobs = 20;
-constexpr int32_t kMaxChoices = 128;
-
-grpc::Status invalid(const std::string& message) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
-}
 
 // arbor::Error (and anything else thrown while handling a call) -> gRPC status.
 grpc::Status to_status(const std::exception& ex) {
@@ -53,27 +46,6 @@ grpc::Status to_status(const std::exception& ex) {
     default:
       return grpc::Status(grpc::StatusCode::INTERNAL, e->what());
   }
-}
-
-// Constant-time comparison: the time a wrong key takes says nothing about the right one.
-bool same_secret(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-std::string fmt_float(float v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(v));
-  return buf;
-}
-
-// `name` must lie in [lo, hi] (NaN never does).
-std::optional<grpc::Status> check_range(const char* name, float v, float lo, float hi) {
-  if (v >= lo && v <= hi) return std::nullopt;
-  return invalid(std::string(name) + " must be in [" + fmt_float(lo) + ", " + fmt_float(hi) +
-                 "], got " + fmt_float(v));
 }
 
 void fill_logprob(const Tokenizer& tok, const TokenLogprob& in, pb::TokenLogprob* out) {
@@ -236,101 +208,19 @@ class ArborService final : public pb::Arbor::Service {
     if (draining_)
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           "the server is shutting down and takes no new requests");
-    if (grpc::Status s = check_model(req.model()); !s.ok()) return s;
     try {
       ServiceRequest sr;
-      if (grpc::Status s = to_service_request(req, &sr); !s.ok()) return s;
+      bool speculate_requested = false;
+      const RequestContext rc{&service_.tokenizer(), info_.id};
+      if (grpc::Status s = convert_generate_request(req, rc, &sr, &speculate_requested); !s.ok())
+        return s;
       std::vector<ServiceRequest> requests;
       requests.push_back(std::move(sr));
-      *stream = service_.submit(std::move(requests));
+      *stream = service_.submit(std::move(requests), speculate_requested);
       return grpc::Status::OK;
     } catch (const std::exception& e) {
       return to_status(e);
     }
-  }
-
-  // The HTTP side's rules (server/openai_api.cc), with messages naming the proto field.
-  grpc::Status to_service_request(const pb::GenerateRequest& req, ServiceRequest* out) const {
-    const Tokenizer& tok = service_.tokenizer();
-    GenerationRequest& g = out->gen;
-    switch (req.prompt_case()) {
-      case pb::GenerateRequest::kText:
-        if (req.text().empty()) return invalid("prompt: 'text' is empty");
-        g.prompt = tok.encode(req.text(), !req.has_add_bos() || req.add_bos(),
-                              /*parse_special=*/true);
-        break;
-      case pb::GenerateRequest::kTokenIds:
-        if (req.token_ids().ids().empty()) return invalid("prompt: 'token_ids' is empty");
-        for (int32_t id : req.token_ids().ids()) {
-          if (id < 0 || id >= tok.vocab_size())
-            return invalid("token id " + std::to_string(id) + " in 'token_ids' is outside the " +
-                           "vocabulary of " + std::to_string(tok.vocab_size()));
-          g.prompt.push_back(id);
-        }
-        break;
-      default:
-        return invalid("prompt: set 'text' or 'token_ids'");
-    }
-
-    g.max_tokens = req.has_max_tokens() ? req.max_tokens() : kDefaultMaxTokens;
-    if (g.max_tokens < 1)
-      return invalid("max_tokens must be at least 1, got " + std::to_string(g.max_tokens));
-    const int64_t max_ctx = service_.max_context();
-    const int64_t len = static_cast<int64_t>(g.prompt.size());
-    if (len >= max_ctx)
-      return invalid("the prompt has " + std::to_string(len) +
-                     " tokens; this model's maximum context length is " + std::to_string(max_ctx) +
-                     " (prompts at most " + std::to_string(max_ctx - 1) + ")");
-    if (len + g.max_tokens > max_ctx)
-      return invalid("max_tokens " + std::to_string(g.max_tokens) + " with a prompt of " +
-                     std::to_string(len) + " tokens exceeds this model's maximum context length " +
-                     "of " + std::to_string(max_ctx) + " tokens");
-
-    SamplingParams& s = g.sampling;
-    s.temperature = req.has_temperature() ? req.temperature() : 1.0f;
-    s.top_p = req.has_top_p() ? req.top_p() : 1.0f;
-    s.top_k = req.top_k();
-    s.min_p = req.min_p();
-    s.presence_penalty = req.presence_penalty();
-    s.frequency_penalty = req.frequency_penalty();
-    s.repetition_penalty = req.has_repetition_penalty() ? req.repetition_penalty() : 1.0f;
-    if (req.has_seed()) s.seed = req.seed();
-    if (auto e = check_range("temperature", s.temperature, 0.0f, 2.0f)) return *e;
-    if (!(s.top_p > 0.0f && s.top_p <= 1.0f))
-      return invalid("top_p must be in (0, 1], got " + fmt_float(s.top_p));
-    if (s.top_k < -1)
-      return invalid("top_k must be -1, 0 (off) or positive, got " + std::to_string(s.top_k));
-    if (auto e = check_range("min_p", s.min_p, 0.0f, 1.0f)) return *e;
-    if (auto e = check_range("presence_penalty", s.presence_penalty, -2.0f, 2.0f)) return *e;
-    if (auto e = check_range("frequency_penalty", s.frequency_penalty, -2.0f, 2.0f)) return *e;
-    if (!(s.repetition_penalty > 0.0f) || std::isinf(s.repetition_penalty))
-      return invalid("repetition_penalty must be positive, got " + fmt_float(s.repetition_penalty));
-    s.validate();  // the engine's own rules (kInvalidArgument)
-
-    g.n = req.has_n() ? req.n() : 1;
-    if (g.n < 1 || g.n > kMaxChoices)
-      return invalid("n must be in [1, " + std::to_string(kMaxChoices) + "], got " +
-                     std::to_string(g.n));
-    g.logprobs = req.has_logprobs() ? req.logprobs() : -1;
-    if (req.has_logprobs() && (g.logprobs < 0 || g.logprobs > kMaxLogprobs))
-      return invalid("logprobs must be in [0, " + std::to_string(kMaxLogprobs) + "], got " +
-                     std::to_string(g.logprobs));
-    g.ignore_eos = req.ignore_eos();
-    g.speculate = !req.has_speculate() || req.speculate();
-    if (req.has_speculate() && req.speculate() && !speculation_available())
-      return invalid(
-          "speculate: speculation is not configured on this server (start it with "
-          "--spec)");
-    for (int i = 0; i < req.stop_size(); ++i) {
-      if (req.stop(i).empty()) return invalid("stop[" + std::to_string(i) + "] is empty");
-      out->stop.push_back(req.stop(i));
-    }
-    out->skip_special = true;
-    return grpc::Status::OK;
-  }
-
-  bool speculation_available() const {
-    return !info_.speculation.empty() && info_.speculation != "off";
   }
 
   // The client cancelled or its deadline passed (or the server shut down): stop generating.
@@ -364,9 +254,9 @@ class GrpcServer::Impl {
       : options(std::move(options)), arbor(service, std::move(info), this->options.api_key) {}
 
   GrpcOptions options;
-  ArborService arbor;                    // outlives `server` (declared before it)
-  std::unique_ptr<grpc::Server> server;  // null until start() and after shutdown()
-  std::mutex mu;                         // start / shutdown
+  ArborService arbor;  // outlives `server` (declared before it)
+  absl::Mutex mu;      // start / shutdown
+  std::unique_ptr<grpc::Server> server ABSL_GUARDED_BY(mu);  // null until start(), after shutdown()
   int port = 0;
 };
 
@@ -379,7 +269,7 @@ GrpcServer::~GrpcServer() {
 
 void GrpcServer::start() {
   Impl& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.mu);
+  absl::MutexLock lock(&m.mu);
   if (m.server) return;
   const std::string& host = m.options.host;
   const bool ipv6 = host.find(':') != std::string::npos && host.front() != '[';
@@ -411,13 +301,13 @@ void GrpcServer::start() {
 void GrpcServer::set_draining() {
   Impl& m = *impl_;
   m.arbor.set_draining();
-  std::lock_guard<std::mutex> lock(m.mu);
+  absl::MutexLock lock(&m.mu);
   if (m.server) m.server->GetHealthCheckService()->SetServingStatus(false);
 }
 
 void GrpcServer::shutdown() {
   Impl& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.mu);
+  absl::MutexLock lock(&m.mu);
   if (!m.server) return;
   m.arbor.set_draining();
   m.server->GetHealthCheckService()->SetServingStatus(false);
