@@ -2,6 +2,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <string_view>
 
 #include "engine/core/error.h"
 #include "engine/tokenizer/tokenizer_loaders.h"
@@ -22,15 +23,20 @@ TokenizerSpec load_llama2c_tokenizer(const std::string& path, int32_t vocab_size
   if (!in) throw_error(ErrorCode::kNotFound, path + ": cannot open llama2.c tokenizer");
   const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   size_t pos = 0;
-  auto read_bytes = [&](void* dst, size_t n, const std::string& what) {
+  // The next n bytes, checked against the file before anything is allocated for them.
+  auto take = [&](size_t n, const std::string& what) {
     if (data.size() - pos < n) {
       throw_error(ErrorCode::kCorruptData, path + ": truncated at byte " + std::to_string(pos) +
                                                " reading " + what + " (needs " + std::to_string(n) +
                                                " bytes, " + std::to_string(data.size() - pos) +
                                                " left)");
     }
-    std::memcpy(dst, data.data() + pos, n);
+    const std::string_view bytes(data.data() + pos, n);
     pos += n;
+    return bytes;
+  };
+  auto read_bytes = [&](void* dst, size_t n, const std::string& what) {
+    std::memcpy(dst, take(n, what).data(), n);
   };
   int32_t max_token_length = 0;
   read_bytes(&max_token_length, 4, "max_token_length");
@@ -56,8 +62,7 @@ TokenizerSpec load_llama2c_tokenizer(const std::string& path, int32_t vocab_size
                                                std::to_string(len) + ", expected 0.." +
                                                std::to_string(max_token_length));
     }
-    std::string piece(static_cast<size_t>(len), '\0');
-    read_bytes(piece.data(), piece.size(), what + " bytes");
+    std::string piece(take(static_cast<size_t>(len), what + " bytes"));
 
     const auto id = static_cast<int32_t>(spec.tokens.size());
     TokenType type = TokenType::kNormal;

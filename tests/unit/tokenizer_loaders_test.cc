@@ -1,6 +1,7 @@
 // The tokenizer loaders: what they read from tok512.bin, tokenizer.json + tokenizer_config.json
 // and GGUF metadata (compared with the files' documentation and Python's gguf reader), and the
 // errors they give for missing, malformed or unsupported input.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -98,6 +99,25 @@ TEST(Llama2cTokenizerLoaderTest, Errors) {
   std::memcpy(bad_length.data() + 8, &huge, 4);  // token 0's length
   const std::string bad = dir.write("bad_length.bin", bad_length);
   expect_error([&] { load_llama2c_tokenizer(bad); }, ErrorCode::kCorruptData, "length 1048576");
+}
+
+// Found by tests/fuzz/llama2c_loader: a 16-byte file claiming a 2 GiB token made the loader
+// allocate (and zero) the 2 GiB before noticing the file ends. The length is now checked against
+// the file first; peak RSS must not grow by anything near the claimed size.
+TEST(Llama2cTokenizerLoaderTest, HugeTokenLengthInATinyFileAllocatesNothing) {
+  TempDir dir;
+  const int32_t huge = INT32_MAX;
+  std::string bytes(16, '\0');
+  std::memcpy(bytes.data(), &huge, 4);      // max_token_length
+  std::memcpy(bytes.data() + 8, &huge, 4);  // token 0's length; 4 bytes follow
+  const std::string path = dir.write("huge_token.bin", bytes);
+  struct rusage before;
+  getrusage(RUSAGE_SELF, &before);
+  expect_error([&] { load_llama2c_tokenizer(path); }, ErrorCode::kCorruptData,
+               "token 0 bytes (needs 2147483647 bytes, 4 left)");
+  struct rusage after;
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024) << "KiB of peak RSS added";
 }
 
 // --- HF tokenizer.json ---------------------------------------------------------------------
