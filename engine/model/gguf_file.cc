@@ -209,11 +209,13 @@ GgufFile GgufFile::open(const std::string& path) {
     (*metadata)[key] = read_value(cur, type, path, key, 0);
   }
   if (metadata->contains("general.alignment")) {
+    // Metadata strings are raw bytes, not necessarily UTF-8: dump() must replace, not throw.
     const auto& a = (*metadata)["general.alignment"];
     const uint64_t align = a.is_number_unsigned() ? a.get<uint64_t>() : 0;
     if (align == 0 || (align & (align - 1)) != 0)
       throw_error(ErrorCode::kCorruptData,
-                  path + ": general.alignment must be a power of two, found " + a.dump());
+                  path + ": general.alignment must be a power of two, found " +
+                      a.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     f.alignment_ = align;
   }
 

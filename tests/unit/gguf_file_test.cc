@@ -229,6 +229,21 @@ TEST(GgufFileCorrupt, UnsupportedTensorTypeNamesTensorAndType) {
                {tmp.file("t99.gguf"), "t_f32", "type99"});
 }
 
+// Found by tests/fuzz/gguf_loader: a general.alignment that is a string of invalid UTF-8 made
+// the error message's json::dump() throw nlohmann's type_error, which no caller expects (the
+// server would have died on it). tests/fuzz/corpus/gguf_loader/alignment_invalid_utf8.gguf.
+TEST(GgufFileCorrupt, NonUtf8AlignmentIsCorruptDataNotAJsonError) {
+  test::TempDir tmp;
+  const std::string key = "general.alignment";
+  std::string bytes = "GGUF" + test::le_bytes<uint32_t>(3) + test::le_bytes<uint64_t>(0) +
+                      test::le_bytes<uint64_t>(1) + test::le_bytes<uint64_t>(key.size()) + key +
+                      test::le_bytes<uint32_t>(8) + test::le_bytes<uint64_t>(2) + "\xFF\xFE";
+  test::write_bytes(tmp.file("align.gguf"), bytes);
+  expect_error([&] { GgufFile::open(tmp.file("align.gguf")); }, ErrorCode::kCorruptData,
+               {tmp.file("align.gguf"), "general.alignment must be a power of two",
+                "\xEF\xBF\xBD\xEF\xBF\xBD"});
+}
+
 // Random byte flips in the header: open() and read_f32() either succeed or throw arbor::Error.
 TEST(GgufFileCorrupt, RandomHeaderCorruptionNeverCrashes) {
   ASSERT_TRUE(require_file(loader_data("quants.gguf")));
