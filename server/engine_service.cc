@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/core/error.h"
+#include "server/stop_strings.h"
 
 namespace arbor {
 
@@ -51,6 +52,7 @@ struct EngineService::Live {
   std::shared_ptr<RequestStream> stream;
   std::vector<ServiceRequest> requests;  // one per prompt
   std::vector<ReqId> engine_ids;         // per prompt (0: not added / gone)
+  std::vector<StopStrings> stops;        // per prompt: its stop strings, matched in linear time
   int32_t n = 1;
   std::vector<Choice> choices;  // [prompts * n]
   int32_t unfinished = 0;
@@ -129,6 +131,7 @@ std::shared_ptr<RequestStream> EngineService::submit(std::vector<ServiceRequest>
       live->choices[i * live->n + j].decoder =
           std::make_unique<IncrementalDecoder>(tokenizer_, requests[i].skip_special, at_text_start);
   }
+  for (const ServiceRequest& r : requests) live->stops.emplace_back(r.stop);
   live->requests = std::move(requests);
   {
     absl::MutexLock lock(&mu_);
@@ -272,22 +275,6 @@ void EngineService::flush(Live& live) {
   live.out.clear();
 }
 
-namespace {
-
-// Length of the longest suffix of `text` that is a proper prefix of some stop string.
-size_t held_suffix(const std::string& text, const std::vector<std::string>& stops) {
-  size_t keep = 0;
-  for (const std::string& s : stops)
-    for (size_t len = std::min(s.size() - 1, text.size()); len > keep; --len)
-      if (text.compare(text.size() - len, len, s, 0, len) == 0) {
-        keep = len;
-        break;
-      }
-  return keep;
-}
-
-}  // namespace
-
 void EngineService::update_gauges() {
   queued_ = static_cast<int64_t>(engine_.scheduler().num_waiting());
   if (!metrics_) return;
@@ -384,22 +371,20 @@ void EngineService::loop() {
       d.index = index;
       d.tokens = ev.tokens;
       d.logprobs = std::move(ev.logprobs);
-      const ServiceRequest& req = live->requests[static_cast<size_t>(it->second.second)];
       std::string text;
       for (int32_t t : ev.tokens) text += c.decoder->push(t);
       std::string reason;
-      if (!req.stop.empty()) {
+      const StopStrings& stops = live->stops[static_cast<size_t>(it->second.second)];
+      if (!stops.empty()) {
         c.held += text;
-        size_t cut = std::string::npos;
-        for (const std::string& s : req.stop) cut = std::min(cut, c.held.find(s));
-        if (cut != std::string::npos) {
-          d.text = c.held.substr(0, cut);
+        const StopStrings::Scan scan = stops.scan(c.held);
+        if (scan.cut != std::string::npos) {
+          d.text = c.held.substr(0, scan.cut);
           c.held.clear();
           reason = "stop";
         } else {
-          const size_t keep = held_suffix(c.held, req.stop);
-          d.text = c.held.substr(0, c.held.size() - keep);
-          c.held.erase(0, c.held.size() - keep);
+          d.text = c.held.substr(0, c.held.size() - scan.keep);
+          c.held.erase(0, c.held.size() - scan.keep);
         }
       } else {
         d.text = std::move(text);

@@ -273,6 +273,29 @@ class Hostile(unittest.TestCase):
         self.assertEqual(code, 200, resp)
         self.assertNotIn(1, resp["tokens"])
 
+    def test_adversarial_stop_strings_do_not_stall_the_engine(self):
+        # logit_bias forces one token; 16 stops of 255 copies of its text plus a byte that never
+        # comes keep 255 bytes held back in each of 32 choices, scanned at every step. The scan
+        # is linear (server/stop_strings.h; tests/unit/stop_strings_test.cc checks it against
+        # the definition); here the request must cost about what it costs without stops.
+        pieces = tok512_pieces()
+        token = next(i for i, p in enumerate(pieces) if p == b"a")
+        body = {"prompt": [1], "max_tokens": 96, "temperature": 0, "n": 32,
+                "logit_bias": {str(token): 100}, "ignore_eos": True}
+
+        def timed(extra):
+            t0 = time.monotonic()
+            code, resp = self.post("/v1/completions", {**body, **extra})
+            self.assertEqual(code, 200, resp)
+            return time.monotonic() - t0, resp
+
+        plain, _ = timed({})
+        stops = [("a" * 255 + chr(ord("b") + k)) for k in range(16)]
+        with_stops, resp = timed({"stop": stops})
+        self.assertEqual({c["finish_reason"] for c in resp["choices"]}, {"length"})
+        self.assertEqual(resp["choices"][0]["text"], "a" * 96)
+        self.assertLess(with_stops, 3 * plain + 1.0, (with_stops, plain))
+
     # -- 8. no field silently ignored --------------------------------------------------------
     def test_unimplemented_fields_are_refused_by_name(self):
         msgs = [{"role": "user", "content": "Hi"}]
