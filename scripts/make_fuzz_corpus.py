@@ -9,7 +9,8 @@ the chat templates. Deterministic; rerun after changing a target's input format:
     python3 scripts/make_fuzz_corpus.py   # needs numpy and gguf (scripts/setup_python.sh)
 
 Reads SmolLM2's vocabulary (models/, scripts/fetch_default_model.sh) for the decoder's id seeds,
-tests/data/chat_templates for the templates and conversations, tests/data/loader/quants.gguf.
+tests/data/chat_templates for the templates and conversations, tests/data/loader/quants.gguf,
+and proto/arbor.proto (compiled with grpcio-tools) for the gRPC requests.
 """
 import json
 import os
@@ -362,6 +363,85 @@ def make_chat_template_source():
           "{# comment #}{%- raw %}{{ raw }}{% endraw -%}")
 
 
+# ----------------------------------------------------------------------------------------------
+# Server requests
+
+
+OPENAI_BODIES = {
+    "completion": {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time",
+                   "max_tokens": 16, "temperature": 0},
+    "completion_full": {"prompt": ["a", "b c"], "max_tokens": 8, "n": 2, "temperature": 0.7,
+                        "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 18446744073709551615,
+                        "presence_penalty": 0.5, "frequency_penalty": -0.5,
+                        "repetition_penalty": 1.1, "stop": ["\n", "The"], "logprobs": 3,
+                        "echo": True, "stream": True, "stream_options": {"include_usage": True},
+                        "logit_bias": {"42": -100, "7": 5.5}, "ignore_eos": True,
+                        "speculate": False, "user": "u1", "best_of": 2, "suffix": None},
+    "completion_token_ids": {"prompt": [1, 2, 3, 49151], "max_tokens": 4},
+    "completion_token_batches": {"prompt": [[1, 2], [3]], "max_tokens": 1, "stop": "x"},
+    "chat": {"model": "SmolLM2-135M-Instruct", "max_tokens": 32, "temperature": 0,
+             "messages": [{"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": "What is the capital of France?"}]},
+    "chat_full": {"messages": [{"role": "developer", "content": "x"},
+                               {"role": "user", "content": [{"type": "text", "text": "Hi "},
+                                                            {"type": "text", "text": "there"}],
+                                "name": "bob"},
+                               {"role": "assistant", "content": None,
+                                "tool_calls": [{"id": "c1", "type": "function",
+                                                "function": {"name": "f", "arguments": "{}"}}]},
+                               {"role": "tool", "content": "42", "tool_call_id": "c1"}],
+                  "max_completion_tokens": 5, "logprobs": True, "top_logprobs": 2, "n": 3,
+                  "stream": True, "response_format": {"type": "text"}, "parallel_tool_calls": False,
+                  "stop": ["<|im_end|>"], "seed": -1, "logit_bias": {"0": 1}},
+    "chat_refused": {"messages": [{"role": "user", "content": "x"}],
+                     "tools": [{"type": "function", "function": {"name": "f"}}],
+                     "tool_choice": "auto", "response_format": {"type": "json_object"}},
+    "wrong_types": {"prompt": {"a": 1}, "max_tokens": "16", "temperature": [1], "n": 2.5,
+                    "stream": "yes", "messages": "hi", "model": 3},
+}
+
+
+def make_openai_request():
+    d = target_dir("openai_request")
+    for name, body in OPENAI_BODIES.items():
+        write(d, name + ".json", json.dumps(body, ensure_ascii=False))
+    write(d, "deep.json", "[" * 70 + "]" * 70)
+    write(d, "not_json.txt", "prompt=hello&max_tokens=5")
+
+
+def make_grpc_request():
+    """Serialized arbor.v1.GenerateRequest messages (Python stubs generated from proto/)."""
+    import importlib
+    import tempfile
+    from grpc_tools import protoc  # scripts/setup_python.sh installs grpcio-tools
+    d = target_dir("grpc_request")
+    with tempfile.TemporaryDirectory() as tmp:
+        proto_dir = os.path.join(ROOT, "proto")
+        if protoc.main(["protoc", f"-I{proto_dir}", f"--python_out={tmp}",
+                        os.path.join(proto_dir, "arbor.proto")]) != 0:
+            sys.exit("protoc failed on proto/arbor.proto")
+        sys.path.insert(0, tmp)
+        pb = importlib.import_module("arbor_pb2")
+        sys.path.pop(0)
+    msgs = {
+        "text": pb.GenerateRequest(text="Once upon a time", max_tokens=16, temperature=0.0),
+        "token_ids": pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 2, 3, 49151]),
+                                        max_tokens=4),
+        "full": pb.GenerateRequest(model="SmolLM2-135M-Instruct", text="<|im_start|>user\nHi",
+                                   max_tokens=8, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05,
+                                   seed=2**64 - 1, presence_penalty=0.5, frequency_penalty=-0.5,
+                                   repetition_penalty=1.1, stop=["\n", "The"], n=2, logprobs=3,
+                                   ignore_eos=True, speculate=False, add_bos=False,
+                                   logit_bias={42: -100.0, 7: 5.5}),
+        "other_model": pb.GenerateRequest(model="gpt-4", text="x"),
+        "no_prompt": pb.GenerateRequest(max_tokens=1),
+        "bad_values": pb.GenerateRequest(text="x", max_tokens=-1, n=0, logprobs=-1, top_k=-2,
+                                         temperature=float("nan"), logit_bias={-1: 1000.0}),
+    }
+    for name, msg in msgs.items():
+        write(d, name + ".bin", msg.SerializeToString())
+
+
 def main():
     if not os.path.exists(SMOLLM2):
         sys.exit(f"{SMOLLM2} is missing: run scripts/fetch_default_model.sh first")
@@ -372,6 +452,8 @@ def main():
     make_gguf()
     make_safetensors()
     make_llama2c()
+    make_openai_request()
+    make_grpc_request()
     for name in sorted(os.listdir(OUT)):
         files = os.listdir(os.path.join(OUT, name))
         size = sum(os.path.getsize(os.path.join(OUT, name, f)) for f in files)
