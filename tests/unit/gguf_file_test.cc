@@ -229,9 +229,11 @@ TEST(GgufFileCorrupt, UnsupportedTensorTypeNamesTensorAndType) {
                {tmp.file("t99.gguf"), "t_f32", "type99"});
 }
 
-// Found by tests/fuzz/gguf_loader: a general.alignment that is a string of invalid UTF-8 made
-// the error message's json::dump() throw nlohmann's type_error, which no caller expects (the
-// server would have died on it). tests/fuzz/corpus/gguf_loader/alignment_invalid_utf8.gguf.
+// Found while writing tests/fuzz/gguf_loader (a review of what else than arbor::Error its error
+// paths can throw; the input below, crafted by hand, crashed the target): a general.alignment
+// that is a string of invalid UTF-8 made the error message's json::dump() throw nlohmann's
+// type_error, which no caller expects (`arbor serve` would have died on it). The input is
+// tests/fuzz/corpus/gguf_loader/alignment_invalid_utf8.gguf.
 TEST(GgufFileCorrupt, NonUtf8AlignmentIsCorruptDataNotAJsonError) {
   test::TempDir tmp;
   const std::string key = "general.alignment";
