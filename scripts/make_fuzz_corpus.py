@@ -361,6 +361,9 @@ def make_chat_template_source():
           "{{ messages|map(attribute='role')|join(',') }}{{ 'x'[1:] ~ (3 // 2) ~ (7 % 3) }}"
           "{% if messages[0].content is string and not none %}{{ raise_exception('no') }}{% endif %}"
           "{# comment #}{%- raw %}{{ raw }}{% endraw -%}")
+    # Past findings, kept as seeds (docs/fuzzing.md): unbounded recursion and nesting.
+    write(d, "recursive_macro.jinja", "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}")
+    write(d, "deep_nesting.jinja", "{{ " + "(" * 300 + "1" + ")" * 300 + " }}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -182,6 +182,51 @@ TEST(JinjaInterpreterTest, RuntimeErrorsNamePosition) {
   }
 }
 
+// Found by review while writing tests/fuzz/chat_template_source (the inputs below, crafted by
+// hand, overflowed the stack of the fuzz build): parsing, rendering and destroying a template
+// recurse, and a template that nests without bound (a macro calling itself, 1000 nested
+// brackets, a 1000-term sum) overflowed the C++ stack -- a crash of `arbor serve` at start-up or
+// on the first chat request. jinja2 stops at Python's recursion limit; arbor now errors too.
+TEST(JinjaInterpreterTest, UnboundedNestingIsAnErrorNotAStackOverflow) {
+  auto expect_failure = [](const std::string& source, const std::string& detail) {
+    SCOPED_TRACE(source.substr(0, 80));
+    try {
+      ChatTemplate tpl(source, "", "");
+      tpl.render(nlohmann::ordered_json::array(), true);
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(detail), std::string::npos) << e.what();
+    }
+  };
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  expect_failure("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",
+                 "maximum recursion depth exceeded");
+  expect_failure("{% macro m(k) %}" + repeat("{% if true %}", 150) + "{{ m(k) }}" +
+                     repeat("{% endif %}", 150) + "{% endmacro %}{{ m(1) }}",
+                 "maximum recursion depth exceeded");
+  expect_failure("{{ " + repeat("(", 1000) + "1" + repeat(")", 1000) + " }}",
+                 "nested deeper than 200 levels");
+  expect_failure("{{ " + repeat("[", 1000) + repeat("]", 1000) + " }}",
+                 "nested deeper than 200 levels");
+  expect_failure(repeat("{% if true %}", 1000) + repeat("{% endif %}", 1000),
+                 "nested deeper than 200 levels");
+  expect_failure("{{ " + repeat("not ", 1000) + "x }}", "nested deeper than 200 levels");
+  expect_failure("{{ " + repeat("1 + ", 5000) + "1 }}", "more than 1000 expression nodes");
+
+  // Nesting real templates use is far from the bounds.
+  const ChatTemplate tpl("{% macro m(k) %}{% if k > 0 %}({{ m(k - 1) }}){% endif %}{% endmacro %}" +
+                             std::string("{{ m(30) }}{{ ") + repeat("(", 20) + "1 + 2" +
+                             repeat(")", 20) + " }}",
+                         "", "");
+  EXPECT_EQ(tpl.render(nlohmann::ordered_json::array(), true),
+            repeat("(", 30) + repeat(")", 30) + "3");
+}
+
 TEST(ChatTemplateTest, MissingTemplateIsNotFound) {
   TokenizerSpec spec;
   try {

@@ -19,6 +19,30 @@ class Parser {
   }
 
  private:
+  // Bounds that keep parsing, rendering and destroying the tree (all recursive) far from the end
+  // of the stack, where jinja2 stops at Python's recursion limit. Real chat templates nest a few
+  // levels and hold tens of expression nodes per tag.
+  static constexpr int kMaxNesting = 200;  // brackets (3 levels each), unary chains, blocks
+  // Per {{ }} or {% %} tag: bounds the height of left-deep chains (a + b + c ..., a.b.c ...,
+  // a|f|g ...), which the parser builds in loops, not by recursion.
+  static constexpr int kMaxNodesPerTag = 1000;
+
+  class Nested {
+   public:
+    explicit Nested(Parser& parser) : parser_(parser) {
+      if (parser_.nesting_ >= kMaxNesting)
+        parser_.fail(parser_.cur(),
+                     "nested deeper than " + std::to_string(kMaxNesting) + " levels");
+      ++parser_.nesting_;
+    }
+    ~Nested() { --parser_.nesting_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    Parser& parser_;
+  };
+
   const Token& cur() const { return tokens_[index_]; }
   const Token& peek(size_t ahead = 1) const {
     return tokens_[std::min(index_ + ahead, tokens_.size() - 1)];
@@ -81,9 +105,11 @@ class Parser {
 
   // Statements until a {% name %} with name in end_names (consumed up to the name).
   NodeList parse_body(const std::vector<std::string>& end_names, std::string* found_end) {
+    const Nested nested(*this);
     NodeList body;
     while (true) {
       const Token& t = cur();
+      tag_nodes_ = 0;
       switch (t.type) {
         case TokenType::kData: {
           auto node = make_node(Node::Kind::kText, t);
@@ -265,6 +291,8 @@ class Parser {
   // ---- expressions ----
 
   ExprPtr make_expr(Expr::Kind kind, const SourcePos& pos) {
+    if (++tag_nodes_ > kMaxNodesPerTag)
+      fail(cur(), "more than " + std::to_string(kMaxNodesPerTag) + " expression nodes in one tag");
     auto e = std::make_unique<Expr>();
     e->kind = kind;
     e->pos = pos;
@@ -311,6 +339,7 @@ class Parser {
   }
 
   ExprPtr parse_condexpr() {
+    const Nested nested(*this);
     ExprPtr expr = parse_or();
     while (is_name("if")) {
       const SourcePos pos = next().pos;
@@ -332,6 +361,7 @@ class Parser {
   }
 
   ExprPtr parse_or() {
+    const Nested nested(*this);
     ExprPtr left = parse_and();
     while (is_name("or")) {
       const SourcePos pos = next().pos;
@@ -350,6 +380,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    const Nested nested(*this);
     if (is_name("not")) {
       auto e = make_expr(Expr::Kind::kUnary, next().pos);
       e->name = "not";
@@ -424,6 +455,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    const Nested nested(*this);
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
       const Token& op = next();
@@ -648,6 +680,8 @@ class Parser {
 
   std::vector<Token> tokens_;
   size_t index_ = 0;
+  int nesting_ = 0;    // Nested levels entered
+  int tag_nodes_ = 0;  // expression nodes made since the current tag began
   int loop_depth_ = 0;
 };
 
