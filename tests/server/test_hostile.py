@@ -478,8 +478,10 @@ class ConnectionBurst(unittest.TestCase):
                       f"median {elapsed[len(elapsed) // 2] * 1000:.1f} ms, all in "
                       f"{total * 1000:.0f} ms", file=sys.stderr)
             # Every connection of a burst answered within 200 ms (the best of three bursts, as
-            # the test machine is shared with other tests).
-            self.assertLess(min(worst), 0.2, worst)
+            # the test machine is shared with other tests). An ASan build is about twice as
+            # slow per connection: there only the 1 s bound (no dropped SYN) applies.
+            if os.environ.get("ARBOR_SANITIZED", "0") != "1":
+                self.assertLess(min(worst), 0.2, worst)
 
 
 class GenerateStreams(unittest.TestCase):
