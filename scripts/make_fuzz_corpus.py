@@ -203,7 +203,12 @@ def make_gguf():
         write_gguf(os.path.join(d, f"tiny_llama_{qtype.name.lower()}.gguf"), "llama",
                    tiny_weights(hidden=32, inter=32, heads=4, kv_heads=2), qtype=qtype,
                    hidden=32, heads=4, kv_heads=2, inter=32)
-    # Past findings, kept as seeds (docs/fuzzing.md): a non-UTF-8 string as general.alignment.
+    # Past findings, kept as seeds (docs/fuzzing.md): a block_count of 1.5 billion,
+    tiny = open(os.path.join(d, "tiny_llama_f32.gguf"), "rb").read()
+    key = b"llama.block_count"
+    at = tiny.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4
+    write(d, "huge_block_count.gguf", tiny[:at] + struct.pack("<I", 0x5E000001) + tiny[at + 4:])
+    # and a non-UTF-8 string as general.alignment.
     key = b"general.alignment"
     write(d, "alignment_invalid_utf8.gguf",
           b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, len(key)) + key + struct.pack("<IQ", 8, 2) +

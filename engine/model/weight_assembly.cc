@@ -111,9 +111,11 @@ ModelWeights assemble_weights(const ModelConfig& c, const TensorSource& source,
   };
 
   w.embed = read("embed", -1, {c.vocab_size, c.hidden_size}, "token embedding [vocab, hidden]");
-  w.layers.resize(static_cast<size_t>(c.num_layers));
+  // Layer by layer: a config that claims more layers than the checkpoint holds (a corrupt
+  // block_count of 1.5 billion) fails at the first missing tensor, before anything is allocated
+  // for layers the file does not have.
   for (int i = 0; i < c.num_layers; ++i) {
-    LayerWeights& l = w.layers[static_cast<size_t>(i)];
+    LayerWeights& l = w.layers.emplace_back();
     l.attn_norm = read("attn_norm", i, {c.hidden_size}, "attention RMSNorm [hidden]");
     l.wq = rope_rows(read("wq", i, {q_rows, c.hidden_size}, "query projection"), c.num_heads);
     l.wk = rope_rows(read("wk", i, {kv_rows, c.hidden_size}, "key projection"), c.num_kv_heads);

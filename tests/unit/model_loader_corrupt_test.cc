@@ -102,6 +102,20 @@ TEST_F(GgufModelCorrupt, BadMagicAndMetadata) {
   expect_load_error(ErrorCode::kUnsupported, {"gpt2x", "expected llama or qwen2"});
 }
 
+// Found by tests/fuzz/gguf_loader (a 10 KiB input in a one-hour local run): a block_count of
+// 1.5 billion made assemble_weights allocate the per-layer structs for every claimed layer
+// (about 900 GB) before reading the first layer's tensors. Layers are now read one at a time,
+// so the load fails at the first missing tensor.
+TEST_F(GgufModelCorrupt, HugeBlockCountFailsAtTheFirstMissingLayer) {
+  std::string b = bytes_;
+  const std::string key = "llama.block_count";
+  const size_t pos = b.find(le_bytes<uint64_t>(key.size()) + key);
+  ASSERT_NE(pos, std::string::npos);
+  patch(b, pos + 8 + key.size() + 4, le_bytes<uint32_t>(0x5E000001));
+  write(b);
+  expect_load_error(ErrorCode::kNotFound, {"missing tensor blk.2."});
+}
+
 TEST_F(GgufModelCorrupt, EveryTruncationAndRandomCorruptionThrowsCleanly) {
   for (size_t len = 0; len < bytes_.size(); len += 251) {
     write(bytes_.substr(0, len));
