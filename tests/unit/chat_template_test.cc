@@ -227,6 +227,53 @@ TEST(JinjaInterpreterTest, UnboundedNestingIsAnErrorNotAStackOverflow) {
             repeat("(", 30) + repeat(")", 30) + "3");
 }
 
+// Found by review while writing tests/fuzz/chat_template_source (UBSan and libFuzzer's limits
+// flagged the hand-made inputs): 64-bit integer arithmetic overflowed (undefined behaviour:
+// 2**64, INT64_MIN // -1, -INT64_MIN, sums, abs, int(1e308)), and templates could build
+// gigabytes ('a' * 10**9, a string doubled in a loop) or loop for minutes. Python's integers do
+// not overflow; arbor's are 64-bit and a result that does not fit is an error.
+TEST(JinjaInterpreterTest, OverflowAndRunawayTemplatesAreErrors) {
+  auto render = [](const std::string& source) {
+    return ChatTemplate(source, "", "").render(nlohmann::ordered_json::array(), false);
+  };
+  auto expect_failure = [&](const std::string& source, const std::string& detail) {
+    SCOPED_TRACE(source);
+    try {
+      const std::string out = render(source);
+      ADD_FAILURE() << "expected an error, rendered " << out.substr(0, 80);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(detail), std::string::npos) << e.what();
+    }
+  };
+  const std::string min = "(-9223372036854775807 - 1)";
+  expect_failure("{{ 9223372036854775807 + 1 }}", "integer overflow");
+  expect_failure("{{ " + min + " - 1 }}", "integer overflow");
+  expect_failure("{{ 3037000500 * 3037000500 }}", "integer overflow");
+  expect_failure("{{ " + min + " // -1 }}", "integer overflow");
+  expect_failure("{{ -" + min + " }}", "integer overflow");
+  expect_failure("{{ 2 ** 64 }}", "integer overflow");
+  expect_failure("{{ [9223372036854775807, 1]|sum }}", "integer overflow");
+  expect_failure("{{ " + min + "|abs }}", "integer overflow");
+  expect_failure("{{ 1e308|int }}", "integer overflow");
+  expect_failure("{{ 'x'|indent(99999999999) }}", "indent width");
+  expect_failure("{{ 'a' * 1000000000 }}", "size limits");
+  expect_failure("{{ [1, 2] * 1000000000 }}", "size limits");
+  expect_failure(
+      "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+      "{% endfor %}",
+      "size limits");
+  expect_failure("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}",
+                 "evaluation steps");
+  // What still works, as in Python: results that fit, x % -1, ranges ending at the extremes.
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 1 ** 1000000000000000000 }}"),
+            "4611686018427387904 -9223372036854775808 1");
+  EXPECT_EQ(render("{{ " + min + " % -1 }} {{ " + min + " is divisibleby(-1) }}"), "0 True");
+  EXPECT_EQ(render("{{ range(9223372036854775800, 9223372036854775807, 5)|list }}"),
+            "[9223372036854775800, 9223372036854775805]");
+  EXPECT_EQ(render("{{ 'nan'|int }} {{ 'x'|indent(-3) }}{{ 'a' * 3 }}"), "0 xaaa");
+}
+
 TEST(ChatTemplateTest, MissingTemplateIsNotFound) {
   TokenizerSpec spec;
   try {

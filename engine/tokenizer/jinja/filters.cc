@@ -2,6 +2,7 @@
 // the globals transformers installs.
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
@@ -185,16 +186,29 @@ Value f_int(const Value& in, const CallArgs& a) {
   const Value* fallback = a.get(0, "default");
   const Value dflt = fallback ? *fallback : Value::integer(0);
   if (in.is_undefined()) throw std::runtime_error(in.as_string());
+  // Python's int() of a float: NaN is a ValueError (jinja2 then returns the default), anything
+  // outside 64 bits an error here (Python's integers are unbounded).
+  auto from_double = [&](double d) {
+    if (std::isnan(d)) return dflt;
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
+      throw std::runtime_error("integer overflow: int(" + Value::number(d).str() +
+                               ") does not fit in 64 bits");
+    return Value::integer(static_cast<int64_t>(d));
+  };
   if (in.is_number())
-    return Value::integer(in.is_float() ? static_cast<int64_t>(in.as_double()) : in.as_int());
+    return in.is_float() ? from_double(in.as_double()) : Value::integer(in.as_int());
   if (in.is_string()) {
     const std::string s = python_strip(in.as_string(), true, true, nullptr);
     char* end = nullptr;
+    errno = 0;
     const long long i = std::strtoll(s.c_str(), &end, 10);
-    if (!s.empty() && end && *end == '\0') return Value::integer(i);
+    if (!s.empty() && end && *end == '\0') {
+      if (errno == ERANGE)
+        throw std::runtime_error("integer overflow: int('" + s + "') does not fit in 64 bits");
+      return Value::integer(i);
+    }
     const double d = std::strtod(s.c_str(), &end);
-    if (!s.empty() && end && *end == '\0' && std::isfinite(d))
-      return Value::integer(static_cast<int64_t>(d));
+    if (!s.empty() && end && *end == '\0') return from_double(d);
   }
   return dflt;
 }
@@ -337,7 +351,11 @@ Value f_sort(const Value& in, const CallArgs& a) {
 
 Value f_abs(const Value& in, const CallArgs&) {
   if (in.is_float()) return Value::number(std::fabs(in.as_double()));
-  if (in.is_number()) return Value::integer(std::llabs(in.as_int()));
+  if (in.is_number()) {
+    if (in.as_int() == INT64_MIN)
+      throw std::runtime_error("integer overflow: abs(" + in.str() + ") does not fit in 64 bits");
+    return Value::integer(std::llabs(in.as_int()));
+  }
   throw std::runtime_error("bad operand type for abs(): '" + in.type_name() + "'");
 }
 
@@ -352,7 +370,8 @@ Value f_sum(const Value& in, const CallArgs& a) {
     if (!item.is_number()) throw std::runtime_error("unsupported operand type(s) for +");
     is_float = is_float || item.is_float();
     fsum += item.as_double();
-    isum += item.as_int();
+    if (!is_float && __builtin_add_overflow(isum, item.as_int(), &isum))
+      throw std::runtime_error("integer overflow: sum does not fit in 64 bits");
   }
   return is_float ? Value::number(fsum) : Value::integer(isum);
 }
@@ -391,10 +410,12 @@ Value f_round(const Value& in, const CallArgs& a) {
 // jinja2 do_indent, including its splitlines quirk (a trailing newline is dropped).
 Value f_indent(const Value& in, const CallArgs& a) {
   const Value* width_v = a.get(0, "width");
-  const std::string pad =
-      width_v && width_v->is_string()
-          ? width_v->as_string()
-          : std::string(static_cast<size_t>(width_v ? width_v->as_int() : 4), ' ');
+  const int64_t width = width_v && !width_v->is_string() ? width_v->as_int() : 4;
+  if (width > 4096)
+    throw std::runtime_error("indent width " + std::to_string(width) + " is too large");
+  const std::string pad = width_v && width_v->is_string()
+                              ? width_v->as_string()
+                              : std::string(static_cast<size_t>(std::max<int64_t>(0, width)), ' ');
   const bool first = arg_bool(a, 1, "first", false);
   const bool blank = arg_bool(a, 2, "blank", false);
   const std::string s = in.str() + "\n";
@@ -502,7 +523,7 @@ bool t_even(const Value& v, const CallArgs&) {
 bool t_divisibleby(const Value& v, const CallArgs& a) {
   const int64_t d = test_arg(a, "divisibleby").as_int();
   if (d == 0) throw std::runtime_error("integer division or modulo by zero");
-  return v.as_int() % d == 0;
+  return d == -1 || v.as_int() % d == 0;  // INT64_MIN % -1 is undefined in C++
 }
 bool t_eq(const Value& v, const CallArgs& a) {
   return values_equal(v, test_arg(a, "eq"));
@@ -568,12 +589,13 @@ Value g_range(const CallArgs& a) {
   }
   if (step == 0) throw std::runtime_error("range() arg 3 must not be zero");
   ValueList out;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
     if (out.size() >= 100000) {
       throw std::runtime_error(
           "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     }
     out.push_back(Value::integer(i));
+    if (__builtin_add_overflow(i, step, &i)) break;  // past INT64_MAX / MIN: the range ends
   }
   return Value::list(std::move(out));
 }

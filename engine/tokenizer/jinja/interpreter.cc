@@ -20,10 +20,43 @@ void require_defined(const Value& v) {
   if (v.is_undefined()) throw std::runtime_error(v.as_string());
 }
 
+// Python's integers do not overflow; arbor's are 64-bit (engine/tokenizer/README.md), so a
+// result that does not fit is an error, never undefined behaviour.
+[[noreturn]] void integer_overflow(const std::string& what) {
+  throw std::runtime_error("integer overflow: " + what + " does not fit in 64 bits");
+}
+
+int64_t checked(const std::string& op, int64_t a, int64_t b) {
+  int64_t r = 0;
+  const bool overflow = op == "+"   ? __builtin_add_overflow(a, b, &r)
+                        : op == "-" ? __builtin_sub_overflow(a, b, &r)
+                                    : __builtin_mul_overflow(a, b, &r);
+  if (overflow) integer_overflow(std::to_string(a) + " " + op + " " + std::to_string(b));
+  return r;
+}
+
+// b != 0. Python's floor division; INT64_MIN // -1 is the one quotient that does not fit.
 int64_t floor_div(int64_t a, int64_t b) {
+  if (b == -1) {
+    if (a == INT64_MIN) integer_overflow(std::to_string(a) + " // -1");
+    return -a;
+  }
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
+}
+
+// exponent >= 0, by squaring: O(log exponent) even for 1 ** 10**18.
+int64_t integer_pow(int64_t base, int64_t exponent) {
+  const std::string what = std::to_string(base) + " ** " + std::to_string(exponent);
+  int64_t result = 1;
+  while (exponent > 0) {
+    if (exponent & 1)
+      if (__builtin_mul_overflow(result, base, &result)) integer_overflow(what);
+    exponent >>= 1;
+    if (exponent > 0 && __builtin_mul_overflow(base, base, &base)) integer_overflow(what);
+  }
+  return result;
 }
 
 Value arithmetic(const std::string& op, const Value& a, const Value& b) {
@@ -32,7 +65,7 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   if (op == "+") {
     if (a.is_number() && b.is_number()) {
       if (a.is_float() || b.is_float()) return Value::number(a.as_double() + b.as_double());
-      return Value::integer(a.as_int() + b.as_int());
+      return Value::integer(checked("+", a.as_int(), b.as_int()));
     }
     if (a.is_string() && b.is_string()) return Value::string(a.as_string() + b.as_string());
     if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
@@ -55,6 +88,12 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     const Value* count = seq == &a ? &b : &a;
     if (seq && (count->is_int() || count->is_bool())) {
       const int64_t n = std::max<int64_t>(0, count->as_int());
+      const uint64_t unit = seq->is_string() ? seq->as_string().size() : seq->items().size();
+      if (unit != 0 &&
+          static_cast<uint64_t>(n) > (seq->is_string() ? kMaxStringBytes : kMaxListItems) / unit)
+        throw std::runtime_error("repeating a " + seq->type_name() + " of " + std::to_string(unit) +
+                                 " " + (seq->is_string() ? "bytes" : "items") + " " +
+                                 std::to_string(n) + " times exceeds the template's size limits");
       if (seq->is_string()) {
         std::string out;
         for (int64_t i = 0; i < n; ++i) out += seq->as_string();
@@ -74,11 +113,11 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   const bool use_float = a.is_float() || b.is_float();
   if (op == "-") {
     return use_float ? Value::number(a.as_double() - b.as_double())
-                     : Value::integer(a.as_int() - b.as_int());
+                     : Value::integer(checked("-", a.as_int(), b.as_int()));
   }
   if (op == "*") {
     return use_float ? Value::number(a.as_double() * b.as_double())
-                     : Value::integer(a.as_int() * b.as_int());
+                     : Value::integer(checked("*", a.as_int(), b.as_int()));
   }
   if (op == "/") {
     if (b.as_double() == 0) throw std::runtime_error("division by zero");
@@ -91,15 +130,12 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
       return op == "//" ? Value::number(q) : Value::number(a.as_double() - q * b.as_double());
     }
     if (b.as_int() == 0) throw std::runtime_error("integer division or modulo by zero");
+    if (op == "%" && b.as_int() == -1) return Value::integer(0);  // no INT64_MIN // -1
     const int64_t q = floor_div(a.as_int(), b.as_int());
     return op == "//" ? Value::integer(q) : Value::integer(a.as_int() - q * b.as_int());
   }
   if (op == "**") {
-    if (!use_float && b.as_int() >= 0) {
-      int64_t result = 1;
-      for (int64_t i = 0; i < b.as_int(); ++i) result *= a.as_int();
-      return Value::integer(result);
-    }
+    if (!use_float && b.as_int() >= 0) return Value::integer(integer_pow(a.as_int(), b.as_int()));
     return Value::number(std::pow(a.as_double(), b.as_double()));
   }
   type_error(op, a, b);
@@ -173,12 +209,24 @@ class Interpreter {
   // under ~2.5 MiB (threads have 8 MiB); real templates need a few dozen.
   static constexpr int kMaxDepth = 250;
   int depth_ = 0;
+  // Statements, expressions and loop iterations evaluated in one render: a template that would
+  // run for minutes (nested loops over range(100000)) fails instead, after about a second (a few
+  // in an ASan build). SmolLM2's template takes ~15 steps per message, tool-calling templates
+  // ~50: conversations of thousands of messages stay below.
+  static constexpr int64_t kMaxSteps = 200'000;
+  int64_t steps_ = 0;
+  void step(const SourcePos& pos) {
+    if (++steps_ > kMaxSteps)
+      fail_at(pos,
+              "the template took more than " + std::to_string(kMaxSteps) + " evaluation steps");
+  }
   class Depth {
    public:
-    explicit Depth(Interpreter& interpreter) : interpreter_(interpreter) {
+    Depth(Interpreter& interpreter, const SourcePos& pos) : interpreter_(interpreter) {
+      interpreter_.step(pos);
       if (interpreter_.depth_ >= kMaxDepth)
-        throw std::runtime_error("maximum recursion depth exceeded (" + std::to_string(kMaxDepth) +
-                                 " nested statements and expressions)");
+        fail_at(pos, "maximum recursion depth exceeded (" + std::to_string(kMaxDepth) +
+                         " nested statements and expressions)");
       ++interpreter_.depth_;
     }
     ~Depth() { --interpreter_.depth_; }
@@ -239,13 +287,16 @@ class Interpreter {
   }
 
   Flow exec(const Node& node, std::string& out) {
-    const Depth depth(*this);
+    const Depth depth(*this, node.pos);
     switch (node.kind) {
       case Node::Kind::kText:
         out += node.text;
         return Flow::kNormal;
       case Node::Kind::kOutput:
         out += eval(*node.expr).str();
+        if (out.size() > kMaxStringBytes)
+          fail_at(node.pos,
+                  "the rendered text exceeds " + std::to_string(kMaxStringBytes) + " bytes");
         return Flow::kNormal;
       case Node::Kind::kIf:
         for (const auto& [condition, body] : node.branches) {
@@ -298,6 +349,7 @@ class Interpreter {
     if (items.empty()) return exec(node.else_body, out);
     const int64_t length = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < length; ++i) {
+      step(node.pos);
       scopes_.push_back(std::make_shared<Frame>());
       assign(node.target, items[static_cast<size_t>(i)], node.pos);
       ValueDict loop;
@@ -374,8 +426,14 @@ class Interpreter {
   // arbor::Error carrying that expression's position (outer levels pass it through).
   Value eval(const Expr& e) {
     try {
-      const Depth depth(*this);
-      return eval_inner(e);
+      const Depth depth(*this, e.pos);
+      Value v = eval_inner(e);
+      // Doubling a string (ns.s = ns.s ~ ns.s) stops at the first result past the limit.
+      if ((v.is_string() && v.as_string().size() > kMaxStringBytes) ||
+          (v.is_list() && v.items().size() > kMaxListItems))
+        throw std::runtime_error("a " + v.type_name() +
+                                 " value exceeds the template's size limits");
+      return v;
     } catch (const Error&) {
       throw;
     } catch (const std::runtime_error& ex) {
@@ -448,7 +506,8 @@ class Interpreter {
                                    "'");
         if (e.name == "+")
           return v.is_float() ? Value::number(v.as_double()) : Value::integer(v.as_int());
-        return v.is_float() ? Value::number(-v.as_double()) : Value::integer(-v.as_int());
+        if (v.is_float()) return Value::number(-v.as_double());
+        return Value::integer(checked("-", 0, v.as_int()));
       }
       case Expr::Kind::kBinary: {
         if (e.name == "and") {

@@ -17,6 +17,12 @@ namespace arbor::jinja {
 class Value;
 using ValueList = std::vector<Value>;
 
+// Size limits of one rendering, so that a template building gigabytes (a string doubled in a
+// loop, 'a' * 10**9) fails instead of exhausting memory: any string value and the rendered
+// text, and any list. Rendered chat prompts are at most a few MiB.
+inline constexpr uint64_t kMaxStringBytes = uint64_t{64} << 20;
+inline constexpr uint64_t kMaxListItems = uint64_t{1} << 20;
+
 // An insertion-ordered mapping (Python dict). Linear lookup: template dicts are small.
 struct ValueDict {
   std::vector<std::pair<Value, Value>> entries;
