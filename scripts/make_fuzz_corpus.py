@@ -369,6 +369,11 @@ def make_chat_template_source():
     # Past findings, kept as seeds (docs/fuzzing.md): unbounded recursion and nesting.
     write(d, "recursive_macro.jinja", "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}")
     write(d, "deep_nesting.jinja", "{{ " + "(" * 300 + "1" + ")" * 300 + " }}")
+    write(d, "integer_overflow.jinja",
+          "{{ 9223372036854775807 + 1 }}{{ 2 ** 64 }}{{ (-9223372036854775807 - 1) // -1 }}"
+          "{{ [9223372036854775807, 1]|sum }}{{ 1e308|int }}{{ range(9223372036854775800, "
+          "9223372036854775807, 5)|list }}")
+    # (The runaway templates of that finding take seconds each here: they stay in the unit test.)
 
 
 # ----------------------------------------------------------------------------------------------
