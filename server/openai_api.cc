@@ -78,10 +78,13 @@ int64_t get_int(const json& body, const char* key, int64_t def, int64_t lo, int6
   if (!v->is_number_integer())  // covers is_number_unsigned()
     bad(key, std::string("'") + key + "' must be an integer, got " +
                  (v->is_number() ? v->dump() : std::string(type_name(*v))));
-  const bool above = v->is_number_unsigned()
-                         ? v->get<uint64_t>() > static_cast<uint64_t>(std::max<int64_t>(hi, 0))
-                         : v->get<int64_t>() > hi;
-  if (above || (!v->is_number_unsigned() && v->get<int64_t>() < lo))
+  // nlohmann keeps non-negative integers as uint64 and negative ones as int64: compare each in
+  // its own type (a uint64 above INT64_MAX must not wrap to a negative value).
+  const bool in_range = v->is_number_unsigned()
+                            ? hi >= 0 && v->get<uint64_t>() <= static_cast<uint64_t>(hi) &&
+                                  (lo <= 0 || v->get<uint64_t>() >= static_cast<uint64_t>(lo))
+                            : v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
+  if (!in_range)
     bad(key, std::string("'") + key + "' must be an integer in [" + std::to_string(lo) + ", " +
                  std::to_string(hi) + "], got " + v->dump());
   return v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
