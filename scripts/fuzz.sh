@@ -57,10 +57,12 @@ for t in "${TARGETS[@]}"; do
   mkdir -p "$run/corpus"
   cp "$seeds"/* "$run/corpus/"
   echo "[fuzz] $t: ${SECS}s on $(ls "$run/corpus" | wc -l) seeds"
+  t0=$(date +%s)
   set +e
   (cd "$run" && "$bin" "${FLAGS[@]}" "${EXTRA[@]}" -artifact_prefix="$run/" corpus) >"$run/log" 2>&1
   rc=$?
   set -e
+  wall=$(($(date +%s) - t0))
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$run/log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$run/log" | tail -1)
   artifacts=$(cd "$run" && ls -d crash-* leak-* timeout-* oom-* 2>/dev/null | tr "\n" " " || true)
@@ -75,7 +77,8 @@ for t in "${TARGETS[@]}"; do
       od -A d -t x1 -N 256 "$run/$a" | head -20
     done
   fi
-  summary+=("$(printf '%-30s %12s execs %8s exec/s  %s' "$t" "${execs:-?}" "${rate:-?}" "$outcome")")
+  summary+=("$(printf '%-30s %10s execs %7s exec/s %5ss  %s' "$t" "${execs:-?}" "${rate:-?}" \
+    "$wall" "$outcome")")
 done
 echo "[fuzz] summary (${SECS}s per target):"
 printf '  %s\n' "${summary[@]}"
