@@ -28,6 +28,7 @@ import openai
 sys.path.insert(0, os.path.dirname(__file__))
 from arbor_server import ArborServer, ARBOR_BIN, STORIES, tok512_pieces  # noqa: E402
 import test_grpc  # noqa: E402  (proto stubs generated at test time)
+from test_openai import tok512_decode  # noqa: E402
 
 REPO = os.environ.get("ARBOR_REPO", os.path.join(os.path.dirname(__file__), "..", ".."))
 GOLDEN = os.path.join(REPO, "tests", "data", "golden", "stories260K.json")
@@ -58,20 +59,6 @@ def raw(port, method, path, body=None, headers=None, timeout=60):
         return r.status, json.loads(data)
     except ValueError:
         return r.status, data
-
-
-def tok512_decode(ids):
-    vocab = tok512_pieces()
-    out, prev = b"", 1
-    for t in ids:
-        piece = vocab[t]
-        if prev == 1 and piece.startswith(b" "):
-            piece = piece[1:]
-        if piece.startswith(b"<0x") and piece.endswith(b">") and len(piece) == 6:
-            piece = bytes([int(piece[3:5], 16)])
-        out += piece
-        prev = t
-    return out.decode("utf-8", errors="replace")
 
 
 def nested(depth):
