@@ -4,11 +4,15 @@
 # chat-template rendering) and gguf (reads the template from the GGUF).
 set -euo pipefail
 PKGS=(openai grpcio grpcio-tools jinja2 gguf)
+# grpcio-reflection: the server-reflection client of tests/server/test_grpc_chat.py, pinned to
+# the release it was tested with (it needs a grpcio at least as new).
+PKGS+=(grpcio-reflection==1.85.1)
 missing=()
 for p in "${PKGS[@]}"; do
   mod="${p//-/_}"
   [ "$p" = grpcio ] && mod=grpc
   [ "$p" = grpcio-tools ] && mod=grpc_tools
+  [ "${p%%==*}" = grpcio-reflection ] && mod=grpc_reflection
   python3 -c "import $mod" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then

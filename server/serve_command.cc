@@ -202,7 +202,7 @@ int run_serve() {
     go.host = cfg.host;
     go.port = cfg.grpc_port;
     go.api_key = cfg.api_key;
-    grpc = std::make_unique<GrpcServer>(service, info, go);
+    grpc = std::make_unique<GrpcServer>(service, info, api, go);
     grpc->start();
     std::printf("arbor: gRPC listening on %s:%d\n", cfg.host.c_str(), grpc->port());
   }

@@ -1,7 +1,8 @@
-// arbor.v1.GenerateRequest -> ServiceRequest: the gRPC wire format's own rules (the model name,
-// which prompt is set, proto defaults for unset fields). The content limits are
-// check_request()'s (server/request_limits.h), applied by EngineService::submit() exactly as
-// for the HTTP front end.
+// arbor.v1.GenerateRequest / ChatRequest -> ServiceRequest: the gRPC wire format's own rules
+// (the model name, which prompt is set, proto defaults for unset fields). A chat's messages go
+// through the HTTP chat path (server/openai_api.h): the same message checks, template rendering
+// and default max_tokens. The content limits are check_request()'s (server/request_limits.h),
+// applied by EngineService::submit() exactly as for the HTTP front end.
 #pragma once
 
 #include <string>
@@ -11,6 +12,7 @@
 #include "arbor.pb.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/engine_service.h"
+#include "server/openai_api.h"
 
 namespace arbor {
 
@@ -27,5 +29,10 @@ inline constexpr int32_t kGrpcDefaultMaxTokens = 16;
 grpc::Status convert_generate_request(const arbor::v1::GenerateRequest& req,
                                       const RequestContext& ctx, ServiceRequest* out,
                                       bool* speculate_requested);
+
+// The same for a chat: `ctx` is the HTTP front end's (tokenizer, chat template, model id,
+// context and default_max_tokens). FAILED_PRECONDITION when the model has no chat template.
+grpc::Status convert_chat_request(const arbor::v1::ChatRequest& req, const ApiContext& ctx,
+                                  ServiceRequest* out, bool* speculate_requested);
 
 }  // namespace arbor

@@ -10,6 +10,12 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#ifdef ARBOR_GRPC_REFLECTION
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+
+#include "grpc/health/v1/health.pb.h"
+#endif
+
 #include "arbor.grpc.pb.h"
 #include "engine/core/error.h"
 #include "server/auth.h"
@@ -85,8 +91,11 @@ void append_delta(const Tokenizer& tok, const ChoiceDelta& d, pb::Choice* c) {
 
 class ArborService final : public pb::Arbor::Service {
  public:
-  ArborService(EngineService& service, ServedModelInfo info, std::string api_key)
-      : service_(service), info_(std::move(info)), api_key_(std::move(api_key)) {}
+  ArborService(EngineService& service, ServedModelInfo info, ApiContext api, std::string api_key)
+      : service_(service),
+        info_(std::move(info)),
+        api_(std::move(api)),
+        api_key_(std::move(api_key)) {}
 
   void set_draining() { draining_ = true; }
 
@@ -94,57 +103,28 @@ class ArborService final : public pb::Arbor::Service {
                         pb::GenerateResponse* resp) override {
     std::shared_ptr<RequestStream> stream;
     if (grpc::Status s = begin(ctx, *req, &stream); !s.ok()) return s;
-    resp->set_id(new_id());
-    resp->set_model(info_.id);
-    for (int32_t i = 0; i < stream->num_choices(); ++i) resp->add_choices()->set_index(i);
-    const Tokenizer& tok = service_.tokenizer();
-    while (true) {
-      if (ctx->IsCancelled()) return cancelled(*stream);
-      StreamUpdate u;
-      if (!stream->next(&u, kPollInterval)) continue;
-      for (const ChoiceDelta& d : u.deltas) append_delta(tok, d, resp->mutable_choices(d.index));
-      if (!u.done) continue;
-      if (!u.error.empty()) return grpc::Status(grpc::StatusCode::INTERNAL, u.error);
-      fill_usage(u.usage, resp->mutable_usage());
-      return grpc::Status::OK;
-    }
+    return collect(ctx, *stream, "gen", resp);
   }
 
   grpc::Status GenerateStream(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
                               grpc::ServerWriter<pb::GenerateStreamResponse>* writer) override {
     std::shared_ptr<RequestStream> stream;
     if (grpc::Status s = begin(ctx, *req, &stream); !s.ok()) return s;
-    const std::string id = new_id();
-    const Tokenizer& tok = service_.tokenizer();
-    while (true) {
-      if (ctx->IsCancelled()) return cancelled(*stream);
-      StreamUpdate u;
-      if (!stream->next(&u, kPollInterval)) continue;
-      pb::GenerateStreamResponse msg;
-      msg.set_id(id);
-      // One entry per choice that advanced: an update may carry several deltas of a choice
-      // (steps that ran while the client was reading).
-      std::vector<int> entry(static_cast<size_t>(stream->num_choices()), -1);
-      for (const ChoiceDelta& d : u.deltas) {
-        if (d.text.empty() && d.tokens.empty() && d.logprobs.empty() && d.finish_reason.empty())
-          continue;
-        int& e = entry[static_cast<size_t>(d.index)];
-        if (e < 0) {
-          e = msg.choices_size();
-          msg.add_choices();
-        }
-        append_delta(tok, d, msg.mutable_choices(e));
-      }
-      if (u.done && !u.error.empty()) {  // the engine failed: what it made, then the error
-        if (msg.choices_size() > 0) writer->Write(msg);
-        return grpc::Status(grpc::StatusCode::INTERNAL, u.error);
-      }
-      if (u.done) fill_usage(u.usage, msg.mutable_usage());
-      if (msg.choices_size() == 0 && !u.done) continue;
-      // A failed write means the client is gone: stop generating for it.
-      if (!writer->Write(msg)) return cancelled(*stream);
-      if (u.done) return grpc::Status::OK;
-    }
+    return write_deltas(ctx, *stream, "gen", writer);
+  }
+
+  grpc::Status Chat(grpc::ServerContext* ctx, const pb::ChatRequest* req,
+                    pb::ChatResponse* resp) override {
+    std::shared_ptr<RequestStream> stream;
+    if (grpc::Status s = begin(ctx, *req, &stream); !s.ok()) return s;
+    return collect(ctx, *stream, "chat", resp);
+  }
+
+  grpc::Status ChatStream(grpc::ServerContext* ctx, const pb::ChatRequest* req,
+                          grpc::ServerWriter<pb::ChatStreamResponse>* writer) override {
+    std::shared_ptr<RequestStream> stream;
+    if (grpc::Status s = begin(ctx, *req, &stream); !s.ok()) return s;
+    return write_deltas(ctx, *stream, "chat", writer);
   }
 
   grpc::Status Tokenize(grpc::ServerContext* ctx, const pb::TokenizeRequest* req,
@@ -201,8 +181,9 @@ class ArborService final : public pb::Arbor::Service {
         "model '" + model + "' does not exist; this server serves '" + info_.id + "'");
   }
 
-  // Authorizes, validates, converts and submits a generate call.
-  grpc::Status begin(grpc::ServerContext* ctx, const pb::GenerateRequest& req,
+  // Authorizes, validates, converts and submits a Generate or Chat call.
+  template <class Request>
+  grpc::Status begin(grpc::ServerContext* ctx, const Request& req,
                      std::shared_ptr<RequestStream>* stream) {
     if (grpc::Status s = authorize(*ctx); !s.ok()) return s;
     if (draining_)
@@ -211,9 +192,7 @@ class ArborService final : public pb::Arbor::Service {
     try {
       ServiceRequest sr;
       bool speculate_requested = false;
-      const RequestContext rc{&service_.tokenizer(), info_.id};
-      if (grpc::Status s = convert_generate_request(req, rc, &sr, &speculate_requested); !s.ok())
-        return s;
+      if (grpc::Status s = convert(req, &sr, &speculate_requested); !s.ok()) return s;
       std::vector<ServiceRequest> requests;
       requests.push_back(std::move(sr));
       *stream = service_.submit(std::move(requests), speculate_requested);
@@ -223,21 +202,92 @@ class ArborService final : public pb::Arbor::Service {
     }
   }
 
+  grpc::Status convert(const pb::GenerateRequest& req, ServiceRequest* out,
+                       bool* speculate_requested) const {
+    return convert_generate_request(req, RequestContext{&service_.tokenizer(), info_.id}, out,
+                                    speculate_requested);
+  }
+
+  grpc::Status convert(const pb::ChatRequest& req, ServiceRequest* out,
+                       bool* speculate_requested) const {
+    return convert_chat_request(req, api_, out, speculate_requested);
+  }
+
+  // A unary call's answer (GenerateResponse, ChatResponse): every choice whole, then usage.
+  template <class Response>
+  grpc::Status collect(grpc::ServerContext* ctx, RequestStream& stream, const char* id_prefix,
+                       Response* resp) {
+    resp->set_id(new_id(id_prefix));
+    resp->set_model(info_.id);
+    for (int32_t i = 0; i < stream.num_choices(); ++i) resp->add_choices()->set_index(i);
+    const Tokenizer& tok = service_.tokenizer();
+    while (true) {
+      if (ctx->IsCancelled()) return cancelled(stream);
+      StreamUpdate u;
+      if (!stream.next(&u, kPollInterval)) continue;
+      for (const ChoiceDelta& d : u.deltas) append_delta(tok, d, resp->mutable_choices(d.index));
+      if (!u.done) continue;
+      if (!u.error.empty()) return grpc::Status(grpc::StatusCode::INTERNAL, u.error);
+      fill_usage(u.usage, resp->mutable_usage());
+      return grpc::Status::OK;
+    }
+  }
+
+  // A streaming call's messages (GenerateStreamResponse, ChatStreamResponse): deltas as they
+  // come, usage in the last one.
+  template <class Message>
+  grpc::Status write_deltas(grpc::ServerContext* ctx, RequestStream& stream, const char* id_prefix,
+                            grpc::ServerWriter<Message>* writer) {
+    const std::string id = new_id(id_prefix);
+    const Tokenizer& tok = service_.tokenizer();
+    while (true) {
+      if (ctx->IsCancelled()) return cancelled(stream);
+      StreamUpdate u;
+      if (!stream.next(&u, kPollInterval)) continue;
+      Message msg;
+      msg.set_id(id);
+      // One entry per choice that advanced: an update may carry several deltas of a choice
+      // (steps that ran while the client was reading).
+      std::vector<int> entry(static_cast<size_t>(stream.num_choices()), -1);
+      for (const ChoiceDelta& d : u.deltas) {
+        if (d.text.empty() && d.tokens.empty() && d.logprobs.empty() && d.finish_reason.empty())
+          continue;
+        int& e = entry[static_cast<size_t>(d.index)];
+        if (e < 0) {
+          e = msg.choices_size();
+          msg.add_choices();
+        }
+        append_delta(tok, d, msg.mutable_choices(e));
+      }
+      if (u.done && !u.error.empty()) {  // the engine failed: what it made, then the error
+        if (msg.choices_size() > 0) writer->Write(msg);
+        return grpc::Status(grpc::StatusCode::INTERNAL, u.error);
+      }
+      if (u.done) fill_usage(u.usage, msg.mutable_usage());
+      if (msg.choices_size() == 0 && !u.done) continue;
+      // A failed write means the client is gone: stop generating for it.
+      if (!writer->Write(msg)) return cancelled(stream);
+      if (u.done) return grpc::Status::OK;
+    }
+  }
+
   // The client cancelled or its deadline passed (or the server shut down): stop generating.
   static grpc::Status cancelled(RequestStream& stream) {
     stream.cancel();
     return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
   }
 
-  std::string new_id() {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "gen-%llx-%llu", static_cast<unsigned long long>(start_time_),
+  std::string new_id(const char* prefix) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%s-%llx-%llu", prefix,
+                  static_cast<unsigned long long>(start_time_),
                   static_cast<unsigned long long>(++next_id_));
     return buf;
   }
 
   EngineService& service_;
   const ServedModelInfo info_;
+  const ApiContext api_;  // chat: the HTTP front end's template, context and defaults
   const std::string api_key_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{0};
@@ -250,8 +300,9 @@ class ArborService final : public pb::Arbor::Service {
 
 class GrpcServer::Impl {
  public:
-  Impl(EngineService& service, ServedModelInfo info, GrpcOptions options)
-      : options(std::move(options)), arbor(service, std::move(info), this->options.api_key) {}
+  Impl(EngineService& service, ServedModelInfo info, ApiContext api, GrpcOptions options)
+      : options(std::move(options)),
+        arbor(service, std::move(info), std::move(api), this->options.api_key) {}
 
   GrpcOptions options;
   ArborService arbor;  // outlives `server` (declared before it)
@@ -260,8 +311,9 @@ class GrpcServer::Impl {
   int port = 0;
 };
 
-GrpcServer::GrpcServer(EngineService& service, ServedModelInfo info, GrpcOptions options)
-    : impl_(std::make_unique<Impl>(service, std::move(info), std::move(options))) {}
+GrpcServer::GrpcServer(EngineService& service, ServedModelInfo info, ApiContext api,
+                       GrpcOptions options)
+    : impl_(std::make_unique<Impl>(service, std::move(info), std::move(api), std::move(options))) {}
 
 GrpcServer::~GrpcServer() {
   shutdown();
@@ -277,6 +329,17 @@ void GrpcServer::start() {
       (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(m.options.port);
 
   grpc::EnableDefaultHealthCheckService(true);
+#ifdef ARBOR_GRPC_REFLECTION
+  // Server reflection: grpcurl and GUI clients list and describe the services without .proto
+  // files. Registered explicitly (not only by the library's static initializer) so that the
+  // linker keeps libgrpc++_reflection.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // gRPC's built-in health service has no protobuf descriptor of its own, so reflection could
+  // list grpc.health.v1.Health but not describe it (grpc/grpc#36665), and GUI clients that
+  // describe every service fail. The one generated from proto/grpc/health/v1/health.proto
+  // fills that in; naming it here links it in.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
+#endif
   grpc::ServerBuilder builder;
   // Without this a second server could bind the same port (SO_REUSEPORT) and share its calls.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

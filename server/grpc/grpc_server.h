@@ -1,14 +1,16 @@
-// The gRPC front end (proto/arbor.proto, package arbor.v1): Generate, GenerateStream, Tokenize
-// and GetModelInfo over the EngineService that the HTTP front end shares, plus the standard
-// grpc.health.v1 service. It owns the grpc::Server and its handler threads (synchronous API,
-// one thread per in-flight call); requests are validated here with the HTTP side's rules and
-// their arbor::Error codes mapped to gRPC status codes. A cancelled call cancels its request.
+// The gRPC front end (proto/arbor.proto, package arbor.v1): Generate, GenerateStream, Chat,
+// ChatStream, Tokenize and GetModelInfo over the EngineService that the HTTP front end shares,
+// plus the standard grpc.health.v1 service and server reflection. It owns the grpc::Server and its
+// handler threads (synchronous API, one thread per in-flight call); requests are validated here
+// with the HTTP side's rules and their arbor::Error codes mapped to gRPC status codes. A cancelled
+// call cancels its request.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "server/engine_service.h"
+#include "server/openai_api.h"
 #include "server/served_model.h"
 
 namespace arbor {
@@ -21,8 +23,9 @@ struct GrpcOptions {
 
 class GrpcServer {
  public:
-  // `service` must outlive the server.
-  GrpcServer(EngineService& service, ServedModelInfo info, GrpcOptions options);
+  // `service` (and `api`'s tokenizer and chat template) must outlive the server. `api` is the
+  // HTTP front end's: Chat renders and limits conversations as /v1/chat/completions does.
+  GrpcServer(EngineService& service, ServedModelInfo info, ApiContext api, GrpcOptions options);
   ~GrpcServer();  // shuts down if still running
   GrpcServer(const GrpcServer&) = delete;
   GrpcServer& operator=(const GrpcServer&) = delete;
@@ -30,8 +33,8 @@ class GrpcServer {
   // Binds and starts serving; health SERVING. Throws kInvalidArgument naming host:port when it
   // cannot bind.
   void start();
-  // Health NOT_SERVING; new Generate / GenerateStream calls answer UNAVAILABLE. Calls in flight
-  // go on.
+  // Health NOT_SERVING; new Generate / Chat calls (and their streams) answer UNAVAILABLE. Calls in
+  // flight go on.
   void set_draining();
   // Stops accepting calls and lets those in flight end for up to ~5 s, then cancels them.
   void shutdown();
