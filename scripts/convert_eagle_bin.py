@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Converts a SafeAILab EAGLE / EAGLE-3 draft checkpoint (pytorch_model.bin + config.json) to
-the model.safetensors directory engine/spec/eagle_checkpoint.h loads. (Medusa heads:
+the model.safetensors directory engine/draft/eagle_checkpoint.h loads. (Medusa heads:
 scripts/convert_medusa_pt.py.)
 
   python3 scripts/convert_eagle_bin.py IN_DIR OUT_DIR

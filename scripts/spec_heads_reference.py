@@ -26,7 +26,7 @@ input of layers 2, L // 2 and L - 3, which collide for L < 7. For such tiny mode
 uses (0, 1, 2) for L = 2, (0, 1, 3) for L = 3 and (1, L // 2, L - 1) for 4 <= L <= 6, where index L
 means the residual stream after the last layer (before the final norm). A draft config may
 override them with "eagle_config": {"eagle_aux_hidden_state_layer_ids": [...]} (vLLM's key).
-The C++ side (engine/spec/eagle_checkpoint.h, eagle3_capture_layers) uses the same rule.
+The C++ side (engine/draft/eagle_checkpoint.h, eagle3_capture_layers) uses the same rule.
 
 Usage:
   python3 scripts/spec_heads_reference.py [--shared ../shared] [--out tests/data/spec/random]

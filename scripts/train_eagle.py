@@ -22,7 +22,7 @@ generations, and save exactly what engine/spec's EAGLE loaders read.
   OUT/model.safetensors  fc.weight [h,3h] (no bias) over concat(g_low, g_mid, g_high), g_k = the
                          base's residual stream at the input of layer k (official choice
                          2, L//2, L-3; for L < 7 the project rule of eagle3_capture_layers in
-                         engine/spec/eagle_checkpoint.h; written to config.json as
+                         engine/draft/eagle_checkpoint.h; written to config.json as
                          "eagle3_layers" and eagle_config.eagle_aux_hidden_state_layer_ids);
                          midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight,
                          midlayer.self_attn.{q,k,v}_proj.weight [.,2h],
@@ -210,7 +210,7 @@ class EagleDraft(nn.Module):
 def eagle3_layers(L, override=None):
     """Residual-stream capture points (index k = the input of layer k; k == L = after the last
     layer, before the final norm). Official: 2, L//2, L-3; those collide for L < 7, where this
-    project uses the rule of engine/spec/eagle_checkpoint.h (eagle3_capture_layers) and
+    project uses the rule of engine/draft/eagle_checkpoint.h (eagle3_capture_layers) and
     scripts/spec_heads_reference.py."""
     if override:
         return [int(x) for x in override.split(",")]

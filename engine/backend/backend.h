@@ -135,16 +135,20 @@ class Backend {
   virtual void argmax_rows(const Tensor& logits, std::vector<int32_t>* out) = 0;
   // The k best entries of each row of logits [rows, cols] fp32 (backend memory) and their
   // log-softmax values: ids [rows, k] (host, resized) best first, the lower id first among
-  // equal values (spec_math::top_k), values = min(x - logsumexp(row), 0)
-  // (spec_math::log_softmax_inplace). 1 <= k <= min(cols, 1024), else kInvalidArgument.
+  // equal values (host_math::top_k), values = min(x - logsumexp(row), 0)
+  // (host_math::log_softmax_inplace). 1 <= k <= min(cols, 1024), else kInvalidArgument.
   virtual void top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
                                  std::vector<float>* values) = 0;
   // Sampling and speculative verification of a batch of trees with the logits left in backend
   // memory (tree_sampling.h): logits [M, vocab] fp32, rows named by batch.logits_row; they may be
   // overwritten (the backend may process them in place). Throws kInvalidArgument for a malformed
-  // batch (validate_tree_sample_batch) before any work.
+  // batch (validate_tree_sample_batch) before any work. A backend without it (has_sample_trees()
+  // false: the CPU backend, whose logits are host memory anyway) leaves it to the caller, which
+  // runs the host reference (engine/verify/device_verify.h sample_trees_on_host) on the
+  // downloaded logits; the default throws kUnsupported.
+  virtual bool has_sample_trees() const { return false; }
   virtual void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
-                            TreeSampleResult* out) = 0;
+                            TreeSampleResult* out);
   // KV compaction: for every layer, cache[dst_slots[i]] = cache[src_slots[i]] (K and V). The
   // copies are done as if simultaneously (sources read before any destination is written).
   virtual void copy_kv(const std::vector<int64_t>& src_slots,

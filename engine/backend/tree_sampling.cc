@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "engine/backend/backend.h"
 #include "engine/core/error.h"
 
 namespace arbor {
@@ -137,6 +138,11 @@ void validate_tree_sample_batch(const TreeSampleBatch& b, int64_t vocab, int64_t
   for (size_t u = 0; u < b.uniforms.size(); ++u)
     if (!(b.uniforms[u] >= 0.0 && b.uniforms[u] < 1.0))
       bad(at("uniforms", u) + " is " + std::to_string(b.uniforms[u]) + ", outside [0, 1)");
+}
+
+void Backend::sample_trees(const Tensor&, const TreeSampleBatch&, TreeSampleResult*) {
+  throw_error(ErrorCode::kUnsupported,
+              "the " + name() + " backend does not sample trees (has_sample_trees() is false)");
 }
 
 }  // namespace arbor

@@ -1,8 +1,8 @@
 // Sampling and speculative verification on the backend (Backend::sample_trees): the flat batch
 // the engine hands over and what comes back. Logits stay in backend memory; only these small
-// arrays cross to the host. The math is engine/spec/verifier.h's (greedy matching for greedy
+// arrays cross to the host. The math is engine/verify/verifier.h's (greedy matching for greedy
 // items, lossless multi-branch rejection sampling for sampled ones) with the logits processing
-// of engine/sampling/sampler.h; engine/spec/device_verify.h builds a batch from DraftTrees and
+// of engine/sampling/sampler.h; engine/verify/device_verify.h builds a batch from DraftTrees and
 // converts the result back to VerifyResults.
 #pragma once
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/core/error.h"
+#include "engine/verify/device_verify.h"
 
 namespace arbor {
 
@@ -334,7 +335,13 @@ void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
       out->top_k = std::max<int32_t>(1, want.top_logprobs);
       b.top_k_log_softmax(t.logits, out->top_k, &out->top_ids, &out->top_values);
     }
-    b.sample_trees(t.logits, *want.sample, &out->sampled);
+    if (b.has_sample_trees()) {
+      b.sample_trees(t.logits, *want.sample, &out->sampled);
+    } else {  // the host reference on the downloaded logits (the CPU backend)
+      std::vector<float> host(static_cast<size_t>(t.logits.numel()));
+      b.download(t.logits, host.data());
+      sample_trees_on_host(host, t.logits.cols, *want.sample, &out->sampled);
+    }
     if (want.top_logprobs >= 0) {
       // Emitted token d of item i is predicted by the row of path node d (the bonus token by
       // the last): log p = raw logit - log-sum-exp of the row (from its best entry).

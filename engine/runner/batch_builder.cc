@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "engine/core/error.h"
-#include "engine/spec/tree_mask.h"
+#include "engine/verify/tree_mask.h"
 
 namespace arbor {
 

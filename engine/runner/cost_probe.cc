@@ -5,7 +5,7 @@
 #include <string>
 
 #include "engine/core/error.h"
-#include "engine/spec/tree_mask.h"
+#include "engine/verify/tree_mask.h"
 
 namespace arbor {
 

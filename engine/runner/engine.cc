@@ -8,9 +8,9 @@
 
 #include "engine/backend/step_graphs.h"
 #include "engine/core/error.h"
+#include "engine/core/host_math.h"
 #include "engine/runner/batch_builder.h"
-#include "engine/spec/device_verify.h"
-#include "engine/spec/proposer_math.h"
+#include "engine/verify/device_verify.h"
 
 namespace arbor {
 
@@ -69,12 +69,12 @@ SamplingParams choice_params(const SamplingParams& p, int32_t choice) {
 }
 
 TokenLogprob logprob_of(std::span<const float> logits, int32_t token, int32_t k) {
-  const float lse = spec_math::logsumexp(logits);
+  const float lse = host_math::logsumexp(logits);
   TokenLogprob t;
   t.token = token;
   t.logprob = logits[token] - lse;
   if (k > 0)
-    for (int32_t id : spec_math::top_k(logits, k)) t.top.emplace_back(id, logits[id] - lse);
+    for (int32_t id : host_math::top_k(logits, k)) t.top.emplace_back(id, logits[id] - lse);
   return t;
 }
 
@@ -304,72 +304,109 @@ void pad_tree(DraftTree* tree, int32_t size, std::span<const int32_t> context, i
 
 }  // namespace
 
-std::vector<EngineEvent> Engine::step() {
-  std::vector<EngineEvent> events;
-  const int64_t vocab = model_.config().vocab_size;
-  const int32_t eos = model_.config().eos_token_id;
-
-  // Every speculating request's tree in one proposer call (a draft model batches its forwards
-  // across requests). The drafting time is the step's, recorded against its deepest budget.
-  double drafted_ms = 0, observe_ms = 0;
+// One step's state, handed from stage to stage.
+struct Engine::StepRun {
+  explicit StepRun(int64_t vocab) : sampling(vocab) {}
+  std::chrono::steady_clock::time_point start;
+  // draft
+  double drafted_ms = 0;
   int32_t drafted_depth = 0;
-  const auto step_start = std::chrono::steady_clock::now();
-  auto draft = [&](const std::vector<std::pair<ReqId, TreeBudget>>& wanted) {
-    std::vector<std::pair<RequestId, TreeBudget>> requests;
-    for (const auto& [sid, budget] : wanted)
-      requests.push_back({static_cast<RequestId>(sid), budget});
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<DraftTree> trees = proposer_->propose_batch(requests);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    stats_.draft_seconds += ms * 1e-3;
-    drafted_ms += ms;
-    for (const auto& w : wanted) drafted_depth = std::max(drafted_depth, w.second.max_depth);
-    ARBOR_CHECK(trees.size() == wanted.size(), "proposer returned " + std::to_string(trees.size()) +
-                                                   " trees for " + std::to_string(wanted.size()) +
-                                                   " requests");
-    std::vector<int32_t> n;
+  // reserve
+  StepPlan plan;
+  // forward
+  StepInputs inputs;
+  std::vector<int32_t> first_logit;  // [items] the first logits row of each item
+  bool any_prefill = false, any_decode = false;
+  bool argmax_only = false;     // only argmax ids came back (ForwardRequest::argmax_only)
+  bool backend_sample = false;  // sampled / verified on the backend (ForwardRequest::sample)
+  TreeSampleBuilder sampling;
+  std::vector<int32_t> sample_item;  // [items] index in `sampling`, -1 when not sampled there
+  bool warmup = false;               // the forward warmed up a step graph (see forward())
+  // verify
+  std::vector<VerifyResult> verified;  // [items] decode items' results
+  // commit
+  std::vector<EngineEvent> events;
+  std::vector<uint64_t> finished;
+  std::vector<PendingFeedback> pending;  // verify steps' feedback, observed after the commits
+};
+
+std::vector<EngineEvent> Engine::step() {
+  StepRun run(model_.config().vocab_size);
+  run.start = std::chrono::steady_clock::now();
+  PlannedStep planned = sched_.plan_step();                       // admission, items, budgets
+  const std::vector<int32_t> sizes = draft(planned.trees, &run);  // trees, all requests at once
+  run.plan = sched_.reserve_step(std::move(planned), sizes);      // KV slots, preemption
+  apply_plan(run.plan);
+  if (run.plan.items.empty()) return {};
+  forward(&run);  // one forward pass; sampling and verification on the backend where it can
+  verify(&run);   // every tree's accepted path (from the backend's results or on the host)
+  commit(&run);   // KV compaction, tokens emitted, stops
+  observe(&run);  // the proposer folds in the accepted paths; the cost models learn the step
+  for (uint64_t sid : run.finished) drop(sid);
+  return std::move(run.events);
+}
+
+std::vector<int32_t> Engine::draft(const std::vector<std::pair<ReqId, TreeBudget>>& wanted,
+                                   StepRun* run) {
+  if (wanted.empty()) return {};
+  const int64_t vocab = model_.config().vocab_size;
+  std::vector<std::pair<RequestId, TreeBudget>> requests;
+  for (const auto& [sid, budget] : wanted)
+    requests.push_back({static_cast<RequestId>(sid), budget});
+  // The drafting time is the step's, recorded against its deepest budget.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<DraftTree> trees = proposer_->propose_batch(requests);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  stats_.draft_seconds += ms * 1e-3;
+  run->drafted_ms += ms;
+  for (const auto& w : wanted)
+    run->drafted_depth = std::max(run->drafted_depth, w.second.max_depth);
+  ARBOR_CHECK(trees.size() == wanted.size(), "proposer returned " + std::to_string(trees.size()) +
+                                                 " trees for " + std::to_string(wanted.size()) +
+                                                 " requests");
+  std::vector<int32_t> n;
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const auto& [sid, budget] = wanted[i];
+    Choice& c = *choices_.at(sid);
+    c.draft = std::move(trees[i]);
+    ARBOR_CHECK(!c.draft.token.empty() && c.draft.token[0] == sched_.context(sid).back(),
+                "proposer tree root differs from the request's newest token");
+    n.push_back(std::min<int32_t>(c.draft.size(), budget.max_nodes));
+  }
+  if (proposer_->varying_tree_sizes() &&
+      (config_.pad_trees == 1 || (config_.pad_trees == -1 && model_.step_graphs()))) {
+    // A step graph's key holds the step's token count, not each request's tree size: the
+    // trees' total is padded up to a bucket (the next power of two for one tree, 2 buckets
+    // per power of two for several), the extra nodes dealt out one at a time to the smallest
+    // trees that may still grow.
+    std::vector<size_t> open;  // trees that may grow (no tree, or cut to its budget later: no)
+    int64_t total = 0;
     for (size_t i = 0; i < wanted.size(); ++i) {
-      const auto& [sid, budget] = wanted[i];
-      Choice& c = *choices_.at(sid);
-      c.draft = std::move(trees[i]);
-      ARBOR_CHECK(!c.draft.token.empty() && c.draft.token[0] == sched_.context(sid).back(),
-                  "proposer tree root differs from the request's newest token");
-      n.push_back(std::min<int32_t>(c.draft.size(), budget.max_nodes));
+      total += n[i];
+      if (n[i] >= 2 && choices_.at(wanted[i].first)->draft.size() <= n[i]) open.push_back(i);
     }
-    if (proposer_->varying_tree_sizes() &&
-        (config_.pad_trees == 1 || (config_.pad_trees == -1 && model_.step_graphs()))) {
-      // A step graph's key holds the step's token count, not each request's tree size: the
-      // trees' total is padded up to a bucket (the next power of two for one tree, 2 buckets
-      // per power of two for several), the extra nodes dealt out one at a time to the smallest
-      // trees that may still grow.
-      std::vector<size_t> open;  // trees that may grow (no tree, or cut to its budget later: no)
-      int64_t total = 0;
-      for (size_t i = 0; i < wanted.size(); ++i) {
-        total += n[i];
-        if (n[i] >= 2 && choices_.at(wanted[i].first)->draft.size() <= n[i]) open.push_back(i);
-      }
-      std::vector<int32_t> size = n;
-      int64_t extra = graph_bucket(total, wanted.size() > 1 ? 2 : 1) - total;
-      while (extra > 0) {
-        size_t pick = wanted.size();
-        for (size_t i : open)
-          if (size[i] < wanted[i].second.max_nodes &&
-              (pick == wanted.size() || size[i] < size[pick]))
-            pick = i;
-        if (pick == wanted.size()) break;  // every open tree is at its budget
-        ++size[pick];
-        --extra;
-      }
-      for (size_t i : open) {
-        Choice& c = *choices_.at(wanted[i].first);
-        pad_tree(&c.draft, size[i], sched_.context(wanted[i].first), vocab);
-        n[i] = c.draft.size();
-      }
+    std::vector<int32_t> size = n;
+    int64_t extra = graph_bucket(total, wanted.size() > 1 ? 2 : 1) - total;
+    while (extra > 0) {
+      size_t pick = wanted.size();
+      for (size_t i : open)
+        if (size[i] < wanted[i].second.max_nodes && (pick == wanted.size() || size[i] < size[pick]))
+          pick = i;
+      if (pick == wanted.size()) break;  // every open tree is at its budget
+      ++size[pick];
+      --extra;
     }
-    return n;
-  };
-  const StepPlan plan = sched_.schedule(Scheduler::BatchDraftFn(draft));
+    for (size_t i : open) {
+      Choice& c = *choices_.at(wanted[i].first);
+      pad_tree(&c.draft, size[i], sched_.context(wanted[i].first), vocab);
+      n[i] = c.draft.size();
+    }
+  }
+  return n;
+}
+
+void Engine::apply_plan(const StepPlan& plan) {
   for (ReqId sid : plan.preempted) {
     Choice& c = *choices_.at(sid);
     c.result.preemptions++;
@@ -393,17 +430,18 @@ std::vector<EngineEvent> Engine::step() {
     c.speculate = false;
   }
   if (!plan.copies.empty()) model_.backend().copy_kv(plan.copies.src_slots, plan.copies.dst_slots);
-  if (plan.items.empty()) return events;
+}
 
+void Engine::forward(StepRun* run) {
+  const StepPlan& plan = run->plan;
   std::vector<StepItem> items;
-  bool any_prefill = false, any_decode = false;
   for (const ScheduledItem& it : plan.items) {
     const Choice& c = *choices_.at(it.id);
     const std::vector<int32_t>& ctx = sched_.context(it.id);
     StepItem s;
     s.seq = sched_.seq(it.id);
     if (it.decode) {
-      any_decode = true;
+      run->any_decode = true;
       if (it.num_tokens > 1) {
         ARBOR_CHECK(c.draft.size() == it.num_tokens);
         s.tokens = c.draft.token;
@@ -413,13 +451,12 @@ std::vector<EngineEvent> Engine::step() {
         s.tokens = {ctx.back()};
       }
     } else {
-      any_prefill = true;
+      run->any_prefill = true;
       s.tokens.assign(ctx.begin() + it.start, ctx.begin() + it.start + it.num_tokens);
     }
     items.push_back(std::move(s));
   }
-  StepInputs step;
-  const std::vector<int32_t> first_logit = BatchBuilder::build(kv_, items, &step);
+  run->first_logit = BatchBuilder::build(kv_, items, &run->inputs);
 
   ForwardRequest want;  // features only when a speculating request needs them
   for (const ScheduledItem& it : plan.items)
@@ -431,12 +468,11 @@ std::vector<EngineEvent> Engine::step() {
     const Choice& c = *choices_.at(it.id);
     if (!argmax_suffices(c.req(), c.sampler.params())) want.argmax_only = false;
   }
-  const bool argmax_only = want.argmax_only;
+  run->argmax_only = want.argmax_only;
   // Else sample / verify on the backend when every item can: items that emit a token are added
   // to `sampling` (sample_item[k] = their index), and only ids come back.
-  TreeSampleBuilder sampling(vocab);
-  std::vector<int32_t> sample_item(plan.items.size(), -1);
-  bool backend_sample = !argmax_only && config_.backend_sampling;
+  run->sample_item.assign(plan.items.size(), -1);
+  bool backend_sample = !run->argmax_only && config_.backend_sampling;
   for (size_t k = 0; k < plan.items.size() && backend_sample; ++k) {
     const ScheduledItem& it = plan.items[k];
     const Choice& c = *choices_.at(it.id);
@@ -454,95 +490,129 @@ std::vector<EngineEvent> Engine::step() {
       const std::vector<int32_t>& ctx = sched_.context(it.id);
       if (!it.decode) {
         if (!it.last_chunk) continue;
-        sample_item[k] = sampling.add(DraftTree::root_only(ctx.back()), first_logit[k],
-                                      c.sampler.params(), c.req().prompt, c.result.tokens, &c.rng);
+        run->sample_item[k] =
+            run->sampling.add(DraftTree::root_only(ctx.back()), run->first_logit[k],
+                              c.sampler.params(), c.req().prompt, c.result.tokens, &c.rng);
         continue;
       }
       const std::span<const int32_t> cs(ctx);
       const size_t prompt_len = c.req().prompt.size();
-      sample_item[k] = sampling.add(it.num_tokens > 1 ? c.draft : DraftTree::root_only(ctx.back()),
-                                    first_logit[k], c.sampler.params(), cs.subspan(0, prompt_len),
-                                    cs.subspan(prompt_len), &c.rng);
+      run->sample_item[k] = run->sampling.add(
+          it.num_tokens > 1 ? c.draft : DraftTree::root_only(ctx.back()), run->first_logit[k],
+          c.sampler.params(), cs.subspan(0, prompt_len), cs.subspan(prompt_len), &c.rng);
     }
-    want.sample = &sampling.batch();
+    want.sample = &run->sampling.batch();
   }
+  run->backend_sample = backend_sample;
   if (!backend_sample) want.top_logprobs = -1;
-  if (!argmax_only && !backend_sample) stats_.logits_downloads++;
+  if (!run->argmax_only && !backend_sample) stats_.logits_downloads++;
   const StepGraphStats graphs_before = model_.step_graph_stats();
   const auto t0 = std::chrono::steady_clock::now();
-  model_.forward(step, &out_, want);
+  model_.forward(run->inputs, &out_, want);
   // A step whose shape ran eagerly on its way to a recording, or was recorded, is a warm-up:
   // several times slower than the replays that follow, so it would mislead the cost model.
   const StepGraphStats graphs_after = model_.step_graph_stats();
-  const bool warmup_step =
+  run->warmup =
       graphs_after.eager != graphs_before.eager || graphs_after.captures != graphs_before.captures;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_.steps++;
-  (any_prefill && any_decode ? stats_.mixed_seconds
-   : any_prefill             ? stats_.prefill_seconds
-                             : stats_.decode_seconds) += secs;
-  const auto step_batch = static_cast<int32_t>(items.size());
-  const int32_t step_tokens = step.num_tokens();
+  (run->any_prefill && run->any_decode ? stats_.mixed_seconds
+   : run->any_prefill                  ? stats_.prefill_seconds
+                                       : stats_.decode_seconds) += secs;
+}
 
-  auto logits_row = [&](int32_t row) {
-    return std::span<const float>(out_.logits.data() + static_cast<int64_t>(row) * vocab,
-                                  static_cast<size_t>(vocab));
-  };
-  // Emits tokens for a choice (stopping at a stop token or max_tokens); `rows` are the logits
-  // rows that predicted them.
-  std::vector<uint64_t> finished;
-  std::vector<PendingFeedback> pending;  // verify steps' feedback, observed after the loop
-  // The logprob of emitted token i of backend-sampled item `item` (row: its logits row).
-  auto backend_logprob = [&](int32_t item, size_t i, int32_t tok, int32_t row, int32_t k) {
-    TokenLogprob t;
-    t.token = tok;
-    t.logprob = out_.emitted_logprobs[static_cast<size_t>(out_.emitted_indptr[item]) + i];
-    for (int32_t j = 0; j < std::min(k, out_.top_k); ++j) {
-      const size_t e = static_cast<size_t>(row) * out_.top_k + j;
-      t.top.emplace_back(out_.top_ids[e], out_.top_values[e]);
-    }
-    return t;
-  };
-  auto emit = [&](Choice& c, const std::vector<int32_t>& tokens, const std::vector<int32_t>& rows,
-                  int32_t accepted, int32_t item) {
-    EngineEvent ev;
-    ev.id = c.request->id;
-    ev.choice = c.index;
-    const GenerationRequest& r = c.req();
-    const char* reason = nullptr;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      const int32_t tok = tokens[i];
-      c.result.tokens.push_back(tok);
-      ev.tokens.push_back(tok);
-      if (r.logprobs >= 0)
-        ev.logprobs.push_back(item >= 0 ? backend_logprob(item, i, tok, rows[i], r.logprobs)
-                                        : logprob_of(logits_row(rows[i]), tok, r.logprobs));
-      stats_.decode_tokens++;
-      const bool stop = (!r.ignore_eos && tok == eos) ||
-                        std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), tok) !=
-                            r.stop_token_ids.end();
-      if (stop)
-        reason = "stop";
-      else if (static_cast<int32_t>(c.result.tokens.size()) >= r.max_tokens)
-        reason = "length";
-      if (reason) break;
-    }
-    ev.accepted_draft_tokens = std::min<int32_t>(accepted, static_cast<int32_t>(ev.tokens.size()));
-    if (reason) {
-      c.result.finish_reason = reason;
-      ev.finished = true;
-      ev.result = c.result;
-      finished.push_back(c.sid);
-    } else {
-      sched_.append(c.sid, ev.tokens);
-    }
-    events.push_back(std::move(ev));
-  };
+void Engine::verify(StepRun* run) {
+  const int64_t vocab = model_.config().vocab_size;
+  const StepPlan& plan = run->plan;
+  run->verified.assign(plan.items.size(), VerifyResult{});
+  for (size_t k = 0; k < plan.items.size(); ++k) {
+    const ScheduledItem& it = plan.items[k];
+    if (!it.decode) continue;
+    Choice& c = *choices_.at(it.id);
+    const std::vector<int32_t>& ctx = sched_.context(it.id);
+    if (it.num_tokens <= 1) c.draft = DraftTree::root_only(ctx.back());
+    const DraftTree& tree = c.draft;
+    const int32_t t = tree.size();
+    const size_t prompt_len = c.req().prompt.size();
+    const std::span<const int32_t> cs(ctx);
+    const int32_t first = run->first_logit[k];
+    // Recomputed requests carry generated tokens in the context: split at the prompt.
+    run->verified[k] =
+        run->backend_sample ? run->sampling.result(run->sample_item[k], out_.sampled)
+        : run->argmax_only
+            ? verify_greedy_argmax(tree,
+                                   std::span<const int32_t>(out_.argmax)
+                                       .subspan(static_cast<size_t>(first), static_cast<size_t>(t)),
+                                   vocab, cs.subspan(0, prompt_len), cs.subspan(prompt_len))
+            : arbor::verify(
+                  tree,
+                  std::span<const float>(out_.logits)
+                      .subspan(static_cast<size_t>(first) * vocab, static_cast<size_t>(t * vocab)),
+                  vocab, c.sampler, cs.subspan(0, prompt_len), cs.subspan(prompt_len), c.rng,
+                  config_.verify);
+  }
+}
 
+void Engine::emit(StepRun* run, Choice& c, const std::vector<int32_t>& tokens,
+                  const std::vector<int32_t>& rows, int32_t accepted, int32_t item) {
+  const int64_t vocab = model_.config().vocab_size;
+  const int32_t eos = model_.config().eos_token_id;
+  EngineEvent ev;
+  ev.id = c.request->id;
+  ev.choice = c.index;
+  const GenerationRequest& r = c.req();
+  const char* reason = nullptr;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t tok = tokens[i];
+    c.result.tokens.push_back(tok);
+    ev.tokens.push_back(tok);
+    if (r.logprobs >= 0) {
+      if (item >= 0) {  // sampled on the backend: its logprobs came back with the ids
+        TokenLogprob t;
+        t.token = tok;
+        t.logprob = out_.emitted_logprobs[static_cast<size_t>(out_.emitted_indptr[item]) + i];
+        for (int32_t j = 0; j < std::min(r.logprobs, out_.top_k); ++j) {
+          const size_t e = static_cast<size_t>(rows[i]) * out_.top_k + j;
+          t.top.emplace_back(out_.top_ids[e], out_.top_values[e]);
+        }
+        ev.logprobs.push_back(std::move(t));
+      } else {
+        ev.logprobs.push_back(logprob_of(
+            std::span<const float>(out_.logits.data() + static_cast<int64_t>(rows[i]) * vocab,
+                                   static_cast<size_t>(vocab)),
+            tok, r.logprobs));
+      }
+    }
+    stats_.decode_tokens++;
+    const bool stop =
+        (!r.ignore_eos && tok == eos) ||
+        std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), tok) != r.stop_token_ids.end();
+    if (stop)
+      reason = "stop";
+    else if (static_cast<int32_t>(c.result.tokens.size()) >= r.max_tokens)
+      reason = "length";
+    if (reason) break;
+  }
+  ev.accepted_draft_tokens = std::min<int32_t>(accepted, static_cast<int32_t>(ev.tokens.size()));
+  if (reason) {
+    c.result.finish_reason = reason;
+    ev.finished = true;
+    ev.result = c.result;
+    run->finished.push_back(c.sid);
+  } else {
+    sched_.append(c.sid, ev.tokens);
+  }
+  run->events.push_back(std::move(ev));
+}
+
+void Engine::commit(StepRun* run) {
+  const int64_t vocab = model_.config().vocab_size;
+  const StepPlan& plan = run->plan;
   for (size_t k = 0; k < plan.items.size(); ++k) {
     const ScheduledItem& it = plan.items[k];
     Choice& c = *choices_.at(it.id);
-    const int32_t first_row = step.qo_indptr[k];
+    const int32_t first_row = run->inputs.qo_indptr[k];
+    const int32_t first_logit = run->first_logit[k];
     if (!it.decode) {
       sched_.commit_prefill(it);
       stats_.prefill_tokens += it.num_tokens;
@@ -555,12 +625,16 @@ std::vector<EngineEvent> Engine::step() {
              ctx[static_cast<size_t>(it.start + it.num_tokens)]);
         continue;
       }
+      // The first generated token: sampled from the chunk's last row.
       Request& req = *c.request;
       auto next_token = [&](Choice& x) {
-        if (argmax_only) return checked_argmax(out_.argmax[first_logit[k]], vocab);
-        if (backend_sample) return sampling.result(sample_item[k], out_.sampled).bonus_token;
-        return x.sampler.sample_token(logits_row(first_logit[k]), x.req().prompt, x.result.tokens,
-                                      x.rng);
+        if (run->argmax_only) return checked_argmax(out_.argmax[first_logit], vocab);
+        if (run->backend_sample)
+          return run->sampling.result(run->sample_item[k], out_.sampled).bonus_token;
+        return x.sampler.sample_token(
+            std::span<const float>(out_.logits.data() + static_cast<int64_t>(first_logit) * vocab,
+                                   static_cast<size_t>(vocab)),
+            x.req().prompt, x.result.tokens, x.rng);
       };
       if (c.index == 0 && req.req.n > 1 && !req.forked) {
         // n > 1: the prompt's KV is computed once; the other choices fork it here and each
@@ -584,60 +658,47 @@ std::vector<EngineEvent> Engine::step() {
         for (Choice* x : all) {
           const int32_t next = next_token(*x);
           if (x->speculate) feed(*x, sched_.computed(x->sid), {}, {}, first_row, next);
-          emit(*x, {next}, {first_logit[k]}, 0, -1);
+          emit(run, *x, {next}, {first_logit}, 0, -1);
         }
         continue;
       }
       const int32_t next = next_token(c);
       feed(c, it.start, chunk, rows, first_row, next);
-      emit(c, {next}, {first_logit[k]}, 0, sample_item[k]);
+      emit(run, c, {next}, {first_logit}, 0, run->sample_item[k]);
       continue;
     }
-    // Decode / verify.
-    const std::vector<int32_t>& ctx = sched_.context(it.id);
-    const DraftTree tree = it.num_tokens > 1 ? c.draft : DraftTree::root_only(ctx.back());
+    // A decode / verify item: the accepted path's KV is compacted into place.
+    const VerifyResult& v = run->verified[k];
+    const DraftTree& tree = c.draft;
     const int32_t t = tree.size();
     stats_.tree_tokens += t;
-    const size_t prompt_len = c.req().prompt.size();
-    const std::span<const int32_t> cs(ctx);
-    // Recomputed requests carry generated tokens in the context: split at the prompt.
-    const VerifyResult v =
-        backend_sample ? sampling.result(sample_item[k], out_.sampled)
-        : argmax_only
-            ? verify_greedy_argmax(
-                  tree,
-                  std::span<const int32_t>(out_.argmax)
-                      .subspan(static_cast<size_t>(first_logit[k]), static_cast<size_t>(t)),
-                  vocab, cs.subspan(0, prompt_len), cs.subspan(prompt_len))
-            : verify(tree,
-                     std::span<const float>(out_.logits)
-                         .subspan(static_cast<size_t>(first_logit[k]) * vocab,
-                                  static_cast<size_t>(t * vocab)),
-                     vocab, c.sampler, cs.subspan(0, prompt_len), cs.subspan(prompt_len), c.rng,
-                     config_.verify);
     c.result.acceptance.add(v);
     if (t > 1) stats_.acceptance.add(v);
     sched_.record_acceptance(it.id, v, t);
     std::vector<int32_t> node_tokens;
     for (int32_t node : v.accepted_nodes) node_tokens.push_back(tree.token[node]);
     const int32_t start = sched_.computed(it.id);
-    const CommitPlan commit = sched_.commit_tree(it.id, v.accepted_nodes, node_tokens);
-    if (!commit.copies.empty())
-      model_.backend().copy_kv(commit.copies.src_slots, commit.copies.dst_slots);
+    const CommitPlan compaction = sched_.commit_tree(it.id, v.accepted_nodes, node_tokens);
+    if (!compaction.copies.empty())
+      model_.backend().copy_kv(compaction.copies.src_slots, compaction.copies.dst_slots);
     std::vector<int32_t> emitted = v.accepted_tokens;
     emitted.push_back(v.bonus_token);
     std::vector<int32_t> rows;
-    for (int32_t node : v.accepted_nodes) rows.push_back(first_logit[k] + node);
+    for (int32_t node : v.accepted_nodes) rows.push_back(first_logit + node);
     if (c.speculate) {
-      pending.emplace_back();
-      feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token, &pending.back());
-      pending.back().tree = t > 1;
+      run->pending.emplace_back();
+      feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token, &run->pending.back());
+      run->pending.back().tree = t > 1;
     }
-    emit(c, emitted, rows, v.num_accepted(), sample_item[k]);
+    emit(run, c, emitted, rows, v.num_accepted(), run->sample_item[k]);
   }
-  if (!pending.empty()) {
+}
+
+void Engine::observe(StepRun* run) {
+  double observe_ms = 0;
+  if (!run->pending.empty()) {
     std::vector<TargetFeedback> fbs;
-    for (const PendingFeedback& p : pending) fbs.push_back(p.view());
+    for (const PendingFeedback& p : run->pending) fbs.push_back(p.view());
     const auto f0 = std::chrono::steady_clock::now();
     proposer_->observe_batch(fbs);
     observe_ms =
@@ -648,19 +709,18 @@ std::vector<EngineEvent> Engine::step() {
     // A warm-up step (a new step shape) usually drafts new shapes too, whose one-time work
     // (GEMM tuning, draft graph recording: 19.5 ms against 0.1 for SmolLM2's Medusa heads) would
     // set the draft cost estimate's level.
-    if (drafted_depth > 0 && !warmup_step)
-      sched_.record_draft_step(drafted_depth, drafted_ms + observe_ms);
+    if (run->drafted_depth > 0 && !run->warmup)
+      sched_.record_draft_step(run->drafted_depth, run->drafted_ms + observe_ms);
   }
   // The cost model learns the whole step but the proposer's part (which the draft cost model
   // learns): the forward plus planning, tree building, verification and compaction, all of
   // which grow with the tree tokens. Steps that warmed up a step graph are left out.
   const double step_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start)
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - run->start)
           .count();
-  if (!warmup_step)
-    sched_.observe_step(step_batch, step_tokens, std::max(step_ms - drafted_ms - observe_ms, 1e-3));
-  for (uint64_t sid : finished) drop(sid);
-  return events;
+  if (!run->warmup)
+    sched_.observe_step(static_cast<int32_t>(run->plan.items.size()), run->inputs.num_tokens(),
+                        std::max(step_ms - run->drafted_ms - observe_ms, 1e-3));
 }
 
 }  // namespace arbor

@@ -18,7 +18,7 @@
 #include "engine/sampling/sampler.h"
 #include "engine/scheduler/scheduler.h"
 #include "engine/spec/proposer.h"
-#include "engine/spec/verifier.h"
+#include "engine/verify/verifier.h"
 
 namespace arbor {
 
@@ -156,6 +156,29 @@ class Engine {
   void feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
             const std::vector<int32_t>& rows, int32_t first_row, int32_t next,
             PendingFeedback* defer = nullptr);
+
+  // step()'s stages, in order (README.md): plan (Scheduler::plan_step) -> draft -> reserve
+  // (Scheduler::reserve_step, apply_plan) -> forward -> verify -> commit -> observe.
+  struct StepRun;
+  // Drafts the planned trees (all requests in one Proposer::propose_batch call), pads them for
+  // step graphs; returns each tree's node count.
+  std::vector<int32_t> draft(const std::vector<std::pair<ReqId, TreeBudget>>& wanted, StepRun* run);
+  // Preemptions, admissions and detachments reach the proposer; copy-on-write copies run.
+  void apply_plan(const StepPlan& plan);
+  // Builds the flat step and runs the model: argmax ids only, or sampling and verification on
+  // the backend, or the logits, whichever every item allows.
+  void forward(StepRun* run);
+  // Every decode item's VerifyResult.
+  void verify(StepRun* run);
+  // Prefill chunks commit (a last chunk samples the first token; n > 1 forks here), verified
+  // paths commit and compact, tokens are emitted up to a stop.
+  void commit(StepRun* run);
+  // Emits tokens for a choice, stopping at a stop token or max_tokens; `rows` are the logits
+  // rows that predicted them, `item` its index among the backend-sampled items (-1: none).
+  void emit(StepRun* run, Choice& c, const std::vector<int32_t>& tokens,
+            const std::vector<int32_t>& rows, int32_t accepted, int32_t item);
+  // The proposer observes the step's accepted paths in one call; the cost models learn.
+  void observe(StepRun* run);
 
   LlamaModel& model_;
   EngineConfig config_;

@@ -208,18 +208,11 @@ void Scheduler::admit(StepPlan* plan) {
   }
 }
 
-StepPlan Scheduler::schedule(const DraftFn& draft) {
-  return schedule(BatchDraftFn([&](const std::vector<std::pair<ReqId, TreeBudget>>& requests) {
-    std::vector<int32_t> n;
-    for (const auto& [id, budget] : requests) n.push_back(draft(id, budget));
-    return n;
-  }));
-}
-
-StepPlan Scheduler::schedule(const BatchDraftFn& draft) {
-  StepPlan plan;
+PlannedStep Scheduler::plan_step() {
+  PlannedStep planned;
+  StepPlan& plan = planned.plan_;
   admit(&plan);
-  if (running_.empty()) return plan;
+  if (running_.empty()) return planned;
 
   // Decode items first (every decoding request gets one), then prefill chunks in admission
   // order within the token budget left after one token per decode.
@@ -298,13 +291,7 @@ StepPlan Scheduler::schedule(const BatchDraftFn& draft) {
     }
   }
 
-  // Reserve: decodes, then chunks. Out of blocks: a tree falls back to its root, then the newest
-  // running request is preempted (possibly the one being planned) until the item fits.
-  auto is_running = [&](ReqId id) {
-    return std::find(running_.begin(), running_.end(), id) != running_.end();
-  };
-  std::vector<ScheduledItem> decode_items;
-  std::vector<std::pair<ReqId, TreeBudget>> to_draft;
+  std::vector<ScheduledItem>& decode_items = planned.decodes_;
   for (size_t k = 0; k < decodes.size(); ++k) {
     const ReqId id = decodes[k];
     Req& r = get(id);
@@ -322,18 +309,27 @@ StepPlan Scheduler::schedule(const BatchDraftFn& draft) {
           std::fprintf(stderr, "tree detach: request %llu\n", (unsigned long long)id);
       }
     }
-    if (it.budget.max_nodes > 1) to_draft.push_back({id, it.budget});
+    if (it.budget.max_nodes > 1) planned.trees.push_back({id, it.budget});
     decode_items.push_back(it);
   }
-  std::vector<int32_t> drafted;
-  if (!to_draft.empty()) {
-    drafted = draft(to_draft);
-    ARBOR_CHECK(drafted.size() == to_draft.size(),
-                "drafted " + std::to_string(drafted.size()) + " trees for " +
-                    std::to_string(to_draft.size()) + " requests");
-  }
+  planned.chunks_ = std::move(chunks);
+  planned.planned_ = true;
+  return planned;
+}
+
+StepPlan Scheduler::reserve_step(PlannedStep planned, std::span<const int32_t> drafted) {
+  ARBOR_CHECK(drafted.size() == planned.trees.size(),
+              "drafted " + std::to_string(drafted.size()) + " trees for " +
+                  std::to_string(planned.trees.size()) + " requests");
+  StepPlan plan = std::move(planned.plan_);
+  if (!planned.planned_) return plan;
+  // Reserve: decodes, then chunks. Out of blocks: a tree falls back to its root, then the newest
+  // running request is preempted (possibly the one being planned) until the item fits.
+  auto is_running = [&](ReqId id) {
+    return std::find(running_.begin(), running_.end(), id) != running_.end();
+  };
   size_t next_draft = 0;
-  for (ScheduledItem it : decode_items) {
+  for (ScheduledItem it : planned.decodes_) {
     const ReqId id = it.id;
     int32_t n = 1;
     if (it.budget.max_nodes > 1) {
@@ -359,7 +355,7 @@ StepPlan Scheduler::schedule(const BatchDraftFn& draft) {
     it.num_tokens = n;
     plan.items.push_back(it);
   }
-  for (ScheduledItem it : chunks) {
+  for (ScheduledItem it : planned.chunks_) {
     if (!is_running(it.id)) continue;
     Req& r = get(it.id);
     bool ok = reserve(r, it.num_tokens, &plan);

@@ -10,14 +10,14 @@
 
 #include <cstdint>
 #include <deque>
-#include <functional>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/kv_cache/kv_cache_manager.h"
 #include "engine/scheduler/cost_model.h"
 #include "engine/scheduler/tree_policy.h"
-#include "engine/spec/verifier.h"
+#include "engine/verify/verifier.h"
 
 namespace arbor {
 
@@ -59,6 +59,19 @@ struct StepPlan {
   int32_t total_tokens() const;
 };
 
+// The first phase of a step's plan (Scheduler::plan_step): the trees to draft, in order.
+class PlannedStep {
+ public:
+  std::vector<std::pair<ReqId, TreeBudget>> trees;
+
+ private:
+  friend class Scheduler;
+  StepPlan plan_;                       // admitted and detached so far
+  std::vector<ScheduledItem> decodes_;  // every decode item, budgets set
+  std::vector<ScheduledItem> chunks_;   // prefill chunks within the token budget
+  bool planned_ = false;                // running requests existed
+};
+
 class Scheduler {
  public:
   Scheduler(KvCacheManager& kv, const SchedulerConfig& config);
@@ -66,16 +79,15 @@ class Scheduler {
   // Queues a request. `context` is what its KV must hold before decoding (the prompt). Throws
   // kInvalidArgument for a duplicate id or an empty context.
   void add(ReqId id, std::vector<int32_t> context, bool speculate);
-  // Draws the tree of a decode item: returns its node count in [1, budget.max_nodes].
-  using DraftFn = std::function<int32_t(ReqId, const TreeBudget&)>;
-  // Draws the trees of every speculating decode item of the step at once (a batched
-  // proposer): their node counts, in order.
-  using BatchDraftFn =
-      std::function<std::vector<int32_t>(const std::vector<std::pair<ReqId, TreeBudget>>&)>;
-  // Plans one step and applies its reservations (items hold exactly num_tokens reserved slots).
-  // Empty when nothing is runnable. Trees are drafted before any reservation, all in one call.
-  StepPlan schedule(const BatchDraftFn& draft);
-  StepPlan schedule(const DraftFn& draft);
+  // Plans one step in two phases, so the trees are drafted between them by whoever owns the
+  // proposer (the engine), for all requests at once:
+  //   PlannedStep p = sched.plan_step();          // admission, items, tree budgets
+  //   sizes = <draft p.trees: each tree's node count, in [1, budget.max_nodes]>;
+  //   StepPlan plan = sched.reserve_step(std::move(p), sizes);  // reservations, preemption
+  // The plan's items hold exactly num_tokens reserved slots; it is empty when nothing is
+  // runnable. Nothing may change the scheduler between the two calls.
+  PlannedStep plan_step();
+  StepPlan reserve_step(PlannedStep planned, std::span<const int32_t> tree_sizes);
 
   // --- after the step ran ---------------------------------------------------------------------
   // A prefill chunk's tokens are in the cache.

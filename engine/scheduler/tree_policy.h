@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "engine/scheduler/cost_model.h"
-#include "engine/spec/proposer.h"
+#include "engine/verify/tree_budget.h"
 
 namespace arbor {
 

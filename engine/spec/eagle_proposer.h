@@ -10,7 +10,7 @@
 #include <unordered_map>
 
 #include "engine/model/model_weights.h"
-#include "engine/spec/eagle_draft_model.h"
+#include "engine/draft/eagle_draft_model.h"
 #include "engine/spec/eagle_tree.h"
 #include "engine/spec/feedback_tracker.h"
 #include "engine/spec/proposer.h"

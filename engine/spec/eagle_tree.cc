@@ -4,7 +4,7 @@
 #include <numeric>
 
 #include "engine/core/error.h"
-#include "engine/spec/proposer_math.h"
+#include "engine/core/host_math.h"
 
 namespace arbor {
 
@@ -36,7 +36,7 @@ TopKRows top_k_of(std::span<const float> rows, int64_t vocab, int32_t k) {
   for (int64_t r = 0; r < n; ++r) {
     std::span<const float> row =
         rows.subspan(static_cast<size_t>(r * vocab), static_cast<size_t>(vocab));
-    for (int32_t id : spec_math::top_k(row, k)) {
+    for (int32_t id : host_math::top_k(row, k)) {
       out.ids.push_back(id);
       out.values.push_back(row[id]);
     }

@@ -12,7 +12,8 @@
 #include <span>
 #include <vector>
 
-#include "engine/spec/draft_tree.h"
+#include "engine/draft/top_k_rows.h"
+#include "engine/verify/draft_tree.h"
 
 namespace arbor {
 
@@ -42,23 +43,10 @@ DraftTree grow_dynamic_tree(int32_t root_token, std::span<const float> root_log_
                             const std::function<int32_t(int32_t)>& to_target,
                             const FrontierExpand& expand);
 
-// The same tree from each row's best k entries only (what the tree reads of a row): ids [rows,
-// k] best first (ties: lower id first, spec_math::top_k's order) and their log-probabilities,
-// k = min(params.top_k, draft_vocab). The draft computes them where its logits are
-// (Backend::top_k_log_softmax), so full-vocabulary rows never reach the host.
-struct TopKRows {
-  int32_t k = 0;
-  std::vector<int32_t> ids;   // [rows, k]
-  std::vector<float> values;  // [rows, k]
-  int32_t rows() const { return k ? static_cast<int32_t>(ids.size()) / k : 0; }
-  // Rows [begin, end).
-  TopKRows slice(size_t begin, size_t end) const {
-    const auto kk = static_cast<size_t>(k);
-    return {k,
-            {ids.begin() + begin * kk, ids.begin() + end * kk},
-            {values.begin() + begin * kk, values.begin() + end * kk}};
-  }
-};
+// The same tree from each row's best k entries only (what the tree reads of a row, TopKRows:
+// ids best first, ties lower id first; k = min(params.top_k, draft_vocab)). The draft computes
+// them where its logits are (Backend::top_k_log_softmax), so full-vocabulary rows never reach
+// the host.
 using FrontierExpandTopK =
     std::function<TopKRows(int32_t step, const std::vector<FrontierNode>& frontier)>;
 // grow_dynamic_tree_top_k as a state machine, so several requests' trees can grow in lockstep

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "engine/core/error.h"
-#include "engine/spec/proposer_math.h"
+#include "engine/core/host_math.h"
 
 namespace arbor {
 
@@ -91,7 +91,7 @@ std::vector<std::vector<int32_t>> MedusaProposer::head_top_k(std::span<const flo
         medusa_head_logits(heads_, hidden.subspan(static_cast<size_t>(r) * h, h), 1);
     for (size_t d = 0; d < k.size(); ++d) {
       if (k[d] <= 0) continue;
-      const std::vector<int32_t> top = spec_math::top_k(logits[d], k[d]);
+      const std::vector<int32_t> top = host_math::top_k(logits[d], k[d]);
       ids[d].insert(ids[d].end(), top.begin(), top.end());
     }
   }

@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "engine/spec/feedback_tracker.h"
-#include "engine/spec/medusa_device_heads.h"
-#include "engine/spec/medusa_heads.h"
+#include "engine/draft/medusa_device_heads.h"
+#include "engine/draft/medusa_heads.h"
 #include "engine/spec/proposer.h"
 #include "engine/spec/tree_choices.h"
 

@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "engine/backend/step_graphs.h"
-#include "engine/spec/draft_tree.h"
+#include "engine/verify/draft_tree.h"
+#include "engine/verify/tree_budget.h"
 
 namespace arbor {
 
@@ -30,11 +31,6 @@ struct TargetFeedback {
   std::span<const float> hidden;                 // [n, hidden_size] (empty if !needs_hidden())
   std::vector<std::span<const float>> captured;  // per capture layer: [n, hidden_size]
   int32_t next_token = -1;
-};
-
-struct TreeBudget {
-  int32_t max_nodes = 64;  // total nodes including the root
-  int32_t max_depth = 8;   // edges below the root
 };
 
 class Proposer {

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/spec/draft_tree.h"
+#include "engine/verify/draft_tree.h"
 
 namespace arbor {
 

@@ -1,6 +1,6 @@
-// pdl_enabled(): the ARBOR_PDL switch, the device's compute capability and a probe of this
-// build's device code, determined once.
-#include <cstdlib>
+// pdl_enabled(): the caller's switch, the device's compute capability and a probe of this
+// build's device code (determined once).
+#include <atomic>
 
 #include "kernels/common/pdl_launch.cuh"
 
@@ -19,12 +19,16 @@ __global__ void pdl_probe_kernel(int* out) {
 #endif
 }
 
+std::atomic<bool> g_allowed{true};
+
 }  // namespace
 
+void set_pdl_allowed(bool allowed) {
+  g_allowed.store(allowed, std::memory_order_relaxed);
+}
+
 bool pdl_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("ARBOR_PDL");
-    if (env != nullptr && std::atoi(env) == 0) return false;
+  static const bool supported = [] {
     int device = 0, major = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
@@ -39,7 +43,7 @@ bool pdl_enabled() {
     cudaFree(flag);
     return ok && host == 1;
   }();
-  return enabled;
+  return supported && g_allowed.load(std::memory_order_relaxed);
 }
 
 }  // namespace arbor::kernels

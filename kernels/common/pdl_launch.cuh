@@ -3,7 +3,8 @@
 // calls grid_dependency_wait() (device_utils.cuh; pdl_wait_then_trigger() below) before its
 // first access to memory the kernels before may touch, and before exiting, so results and
 // ordering are unchanged and only the launch gap between the two is hidden. Such kernels are
-// correct with or without the attribute (the wait is then a no-op). ARBOR_PDL=0 turns it off.
+// correct with or without the attribute (the wait is then a no-op). set_pdl_allowed(false)
+// turns it off.
 #pragma once
 
 #include <cuda_runtime.h>

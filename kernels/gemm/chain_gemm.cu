@@ -18,7 +18,6 @@
 // scheduler, 0.21 instructions issued per cycle, 43% of the stalls on fixed-latency
 // dependencies; SMs active 78% of the launch (ramp and tail), DRAM at 56% of peak.
 #include <cuda_bf16.h>
-#include <cstdlib>
 
 #include "kernels/common/device_utils.cuh"
 #include "kernels/common/pdl_launch.cuh"
@@ -67,7 +66,7 @@ __global__ void __launch_bounds__(WARPS * 32) chain_gemm_kernel(const ChainGemmP
 
   // Thread tid copies 16-byte chunk load_c of rows load_r0 + j * kRowStride of the weights and
   // of the tokens: sources and shared-memory offsets computed once, each stage adds its k (the
-  // per-copy 64-bit address arithmetic was half of all instructions: ncu, eighteenth session).
+  // per-copy 64-bit address arithmetic was half of all instructions: ncu).
   constexpr int kRowStride = kThreads / kChunksPerRow;
   constexpr int kWeightLoads = kWeightRows / kRowStride;
   constexpr int kTokenLoads = (kTokenRows + kRowStride - 1) / kRowStride;
@@ -244,11 +243,6 @@ cudaError_t launch_chain_gemm_config(const ChainGemmParams& p, int warps, int st
 }  // namespace detail
 
 namespace {
-// <warps><stages><stage k> from the environment variable `name`, else `fallback`.
-int env_tiling(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  return e != nullptr ? std::atoi(e) : fallback;
-}
 cudaError_t launch_tiling(const ChainGemmParams& p, int tiling, cudaStream_t stream) {
   return detail::launch_chain_gemm_config(p, tiling / 10000, tiling / 1000 % 10, tiling % 1000,
                                           stream);
@@ -263,14 +257,13 @@ cudaError_t launch_chain_gemm(const ChainGemmParams& p, cudaStream_t stream) {
   // Except for matrices of at most 8192 rows (Llama-3-8B's q|k|v, o and down: about one CTA per
   // SM): stages of 256 k. q|k|v and o: 16.7 vs 19.2 us and 14.2 vs 17.3 us per launch in a
   // replayed step (ncu). The down projection (14336 inputs): with the per-copy address arithmetic
-  // hoisted out of the loop (eighteenth session) 41 vs 48 us alone and batch-1 / batch-8 decode
-  // 207 / 1560 vs 199 / 1373 tok/s with 128-k stages (docs/benchmarks.md "Eighteenth session";
-  // before that hoisting, 256-k stages made the step 4% slower, "Fourteenth session").
-  // ARBOR_CHAIN_SMALL=<warps><stages><stage k> (e.g. 44128) overrides the tiling of matrices of
-  // at most 8192 rows and 4096 inputs for A/B runs, ARBOR_CHAIN_DEEP that of those with more
-  // inputs (the down projection).
-  static const int small_config = env_tiling("ARBOR_CHAIN_SMALL", 44256);
-  static const int deep_config = env_tiling("ARBOR_CHAIN_DEEP", 44256);
+  // hoisted out of the loop 41 vs 48 us alone and batch-1 / batch-8 decode
+  // 207 / 1560 vs 199 / 1373 tok/s with 128-k stages (docs/benchmarks.md;
+  // before that hoisting, 256-k stages made the step 4% slower).
+  // p.small_tiling / p.deep_tiling override the tilings of these matrices for A/B runs.
+  constexpr int kDefaultTiling = 44256;
+  const int small_config = p.small_tiling != 0 ? p.small_tiling : kDefaultTiling;
+  const int deep_config = p.deep_tiling != 0 ? p.deep_tiling : kDefaultTiling;
   if (p.out_features <= 8192)
     return launch_tiling(p, p.in_features <= 4096 ? small_config : deep_config, stream);
   return launch_rows<4, 4, 128>(p, stream);

@@ -30,6 +30,11 @@ struct ChainGemmParams {
   int64_t rows = 0;          // N, 1..kChainGemmMaxRows
   int64_t in_features = 0;   // K, a multiple of 16
   int64_t out_features = 0;  // O
+  // Tilings <warps><stages><stage k> (e.g. 44128; A/B runs, CudaBackendOptions) for matrices of
+  // at most 8192 rows: small_tiling where in_features <= 4096, deep_tiling above (the down
+  // projection). 0: the measured default (44256 for both).
+  int small_tiling = 0;
+  int deep_tiling = 0;
 };
 
 bool chain_gemm_supported(const ChainGemmParams& p);

@@ -6,8 +6,6 @@
 // the standard slot order with the same steps).
 #include <cuda_bf16.h>
 
-#include <cstdlib>
-
 #include "kernels/common/device_utils.cuh"
 #include "kernels/common/pdl_launch.cuh"
 #include "kernels/gemm/chunked_gemm.h"
@@ -322,12 +320,8 @@ cudaError_t launch_chunked_gemm(const ChunkedGemmParams& p, cudaStream_t stream)
     if (p.rows <= 8) return launch_small<1, 4>(p, stream);
     return launch_small<2, 4>(p, stream);
   }
-  // The wgmma kernel (Hopper). ARBOR_CHUNKED_WGMMA = 0 / 1 turns it off / on for every shape
-  // (benchmarks; the results are the same).
-  static const int wgmma_mode = [] {
-    const char* e = std::getenv("ARBOR_CHUNKED_WGMMA");
-    return e ? std::atoi(e) : 2;
-  }();
+  // The wgmma kernel (Hopper), as p.wgmma_mode asks.
+  const int wgmma_mode = p.wgmma_mode;
   static const int sms = [] {
     int dev = 0, major = 0, n = 0;
     cudaGetDevice(&dev);

@@ -33,6 +33,9 @@ struct ChunkedGemmParams {
   int64_t rows = 0;          // N
   int64_t in_features = 0;   // K, a multiple of 32
   int64_t out_features = 0;  // O
+  // The wgmma kernel (Hopper) above 16 rows: 2 where it measured faster (default), 0 never,
+  // 1 for every shape it supports (benchmarks; the results are the same bits).
+  int wgmma_mode = 2;
 };
 
 bool chunked_gemm_supported(const ChunkedGemmParams& p);

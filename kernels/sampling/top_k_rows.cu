@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) top_k_kernel(const TopKRowsParams p)
 // warp, block and cluster lists one pick per round: 32 us at 10 x 49152, k = 10 on the H100
 // (ncu), against 15 us now.
 // The picks are ordered by raw logit. Since x - lse is monotonic in x they are the picks of the
-// log-softmax values (top_k_kernel, spec_math::top_k), except where two different logits round
+// log-softmax values (top_k_kernel, host_math::top_k), except where two different logits round
 // to the same value of x - lse: this kernel then puts the larger logit first (and keeps it at
 // the k-th place), the others the lower index. NaN logits give unspecified picks. An entry never
 // picked stands in as (-inf, a distinct index above every real one).

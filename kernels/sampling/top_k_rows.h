@@ -10,8 +10,8 @@
 namespace arbor::kernels {
 
 // Per row: lse = max + log(sum exp(x - max)) (the sum in double), v_i = min(x_i - lse, 0) in
-// fp32 (spec_math::log_softmax_inplace), then the k largest v, best first, the lower index
-// first among equal values (spec_math::top_k). k <= 16, rows up to 131072 wide and a workspace:
+// fp32 (host_math::log_softmax_inplace), then the k largest v, best first, the lower index
+// first among equal values (host_math::top_k). k <= 16, rows up to 131072 wide and a workspace:
 // 8 blocks per row that pick by raw logit (float exponentials summed in double), which differs
 // from the above only where two different logits round to the same v (the larger logit comes
 // first, and is the one kept at the k-th place); otherwise one block per row, k selection

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
-#include "engine/spec/tree_mask.h"
+#include "engine/verify/tree_mask.h"
 
 namespace arbor::testing {
 

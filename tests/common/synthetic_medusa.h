@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "engine/core/host_tensor.h"
-#include "engine/spec/medusa_device_heads.h"
-#include "engine/spec/medusa_heads.h"
+#include "engine/draft/medusa_device_heads.h"
+#include "engine/draft/medusa_heads.h"
 
 namespace arbor::testing {
 

@@ -18,7 +18,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cuda/cuda_backend.h"
-#include "engine/spec/tree_mask.h"
+#include "engine/verify/tree_mask.h"
 #include "kernels/attention/paged_tree_attention.h"
 #include "tests/cuda/attention_params.h"
 #include "tests/cuda/cuda_test_util.h"

@@ -16,7 +16,7 @@
 
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/core/error.h"
-#include "engine/spec/tree_mask.h"
+#include "engine/verify/tree_mask.h"
 #include "tests/common/direct_batch.h"
 #include "tests/cuda/cuda_test_util.h"
 

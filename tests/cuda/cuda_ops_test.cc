@@ -332,6 +332,50 @@ TEST(CudaOps, AttentionKernelEnvironmentOverride) {
   }
 }
 
+// The A/B switches (programmatic launches, deferred split, chain GEMM tilings, the chunked
+// GEMM's wgmma kernel) reach the kernels as CudaBackendOptions, the environment overriding
+// them; a bad environment value is refused naming itself, and no setting changes a bit of a
+// linear's result.
+TEST(CudaOps, KernelSwitchesAreOptionsAndChangeNoBits) {
+  ARBOR_REQUIRE_GPU();
+  expect_env_refused("ARBOR_PDL", {"2", "yes"});
+  expect_env_refused("ARBOR_DEFER_SPLIT", {"-1", "off"});
+  expect_env_refused("ARBOR_CHUNKED_WGMMA", {"3", "on"});
+  expect_env_refused("ARBOR_CHAIN_SMALL", {"44", "4425x"});
+  expect_env_refused("ARBOR_CHAIN_DEEP", {"100000"});
+  std::mt19937 rng(11);
+  HostTensor w({512, 256});
+  w.data = testing::random_vector(rng, w.data.size());
+  const std::vector<float> xh = testing::random_vector(rng, 96 * 256);
+  auto run = [&](const CudaBackendOptions& o, int64_t rows) {
+    CudaBackend b{o};
+    const Tensor wt = b.upload_weight(w);
+    b.reset_scratch();
+    Tensor x = b.scratch(rows, 256), y = b.scratch(rows, 512);
+    b.upload(xh.data(), x);
+    b.linear(x, wt, Tensor{}, y);
+    std::vector<float> out(static_cast<size_t>(rows * 512));
+    b.download(y, out.data());
+    return out;
+  };
+  const CudaBackendOptions base;
+  const std::vector<float> chain = run(base, 4);
+  CudaBackendOptions t = base;
+  t.chain_gemm_small_tiling = 44128;
+  t.pdl = false;
+  t.defer_split = false;
+  EXPECT_EQ(run(t, 4), chain);
+  CudaBackendOptions c = base;
+  c.batch_invariant_gemm = 2;
+  c.chunked_gemm_wgmma = 0;
+  const std::vector<float> chunked = run(c, 96);
+  c.chunked_gemm_wgmma = 1;
+  EXPECT_EQ(run(c, 96), chunked);
+  ::setenv("ARBOR_CHUNKED_WGMMA", "2", 1);
+  EXPECT_EQ(run(c, 96), chunked);
+  ::unsetenv("ARBOR_CHUNKED_WGMMA");
+}
+
 // ARBOR_CHAIN_GEMM sets the largest row count the chain GEMM takes (0 = off); a bad value, and
 // a bad CudaBackendOptions::chain_gemm_max_rows, is refused naming itself.
 TEST(CudaOps, ChainGemmRowsOverride) {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/backend/cuda/cuda_backend.h"
-#include "engine/spec/device_verify.h"
+#include "engine/verify/device_verify.h"
 
 namespace arbor {
 namespace {

@@ -13,6 +13,7 @@
 #include "engine/runner/engine.h"
 #include "engine/runner/model_bundle.h"
 #include "engine/spec/proposer_factory.h"
+#include "engine/verify/device_verify.h"
 #include "tests/common/golden.h"
 
 namespace arbor {
@@ -189,10 +190,15 @@ class CountingBackend final : public Backend {
                          std::vector<float>* values) override {
     inner_->top_k_log_softmax(logits, k, ids, values);
   }
+  // The host reference on the downloaded logits, as LlamaModel runs it for the CPU backend,
+  // counted.
+  bool has_sample_trees() const override { return true; }
   void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
                     TreeSampleResult* out) override {
     ++sample_calls;
-    inner_->sample_trees(logits, batch, out);
+    std::vector<float> host(static_cast<size_t>(logits.numel()));
+    inner_->download(logits, host.data());
+    sample_trees_on_host(host, logits.cols, batch, out);
   }
   void copy_kv(const std::vector<int64_t>& src_slots,
                const std::vector<int64_t>& dst_slots) override {

@@ -1,6 +1,6 @@
 // Speculative sampling preserves the output distribution, end to end: on stories260K at
 // temperature 1 with top-k 4 (at most 4^3 = 64 outcomes for three tokens), 4000 seeded samples
-// of the first three generated tokens with speculation (n-gram and Medusa trees, lossless
+// of the first three generated tokens with speculation (n-gram, Medusa and EAGLE trees, lossless
 // multi-branch rejection sampling) are compared with 4000 samples of plain decoding by a
 // two-sample chi-square test of homogeneity. Categories with a pooled expected count below 5 are
 // merged. Significance 1e-3: a correct implementation fails with probability 1e-3 per
@@ -86,7 +86,8 @@ double homogeneity_p(const std::map<std::vector<int32_t>, int>& a,
 
 std::map<std::vector<int32_t>, int> sample(
     const ModelWeights& w, Proposer* proposer, uint64_t seed_base, int32_t pad_trees = -1,
-    const std::vector<std::pair<int32_t, float>>& logit_bias = {}) {
+    const std::vector<std::pair<int32_t, float>>& logit_bias = {},
+    double* tokens_per_step = nullptr) {
   // A prompt with a repeated phrase, so that the n-gram proposer finds continuations.
   const std::vector<int32_t> prompt = {1,   403, 407, 261, 378, 432, 383, 286,
                                        261, 403, 407, 261, 378, 432, 383};
@@ -117,6 +118,7 @@ std::map<std::vector<int32_t>, int> sample(
   if (proposer)
     std::printf("%s: %.3f tokens per verify step\n", proposer->name().c_str(),
                 steps ? double(emitted) / steps : 0.0);
+  if (tokens_per_step) *tokens_per_step = steps ? double(emitted) / steps : 0.0;
   return counts;
 }
 
@@ -157,6 +159,31 @@ TEST(SpecSampling, DistributionEqualsPlainSampling) {
     moved += take;
   }
   EXPECT_LT(homogeneity_p(plain, skewed), 1e-3);
+}
+
+// EAGLE-2's dynamic trees and EAGLE-3's (the trained stories260K heads, tests/data/heads): the
+// same test. With these heads a verify step emits about 1.26 tokens here (the random Medusa
+// heads and n-gram above: 1.00), so drafted tokens are a good part of the output.
+TEST(SpecSampling, EagleDistributionEqualsPlainSampling) {
+  const ModelWeights w =
+      load_model_weights(std::string(ARBOR_SHARED_DIR) + "/models/stories260K/stories260K.bin");
+  const auto plain = sample(w, nullptr, 1000000);
+  for (const SpecMethod method : {SpecMethod::kEagle, SpecMethod::kEagle3}) {
+    SpecConfig eagle;
+    eagle.method = method;
+    eagle.head_path = std::string(ARBOR_TEST_DATA_DIR) + "/heads/stories260K/" +
+                      (method == SpecMethod::kEagle ? "eagle" : "eagle3");
+    eagle.total_tokens = 16;
+    eagle.depth = 3;
+    eagle.top_k = 4;
+    auto proposer = make_proposer(eagle, w);
+    double per_step = 0;
+    const uint64_t seeds = method == SpecMethod::kEagle ? 5000000 : 6000000;
+    const double p = homogeneity_p(plain, sample(w, proposer.get(), seeds, -1, {}, &per_step));
+    std::printf("%s vs plain: p = %.4f\n", spec_method_name(method), p);
+    EXPECT_GT(p, 1e-3) << spec_method_name(method);
+    EXPECT_GT(per_step, 1.15) << spec_method_name(method) << ": too few drafted tokens accepted";
+  }
 }
 
 TEST(SpecSampling, DistributionWithLogitBiasEqualsPlainSamplingWithIt) {

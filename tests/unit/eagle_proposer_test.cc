@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/spec/eagle_proposer.h"
-#include "engine/spec/tree_layout.h"
+#include "engine/verify/tree_layout.h"
 #include "tests/unit/proposer_test_util.h"
 
 namespace arbor {

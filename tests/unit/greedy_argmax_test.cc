@@ -16,7 +16,7 @@
 #include "engine/core/error.h"
 #include "engine/sampling/logits_processors.h"
 #include "engine/sampling/sampler.h"
-#include "engine/spec/verifier.h"
+#include "engine/verify/verifier.h"
 
 namespace arbor {
 namespace {

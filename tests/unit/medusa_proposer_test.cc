@@ -8,11 +8,11 @@
 #include <random>
 
 #include "engine/backend/cpu/cpu_backend.h"
-#include "engine/spec/medusa_device_heads.h"
+#include "engine/draft/medusa_device_heads.h"
 #include "engine/spec/medusa_proposer.h"
-#include "engine/spec/proposer_math.h"
+#include "engine/core/host_math.h"
 #include "engine/spec/tree_choices.h"
-#include "engine/spec/tree_layout.h"
+#include "engine/verify/tree_layout.h"
 #include "tests/common/synthetic_medusa.h"
 #include "tests/unit/proposer_test_util.h"
 
@@ -145,7 +145,7 @@ TEST(MedusaDeviceHeads, OneBlockHeadsSharingTheLmHeadMatchTheHost) {
       device, heads, random, {1, 3}, {{10, 5, 3, 2}, {7, 4}, {3, 0, 2, 1}},
       [](int64_t rows, int64_t r, size_t d, const std::vector<int32_t>& k,
          const std::vector<int32_t>& ids, const std::vector<float>& logits) {
-        EXPECT_EQ(ids, spec_math::top_k(logits, k[d]))
+        EXPECT_EQ(ids, host_math::top_k(logits, k[d]))
             << "rows " << rows << ", head " << d << ", row " << r << ", " << k.size()
             << " heads run";
       });

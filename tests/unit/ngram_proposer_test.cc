@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/spec/ngram_proposer.h"
-#include "engine/spec/tree_layout.h"
+#include "engine/verify/tree_layout.h"
 #include "tests/unit/loader_test_util.h"
 
 namespace arbor {

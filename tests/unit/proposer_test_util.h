@@ -17,7 +17,7 @@
 #include "engine/model/llama_model.h"
 #include "engine/model/model_loader.h"
 #include "engine/model/safetensors_file.h"
-#include "engine/spec/draft_tree.h"
+#include "engine/verify/draft_tree.h"
 #include "tests/common/direct_batch.h"
 #include "tests/unit/loader_test_util.h"
 

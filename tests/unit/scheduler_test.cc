@@ -40,10 +40,13 @@ struct Harness {
   // Runs one tick; returns its description.
   std::string tick() {
     std::map<ReqId, int32_t> drafted;
-    StepPlan plan = sched.schedule([&](ReqId id, const TreeBudget& b) {
+    PlannedStep planned = sched.plan_step();
+    std::vector<int32_t> sizes;
+    for (const auto& [id, b] : planned.trees) {
       drafted[id] = b.max_nodes;
-      return b.max_nodes;
-    });
+      sizes.push_back(b.max_nodes);
+    }
+    StepPlan plan = sched.reserve_step(std::move(planned), sizes);
     std::ostringstream o;
     for (ReqId id : plan.admitted) o << "+" << names[id] << " ";
     for (ReqId id : plan.preempted) o << "-" << names[id] << " ";
@@ -219,7 +222,9 @@ TEST(SchedulerTicks, TreeFallsBackToItsRootWhenItsBlocksAreShort) {
 TEST(SchedulerTicks, ForkSharesThePromptBlocks) {
   Harness h(16, 4, fixed_trees(64, 8, 1));
   h.add("A", 9, false);
-  StepPlan plan = h.sched.schedule([](ReqId, const TreeBudget&) { return 1; });
+  PlannedStep planned = h.sched.plan_step();
+  ASSERT_TRUE(planned.trees.empty());
+  StepPlan plan = h.sched.reserve_step(std::move(planned), {});
   ASSERT_EQ(plan.items.size(), 1u);
   h.sched.commit_prefill(plan.items[0]);
   const int32_t used = h.kv.stats().used_blocks;

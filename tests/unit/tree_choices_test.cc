@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "engine/core/error.h"
-#include "engine/spec/tree_layout.h"
-#include "engine/spec/tree_mask.h"
+#include "engine/verify/tree_layout.h"
+#include "engine/verify/tree_mask.h"
 
 namespace arbor {
 namespace {

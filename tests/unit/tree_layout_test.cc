@@ -1,7 +1,7 @@
 // Tree layout and DraftTree validation: positions, masks, children and leaf paths of random trees
 // against a brute-force walk up the parent links, and every malformed-tree case rejected with a
 // message naming the node and the value.
-#include "engine/spec/tree_layout.h"
+#include "engine/verify/tree_layout.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/core/error.h"
-#include "engine/spec/tree_mask.h"
+#include "engine/verify/tree_mask.h"
 
 namespace arbor {
 namespace {

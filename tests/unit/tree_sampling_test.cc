@@ -1,4 +1,4 @@
-// The engine side of backend sampling (engine/spec/device_verify.h): a TreeSampleBuilder batch
+// The engine side of backend sampling (engine/verify/device_verify.h): a TreeSampleBuilder batch
 // run by the reference implementation (sample_trees_on_host) gives exactly verify()'s result on
 // the same logits, and leaves each request's Rng exactly where verify() leaves it, for random
 // trees (deterministic and sampled children), every sampling parameter, logit biases (greedy
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/core/error.h"
-#include "engine/spec/device_verify.h"
+#include "engine/verify/device_verify.h"
 #include "tests/unit/verifier_test_util.h"
 
 namespace arbor {

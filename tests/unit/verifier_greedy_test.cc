@@ -14,7 +14,7 @@
 
 #include "engine/core/error.h"
 #include "engine/sampling/sampler.h"
-#include "engine/spec/verifier.h"
+#include "engine/verify/verifier.h"
 #include "tests/unit/verifier_test_util.h"
 
 namespace arbor {

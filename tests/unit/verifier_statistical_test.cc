@@ -15,7 +15,7 @@
 
 #include "engine/sampling/sampler.h"
 #include "engine/spec/tree_choices.h"
-#include "engine/spec/verifier.h"
+#include "engine/verify/verifier.h"
 #include "tests/unit/verifier_test_util.h"
 
 namespace arbor {

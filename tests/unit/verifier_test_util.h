@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "engine/sampling/sampler.h"
-#include "engine/spec/draft_tree.h"
+#include "engine/verify/draft_tree.h"
 #include "engine/spec/tree_choices.h"
-#include "engine/spec/tree_layout.h"
-#include "engine/spec/verifier.h"
+#include "engine/verify/tree_layout.h"
+#include "engine/verify/verifier.h"
 
 namespace arbor::testing {
 

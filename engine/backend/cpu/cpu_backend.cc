@@ -8,8 +8,7 @@
 #include <limits>
 
 #include "engine/core/error.h"
-#include "engine/spec/device_verify.h"
-#include "engine/spec/proposer_math.h"
+#include "engine/core/host_math.h"
 
 namespace arbor {
 
@@ -325,19 +324,12 @@ void CpuBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<
   for (int64_t r = 0; r < logits.rows; ++r) {
     const float* x = f32(logits) + r * logits.cols;
     row.assign(x, x + logits.cols);
-    spec_math::log_softmax_inplace(row);
-    for (int32_t id : spec_math::top_k(row, k)) {
+    host_math::log_softmax_inplace(row);
+    for (int32_t id : host_math::top_k(row, k)) {
       ids->push_back(id);
       values->push_back(row[static_cast<size_t>(id)]);
     }
   }
-}
-
-void CpuBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
-                              TreeSampleResult* out) {
-  ARBOR_CHECK(logits.dtype == DType::kF32);
-  sample_trees_on_host(std::span<const float>(f32(logits), static_cast<size_t>(logits.numel())),
-                       logits.cols, batch, out);
 }
 
 void CpuBackend::copy_kv(const std::vector<int64_t>& src_slots,

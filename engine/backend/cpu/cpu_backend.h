@@ -41,8 +41,6 @@ class CpuBackend final : public Backend {
                      std::vector<float>* out) override;
   void top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
                          std::vector<float>* values) override;
-  void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
-                    TreeSampleResult* out) override;
   void copy_kv(const std::vector<int64_t>& src_slots,
                const std::vector<int64_t>& dst_slots) override;
 

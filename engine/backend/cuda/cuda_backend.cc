@@ -412,12 +412,23 @@ std::optional<long> env_int(const char* name, long lo, long hi, long multiple,
   return v;
 }
 
-// ARBOR_GEMM (cublas | own | chunked) overrides CudaBackendOptions::batch_invariant_gemm,
-// ARBOR_ATTN_SPLIT_KEYS (a multiple of 64) CudaBackendOptions::invariant_split_keys,
-// ARBOR_ATTN_KERNEL (0..3) CudaBackendOptions::attention_kernel and ARBOR_CHAIN_GEMM (0..16)
-// CudaBackendOptions::chain_gemm_max_rows and chain_gemm_small_max_rows, so the CLI and server
-// can pick them without flags of their own.
+// The environment variables that override CudaBackendOptions, so the CLI and server can pick
+// them without flags of their own (docs/environment.md lists them all): ARBOR_GEMM (cublas |
+// own | chunked) batch_invariant_gemm, ARBOR_ATTN_SPLIT_KEYS (a multiple of 64)
+// invariant_split_keys, ARBOR_ATTN_KERNEL (0..3) attention_kernel, ARBOR_CHAIN_GEMM (0..16)
+// chain_gemm_max_rows and chain_gemm_small_max_rows, ARBOR_CHAIN_SMALL / ARBOR_CHAIN_DEEP
+// (<warps><stages><stage k>) the chain GEMM tilings, ARBOR_CHUNKED_WGMMA (0..2)
+// chunked_gemm_wgmma, ARBOR_PDL (0 | 1) pdl, ARBOR_DEFER_SPLIT (0 | 1) defer_split.
 CudaBackendOptions with_env_overrides(CudaBackendOptions o) {
+  if (const auto v = env_int("ARBOR_PDL", 0, 1, 1, "0 or 1")) o.pdl = *v != 0;
+  if (const auto v = env_int("ARBOR_DEFER_SPLIT", 0, 1, 1, "0 or 1")) o.defer_split = *v != 0;
+  if (const auto v = env_int("ARBOR_CHUNKED_WGMMA", 0, 2, 1, "0 never, 1 always, 2 auto"))
+    o.chunked_gemm_wgmma = static_cast<int>(*v);
+  const std::string tiling = "<warps><stages><stage k>, e.g. 44256";
+  if (const auto v = env_int("ARBOR_CHAIN_SMALL", 10000, 99999, 1, tiling))
+    o.chain_gemm_small_tiling = static_cast<int>(*v);
+  if (const auto v = env_int("ARBOR_CHAIN_DEEP", 10000, 99999, 1, tiling))
+    o.chain_gemm_deep_tiling = static_cast<int>(*v);
   if (const auto v = env_int("ARBOR_ATTN_KERNEL", 0, 3, 1,
                              "0 auto, 1 mma.sync, 2 wgmma, 3 wgmma with 128-row tiles"))
     o.attention_kernel = static_cast<int>(*v);
@@ -460,6 +471,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
   cuda_check(cudaDeviceGetAttribute(&s_->num_sms, cudaDevAttrMultiProcessorCount, options.device),
              "cudaDeviceGetAttribute");
   cuda_check(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  kernels::set_pdl_allowed(options.pdl);
   kernels::pdl_enabled();  // its one-time probe now, never inside a step-graph capture
   cublas_check(cublasCreate(&s_->cublas), "cublasCreate");
   cublas_check(cublasSetStream(s_->cublas, s_->stream), "cublasSetStream");
@@ -779,9 +791,10 @@ void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const
     copy_to_device(x.ptr, hx.data(), hx.size() * 2, what);
   }
   auto run_chain = [&](int64_t n) {
-    cuda_check(kernels::launch_chain_gemm(
-                   {x.ptr, weight, static_cast<float*>(y_chain.ptr), n, k, o}, stream),
-               what);
+    kernels::ChainGemmParams p{x.ptr, weight, static_cast<float*>(y_chain.ptr), n, k, o};
+    p.small_tiling = options.chain_gemm_small_tiling;
+    p.deep_tiling = options.chain_gemm_deep_tiling;
+    cuda_check(kernels::launch_chain_gemm(p, stream), what);
   };
   const bool supported =
       kernels::chain_gemm_supported({x.ptr, weight, static_cast<float*>(y_chain.ptr), 1, k, o});
@@ -1264,7 +1277,8 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
   }
   const float alpha = 1.f, beta = 0.f;
   float* const y = static_cast<float*>(out.data);
-  const kernels::ChunkedGemmParams cp{xin, w.data, y, x.rows, x.cols, w.rows};
+  kernels::ChunkedGemmParams cp{xin, w.data, y, x.rows, x.cols, w.rows};
+  cp.wgmma_mode = s.options.chunked_gemm_wgmma;
   // The chunked kernel's support depends only on the shape (K % 32) and on alignments that
   // every backend buffer has, so one (out, in) shape always takes the same path.
   if (s.options.batch_invariant && s.options.batch_invariant_gemm == 2 &&
@@ -1278,7 +1292,9 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
     cuda_check(kernels::launch_batch_invariant_gemm(p, s.stream), "linear (batch-invariant)");
   } else if (s.options.batch_invariant) {
     const State::LtAlgo& algo = s.lt_algo(w.rows, w.cols, w.data);
-    const kernels::ChainGemmParams chp{xin, w.data, y, x.rows, x.cols, w.rows};
+    kernels::ChainGemmParams chp{xin, w.data, y, x.rows, x.cols, w.rows};
+    chp.small_tiling = s.options.chain_gemm_small_tiling;
+    chp.deep_tiling = s.options.chain_gemm_deep_tiling;
     if (algo.chain && x.rows <= algo.max_rows &&
         kernels::chain_gemm_supported(chp)) {  // the same bits as the cuBLASLt call below
       cuda_check(kernels::launch_chain_gemm(chp, s.stream), "linear (chain)");
@@ -1328,13 +1344,9 @@ void CudaBackend::split_cols(const Tensor& x, const std::vector<Tensor>& outs) {
   if (total != x.cols)
     throw_error(ErrorCode::kInvalidArgument,
                 "split_cols: output widths sum to " + std::to_string(total) + ", x " + shape(x));
-  // Launched by the next op unless that is RoPE / SiLU * up of the outputs (ARBOR_DEFER_SPLIT=0:
-  // at once, for A/B measurements).
-  static const bool defer = [] {
-    const char* e = std::getenv("ARBOR_DEFER_SPLIT");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  if (!defer) {
+  // Launched by the next op unless that is RoPE / SiLU * up of the outputs (options.defer_split
+  // off: at once, for A/B measurements).
+  if (!s.options.defer_split) {
     cuda_check(kernels::launch_split_cols(p, s.stream), "split_cols");
     return;
   }

@@ -96,6 +96,19 @@ struct CudaBackendOptions {
   // ops as a CUDA graph once its shape is steady and replays it (one launch instead of ~15 per
   // layer); same kernels, same results. Off: every step launches op by op.
   bool cuda_graphs = true;
+  // Kernel launches as programmatic dependents on sm_90+ (kernels/common/pdl_launch.cuh): a
+  // kernel's launch overlaps the tail of the one before; same results. Off for A/B runs.
+  bool pdl = true;
+  // The chunked GEMM's wgmma kernel (kernels/gemm/chunked_gemm.h ChunkedGemmParams::wgmma_mode):
+  // 2 where measured faster, 0 never, 1 every supported shape.
+  int chunked_gemm_wgmma = 2;
+  // Chain GEMM tilings <warps><stages><stage k> for A/B runs (ChainGemmParams::small_tiling and
+  // deep_tiling); 0: the measured default.
+  int chain_gemm_small_tiling = 0;
+  int chain_gemm_deep_tiling = 0;
+  // split_cols (fused q|k|v and gate|up) runs inside the op that consumes its outputs (RoPE,
+  // SiLU * up) instead of as its own launch; off for A/B runs. Same results.
+  bool defer_split = true;
 };
 
 class CudaBackend final : public Backend {
@@ -132,6 +145,7 @@ class CudaBackend final : public Backend {
   void argmax_rows(const Tensor& logits, std::vector<int32_t>* out) override;
   void top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
                          std::vector<float>* values) override;
+  bool has_sample_trees() const override { return true; }
   void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
                     TreeSampleResult* out) override;
   void copy_kv(const std::vector<int64_t>& src_slots,

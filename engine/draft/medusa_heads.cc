@@ -1,12 +1,12 @@
-#include "engine/spec/medusa_heads.h"
+#include "engine/draft/medusa_heads.h"
 
 #include <filesystem>
 #include <map>
 #include <regex>
 
 #include "engine/core/error.h"
+#include "engine/core/host_math.h"
 #include "engine/model/safetensors_file.h"
-#include "engine/spec/proposer_math.h"
 
 namespace arbor {
 
@@ -129,14 +129,14 @@ std::vector<std::vector<float>> medusa_head_logits(const MedusaHeads& heads,
     const MedusaHead& head = heads.heads[i];
     x.assign(hidden.begin(), hidden.end());
     for (size_t l = 0; l < head.res_weight.size(); ++l) {
-      spec_math::linear(x.data(), rows, h, head.res_weight[l].ptr(), h, head.res_bias[l].ptr(),
+      host_math::linear(x.data(), rows, h, head.res_weight[l].ptr(), h, head.res_bias[l].ptr(),
                         y.data());
-      spec_math::silu_inplace(y.data(), rows * h);
+      host_math::silu_inplace(y.data(), rows * h);
       for (size_t k = 0; k < x.size(); ++k) x[k] += y[k];
     }
     const HostTensor& lm = head.lm_head.empty() ? heads.base_lm_head : head.lm_head;
     logits[i].resize(static_cast<size_t>(rows * heads.vocab_size));
-    spec_math::linear(x.data(), rows, h, lm.ptr(), heads.vocab_size, nullptr, logits[i].data());
+    host_math::linear(x.data(), rows, h, lm.ptr(), heads.vocab_size, nullptr, logits[i].data());
   }
   return logits;
 }

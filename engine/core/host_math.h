@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-namespace arbor::spec_math {
+namespace arbor::host_math {
 
 // out[n, out_features] = x[n, in_features] @ w[out_features, in_features]^T (+ bias[out_features]
 // when bias is non-null).
@@ -26,4 +26,4 @@ void log_softmax_inplace(std::span<float> row);
 // k is clamped to row.size().
 std::vector<int32_t> top_k(std::span<const float> row, int32_t k);
 
-}  // namespace arbor::spec_math
+}  // namespace arbor::host_math

@@ -12,9 +12,9 @@
 
 #include "engine/backend/backend.h"
 #include "engine/backend/step_graphs.h"
+#include "engine/draft/eagle_checkpoint.h"
+#include "engine/draft/top_k_rows.h"
 #include "engine/kv_cache/kv_cache_manager.h"
-#include "engine/spec/eagle_checkpoint.h"
-#include "engine/spec/eagle_tree.h"
 
 namespace arbor {
 

@@ -17,8 +17,8 @@
 #include "engine/backend/tree_sampling.h"
 #include "engine/sampling/rng.h"
 #include "engine/sampling/sampling_params.h"
-#include "engine/spec/draft_tree.h"
-#include "engine/spec/verifier.h"
+#include "engine/verify/draft_tree.h"
+#include "engine/verify/verifier.h"
 
 namespace arbor {
 

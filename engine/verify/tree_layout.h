@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/spec/draft_tree.h"
-#include "engine/spec/proposer.h"
+#include "engine/verify/draft_tree.h"
+#include "engine/verify/tree_budget.h"
 
 namespace arbor {
 

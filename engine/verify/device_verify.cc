@@ -1,4 +1,4 @@
-#include "engine/spec/device_verify.h"
+#include "engine/verify/device_verify.h"
 
 #include <algorithm>
 #include <string>
@@ -6,7 +6,7 @@
 
 #include "engine/core/error.h"
 #include "engine/sampling/sampler.h"
-#include "engine/spec/tree_layout.h"
+#include "engine/verify/tree_layout.h"
 
 namespace arbor {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
-#include "engine/spec/medusa_heads.h"
+#include "engine/draft/medusa_heads.h"
 
 namespace arbor {
 

@@ -1,4 +1,4 @@
-#include "engine/spec/verifier.h"
+#include "engine/verify/verifier.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "engine/core/error.h"
 #include "engine/sampling/logits_processors.h"
-#include "engine/spec/tree_layout.h"
+#include "engine/verify/tree_layout.h"
 
 namespace arbor {
 namespace {

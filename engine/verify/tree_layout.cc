@@ -1,11 +1,11 @@
-#include "engine/spec/tree_layout.h"
+#include "engine/verify/tree_layout.h"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "engine/core/error.h"
-#include "engine/spec/tree_mask.h"
+#include "engine/verify/tree_mask.h"
 
 namespace arbor {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/spec/proposer_math.h"
+#include "engine/core/host_math.h"
 
 #include <cblas.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <numeric>
 
-namespace arbor::spec_math {
+namespace arbor::host_math {
 
 void linear(const float* x, int64_t n, int64_t in_features, const float* w, int64_t out_features,
             const float* bias, float* out) {
@@ -55,4 +55,4 @@ std::vector<int32_t> top_k(std::span<const float> row, int32_t k) {
   return index;
 }
 
-}  // namespace arbor::spec_math
+}  // namespace arbor::host_math

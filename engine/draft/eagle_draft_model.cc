@@ -1,4 +1,4 @@
-#include "engine/spec/eagle_draft_model.h"
+#include "engine/draft/eagle_draft_model.h"
 
 #include <algorithm>
 #include <array>
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "engine/core/error.h"
-#include "engine/spec/proposer_math.h"
+#include "engine/core/host_math.h"
 
 namespace arbor {
 
@@ -460,7 +460,7 @@ std::vector<float> EagleDraftModel::log_probs(std::span<const float> hidden, int
   std::vector<float> out = logits(hidden, rows);
   const size_t v = static_cast<size_t>(draft_vocab());
   for (int64_t r = 0; r < rows; ++r)
-    spec_math::log_softmax_inplace(std::span<float>(out.data() + r * v, v));
+    host_math::log_softmax_inplace(std::span<float>(out.data() + r * v, v));
   return out;
 }
 

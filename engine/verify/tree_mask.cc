@@ -1,4 +1,4 @@
-#include "engine/spec/tree_mask.h"
+#include "engine/verify/tree_mask.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "engine/spec/eagle_checkpoint.h"
+#include "engine/draft/eagle_checkpoint.h"
 
 #include <filesystem>
 #include <fstream>

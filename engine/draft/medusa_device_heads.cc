@@ -1,4 +1,4 @@
-#include "engine/spec/medusa_device_heads.h"
+#include "engine/draft/medusa_device_heads.h"
 
 #include <algorithm>
 #include <string>

@@ -10,7 +10,7 @@
 
 #include "engine/sampling/rng.h"
 #include "engine/sampling/sampler.h"
-#include "engine/spec/draft_tree.h"
+#include "engine/verify/draft_tree.h"
 
 namespace arbor {
 
