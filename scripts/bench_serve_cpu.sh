@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Serving benchmark on the CPU backend (docs/benchmarks.md, "Serving"): stories260K behind
 # `arbor serve`, plain decoding vs EAGLE speculation with adaptive tree budgets vs fixed trees,
-# at several client concurrencies, driven by scripts/load_test.py (streaming completions).
+# at several client concurrencies, driven by scripts/bench_serve.py (streaming completions).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -17,13 +17,12 @@ run() {
       > "/tmp/bench_serve_$label.log" 2>&1 &
   local pid=$!
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.1; done
-  python3 scripts/load_test.py --url "http://127.0.0.1:$PORT" --prompts scripts/data/story_openers.txt \
-      --concurrency "$CONC" --requests "$REQ" --max-tokens 128 --label "$label" \
-      --extra '{"ignore_eos": true}' | tail -n +3
+  python3 scripts/bench_serve.py --base-url "http://127.0.0.1:$PORT" --dataset file \
+      --dataset-path scripts/data/story_openers.txt --concurrency "$CONC" --num-prompts "$REQ" \
+      --max-tokens 128 --label "$label" --ignore-eos | tail -n +3
   kill -TERM $pid; wait $pid || true
 }
-echo "| label | conc | req | err | out tok/s | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | accepted len |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+python3 -c "import sys; sys.path.insert(0, 'scripts'); import bench_serve; print(bench_serve.table_header())"
 run plain
 run eagle-adaptive --spec eagle --spec-heads "$HEADS" --spec-adaptive true
 run eagle-fixed --spec eagle --spec-heads "$HEADS" --spec-adaptive false

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from arbor_server import ArborServer  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
-import load_test  # noqa: E402
+import bench_serve  # noqa: E402
 
 
 def post(port, body):
@@ -35,7 +35,7 @@ def main():
     method = sys.argv[3] if len(sys.argv) > 3 else "eagle"
     prompts_file = sys.argv[4] if len(sys.argv) > 4 else "scripts/data/story_openers.txt"
     failures = []
-    prompts = load_test.load_prompts(prompts_file, False)[:16]
+    prompts = bench_serve.load_prompts(prompts_file)[:16]
     with ArborServer(["--backend", "cuda", "--spec", method, "--spec-heads", heads,
                       "--spec-adaptive", "false", "--kv-blocks", "8192"], model=model,
                      grpc=False) as srv:
