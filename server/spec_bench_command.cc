@@ -134,8 +134,14 @@ int run_spec_bench(const SpecBenchOptions& o) {
       o.batch * ((longest + o.max_tokens + o.max_tree_nodes) / gc.block_size + 2) + 16);
 
   // Step graphs used by a run: the model's counters after it minus before.
-  auto timed = [&](Proposer* p, GeneratorStats* st, StepGraphStats* g) {
+  // Host waits and bytes copied by a run: target and draft backends, after minus before.
+  auto transfers = [&](Proposer* p) {
+    return model->backend().transfer_stats() +
+           (p != nullptr ? p->draft_transfer_stats() : TransferStats{});
+  };
+  auto timed = [&](Proposer* p, GeneratorStats* st, StepGraphStats* g, TransferStats* x) {
     const StepGraphStats g0 = model->step_graph_stats();
+    const TransferStats x0 = transfers(p);
     Generator gen(*model, gc, p);
     const auto t0 = std::chrono::steady_clock::now();
     auto res = gen.run(reqs);
@@ -147,6 +153,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
     g->captures = g1.captures - g0.captures;
     g->replays = g1.replays - g0.replays;
     g->evictions = g1.evictions - g0.evictions;
+    *x = transfers(p) - x0;
     return std::make_pair(std::move(res), secs);
   };
   // Warm-up, untimed: the first use of each GEMM shape tunes its algorithm and the first
@@ -171,10 +178,12 @@ int run_spec_bench(const SpecBenchOptions& o) {
   }
   GeneratorStats spec_stats, plain_stats;
   StepGraphStats spec_graphs, plain_graphs;
-  const auto [spec_res, spec_secs] = timed(proposer.get(), &spec_stats, &spec_graphs);
+  TransferStats spec_x, plain_x;
+  const auto [spec_res, spec_secs] = timed(proposer.get(), &spec_stats, &spec_graphs, &spec_x);
   std::vector<GenerationResult> plain_res;
   double plain_secs = 0;
-  if (!o.skip_plain) std::tie(plain_res, plain_secs) = timed(nullptr, &plain_stats, &plain_graphs);
+  if (!o.skip_plain)
+    std::tie(plain_res, plain_secs) = timed(nullptr, &plain_stats, &plain_graphs, &plain_x);
 
   AcceptanceStats acc;
   int64_t spec_tokens = 0, plain_tokens = 0, identical = 0;
@@ -230,7 +239,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
     return std::string(buf);
   };
   auto breakdown = [&](const char* what, const GeneratorStats& st, double secs,
-                       const StepGraphStats& g) {
+                       const StepGraphStats& g, const TransferStats& x) {
     const double steps = static_cast<double>(std::max<int64_t>(st.steps, 1));
     const double fwd = st.decode_seconds + st.mixed_seconds + st.prefill_seconds;
     std::printf(
@@ -240,12 +249,17 @@ int run_spec_bench(const SpecBenchOptions& o) {
         st.draft_seconds / steps * 1e3, st.feedback_seconds / steps * 1e3,
         (secs - fwd - st.draft_seconds - st.feedback_seconds) / steps * 1e3,
         graph_words(g).c_str());
+    // The device probe: host waits and bytes per step, target and draft backends together.
+    std::printf(
+        "%s transfers: per step %.2f host syncs, %.1f KB device->host, %.1f KB "
+        "host->device\n",
+        what, x.syncs / steps, x.d2h_bytes / steps / 1024, x.h2d_bytes / steps / 1024);
   };
-  breakdown("spec", spec_stats, spec_secs, spec_graphs);
+  breakdown("spec", spec_stats, spec_secs, spec_graphs, spec_x);
   // The draft model's own recordings (EAGLE), warm-up included.
   const StepGraphStats dg = proposer->draft_graph_stats();
   if (dg.captures + dg.replays + dg.eager > 0) std::printf("draft: %s\n", graph_words(dg).c_str());
-  if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs, plain_graphs);
+  if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs, plain_graphs, plain_x);
   return 0;
 }
 

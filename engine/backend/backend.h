@@ -76,6 +76,24 @@ struct RopeParams {
 // Inverse frequencies for RoPE ([head_dim / 2]), with llama3 / linear scaling applied.
 std::vector<double> rope_inv_freq(const RopeParams& p);
 
+// What a backend moved between host and device and how often the host waited for the device,
+// counted since it was created (Backend::transfer_stats; zero for a backend in host memory).
+struct TransferStats {
+  // Host waits for device results or completion (stream synchronisations: every download,
+  // argmax / top-k / sampling result, a large upload, one-time tuning). Waits for a pinned
+  // upload buffer's previous copy before reusing it are not counted: they order host writes,
+  // and in steady state the copy finished a step ago.
+  int64_t syncs = 0;
+  int64_t d2h_bytes = 0;  // device -> host
+  int64_t h2d_bytes = 0;  // host -> device (step metadata, uploads; weights included)
+  TransferStats operator-(const TransferStats& o) const {
+    return {syncs - o.syncs, d2h_bytes - o.d2h_bytes, h2d_bytes - o.h2d_bytes};
+  }
+  TransferStats operator+(const TransferStats& o) const {
+    return {syncs + o.syncs, d2h_bytes + o.d2h_bytes, h2d_bytes + o.h2d_bytes};
+  }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -153,6 +171,8 @@ class Backend {
   // copies are done as if simultaneously (sources read before any destination is written).
   virtual void copy_kv(const std::vector<int64_t>& src_slots,
                        const std::vector<int64_t>& dst_slots) = 0;
+  // Host <-> device traffic and host waits so far (the probe of spec-bench and the GPU tests).
+  virtual TransferStats transfer_stats() const { return {}; }
 
   // --- step graphs (engine/backend/step_graphs.h; CUDA graphs on the CUDA backend) -----------
   // A backend that can record the device work of a step's ops and replay it implements these;

@@ -30,6 +30,7 @@ class EagleDraftModel {
 
   const EagleDraftConfig& config() const { return config_; }
   // The draft's step-graph counters (all zero when its backend records none).
+  TransferStats transfer_stats() const { return backend_->transfer_stats(); }
   StepGraphStats step_graph_stats() const {
     return graphs_ != nullptr ? graphs_->stats() : StepGraphStats{};
   }

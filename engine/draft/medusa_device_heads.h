@@ -23,6 +23,7 @@ class MedusaDeviceHeads {
   MedusaDeviceHeads(std::unique_ptr<Backend> backend, const MedusaHeads& heads);
 
   int32_t num_heads() const { return static_cast<int32_t>(heads_.size()); }
+  TransferStats transfer_stats() const { return backend_->transfer_stats(); }
   // hidden [rows, hidden_size] host fp32. k[d]: candidates wanted from head d (0: head d is not
   // run; at most heads.size() entries, each <= min(vocab, 1024)). Returns ids[d][row * k[d] + j],
   // head d's j-th best token for row `row`, best first, the lower id first among equal logits.

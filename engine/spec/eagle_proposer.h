@@ -9,8 +9,8 @@
 #include <memory>
 #include <unordered_map>
 
-#include "engine/model/model_weights.h"
 #include "engine/draft/eagle_draft_model.h"
+#include "engine/model/model_weights.h"
 #include "engine/spec/eagle_tree.h"
 #include "engine/spec/feedback_tracker.h"
 #include "engine/spec/proposer.h"
@@ -50,6 +50,7 @@ class EagleProposer final : public Proposer {
 
   EagleDraftModel& draft() { return draft_; }
   StepGraphStats draft_graph_stats() const override { return draft_.step_graph_stats(); }
+  TransferStats draft_transfer_stats() const override { return draft_.transfer_stats(); }
   const EagleOptions& options() const { return options_; }
 
  private:

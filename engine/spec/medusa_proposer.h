@@ -9,9 +9,9 @@
 #include <unordered_map>
 #include <utility>
 
-#include "engine/spec/feedback_tracker.h"
 #include "engine/draft/medusa_device_heads.h"
 #include "engine/draft/medusa_heads.h"
+#include "engine/spec/feedback_tracker.h"
 #include "engine/spec/proposer.h"
 #include "engine/spec/tree_choices.h"
 
@@ -40,6 +40,10 @@ class MedusaProposer final : public Proposer {
 
   const MedusaHeads& heads() const { return heads_; }
   const StaticTree& tree() const { return tree_; }
+
+  TransferStats draft_transfer_stats() const override {
+    return device_ ? device_->transfer_stats() : TransferStats{};
+  }
 
  private:
   const StaticTree& tree_for(const TreeBudget& budget);

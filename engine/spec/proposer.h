@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/backend/step_graphs.h"
 #include "engine/verify/draft_tree.h"
 #include "engine/verify/tree_budget.h"
@@ -76,6 +77,8 @@ class Proposer {
   virtual bool fork(RequestId /*src*/, RequestId /*dst*/) { return false; }
   // The draft model's step-graph counters (zero for proposers without a recorded draft).
   virtual StepGraphStats draft_graph_stats() const { return {}; }
+  // The draft's backend traffic and host waits (Backend::transfer_stats; zero without one).
+  virtual TransferStats draft_transfer_stats() const { return {}; }
 };
 
 }  // namespace arbor

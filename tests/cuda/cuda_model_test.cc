@@ -336,6 +336,85 @@ TEST_P(CudaModel, SpeculativeGreedyEqualsPlainOnGpu) {
   }
 }
 
+// The device probe (Backend::transfer_stats): in steady state a step waits for the device once
+// and downloads only ids, never [rows, vocab] logits: plain greedy decoding (argmax ids), plain
+// sampling and n-gram speculation (ids from Backend::sample_trees / argmax rows), 4 requests in
+// a batch. The trained-head EAGLE / Medusa drafts on the GPU are printed (their host waits per
+// depth and their hidden-state copies are what a device-resident draft removes).
+TEST_P(CudaModel, OneHostSyncPerStep) {
+  const ModelWeights& w = weights_of(GetParam());
+  std::vector<GenerationRequest> reqs;
+  uint32_t x = 4242;
+  for (int len : {12, 20, 9, 33}) {
+    GenerationRequest r;
+    r.prompt.push_back(1);
+    std::vector<int32_t> motif;
+    for (int k = 0; k < 4; ++k) {
+      x = x * 1664525u + 1013904223u;
+      motif.push_back(static_cast<int32_t>(3 + (x >> 8) % (vocab_ - 3)));
+    }
+    while (static_cast<int>(r.prompt.size()) < len) r.prompt.push_back(motif[r.prompt.size() % 4]);
+    r.sampling.temperature = 0;
+    r.max_tokens = 48;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  GeneratorConfig gc;
+  gc.num_blocks = kBlocks;
+  gc.block_size = kBlock;
+  gc.max_step_tokens = 256;
+  struct Probe {
+    int64_t steps;
+    TransferStats x;
+  };
+  auto probe = [&](Proposer* p, const std::vector<GenerationRequest>& rs) {
+    auto total = [&] {
+      return gpu_backend_->transfer_stats() +
+             (p != nullptr ? p->draft_transfer_stats() : TransferStats{});
+    };
+    Generator(*gpu_model_, gc, p).run(rs);  // warm-up: GEMM tuning, step graph recordings
+    Generator g(*gpu_model_, gc, p);  // allocates the KV cache (waits for the device)
+    const TransferStats x0 = total();
+    g.run(rs);
+    return Probe{g.stats().steps, total() - x0};
+  };
+  auto report = [&](const std::string& what, const Probe& pr) {
+    std::printf("  %-12s %-22s %lld steps: %.2f host syncs, %.0f B device->host per step\n",
+                GetParam().c_str(), what.c_str(), static_cast<long long>(pr.steps),
+                double(pr.x.syncs) / pr.steps, double(pr.x.d2h_bytes) / pr.steps);
+  };
+  const Probe greedy = probe(nullptr, reqs);
+  report("plain greedy", greedy);
+  EXPECT_EQ(greedy.x.syncs, greedy.steps);
+  EXPECT_LE(greedy.x.d2h_bytes, greedy.steps * 4 * static_cast<int64_t>(reqs.size()));
+  std::vector<GenerationRequest> sampled = reqs;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    sampled[i].sampling.temperature = 0.8f;
+    sampled[i].sampling.seed = 100 + i;
+  }
+  const Probe plain_sampled = probe(nullptr, sampled);
+  report("plain sampled", plain_sampled);
+  EXPECT_EQ(plain_sampled.x.syncs, plain_sampled.steps);
+  EXPECT_LT(plain_sampled.x.d2h_bytes, plain_sampled.steps * 1024);
+  SpecConfig ngram;
+  ngram.method = SpecMethod::kNgram;
+  auto ng = make_proposer(ngram, w);
+  for (const auto* rs : {&reqs, &sampled}) {
+    const Probe pr = probe(ng.get(), *rs);
+    report(rs == &reqs ? "ngram greedy" : "ngram sampled", pr);
+    EXPECT_EQ(pr.x.syncs, pr.steps);
+    EXPECT_LT(pr.x.d2h_bytes, pr.steps * 4 * gc.max_step_tokens);  // ids, not logits rows
+  }
+  if (GetParam() != "SmolLM2") return;
+  for (const char* method : {"eagle", "medusa"}) {
+    SpecConfig sc;
+    sc.method = parse_spec_method(method);
+    sc.head_path = testing::test_data_dir() + "/heads/smollm2/" + method;
+    auto proposer = make_proposer(sc, w, make_cuda_backend());
+    report(std::string(method) + " greedy", probe(proposer.get(), reqs));
+  }
+}
+
 // Batch invariance at the model level (CudaBackendOptions::batch_invariant, the default): 16
 // prompts x 64 greedy tokens; speculation (n-gram trees; Medusa and EAGLE where the test data
 // has heads) must give exactly the plain greedy tokens, and the 16 prompts run as one batch

@@ -199,6 +199,16 @@ class Packer {
 struct CudaBackend::State {
   CudaBackendOptions options;
   cudaStream_t stream = nullptr;
+  // Host waits and bytes copied (Backend::transfer_stats).
+  TransferStats transfers;
+  void wait(const char* what) {
+    cuda_check(cudaStreamSynchronize(stream), what);
+    ++transfers.syncs;
+  }
+  void d2h(void* dst, const void* src, size_t bytes, const char* what) {
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), what);
+    transfers.d2h_bytes += static_cast<int64_t>(bytes);
+  }
   cublasHandle_t cublas = nullptr;
   int num_sms = 0;
 
@@ -684,13 +694,9 @@ const CudaBackend::State::LtAlgo& CudaBackend::State::lt_algo(int64_t out_featur
       };
       cublas_check(run(128, y.ptr), "linear tuning");
       cublas_check(run(1, y1.ptr), "linear tuning");
-      cuda_check(cudaMemcpyAsync(row_all.data(), y.ptr, row_all.size() * 4, cudaMemcpyDeviceToHost,
-                                 stream),
-                 "linear tuning");
-      cuda_check(cudaMemcpyAsync(row_one.data(), y1.ptr, row_one.size() * 4, cudaMemcpyDeviceToHost,
-                                 stream),
-                 "linear tuning");
-      cuda_check(cudaStreamSynchronize(stream), "linear tuning");
+      d2h(row_all.data(), y.ptr, row_all.size() * 4, "linear tuning");
+      d2h(row_one.data(), y1.ptr, row_one.size() * 4, "linear tuning");
+      wait("linear tuning");
       invariant[c] = std::memcmp(row_all.data(), row_one.data(), row_all.size() * 4) == 0;
       if (!invariant[c]) continue;  // never picked: not worth timing
       for (int si = 0; si < 3; ++si)
@@ -746,7 +752,8 @@ cublasStatus_t CudaBackend::State::lt_matmul(const cublasLtMatmulAlgo_t& algo, c
 void CudaBackend::State::copy_to_device(void* dst, const void* src, size_t bytes,
                                         const char* what) {
   cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), what);
-  cuda_check(cudaStreamSynchronize(stream), what);
+  transfers.h2d_bytes += static_cast<int64_t>(bytes);
+  wait(what);
 }
 
 float CudaBackend::State::best_cold_ms(const DeviceBuffer& flush, const std::function<void()>& run,
@@ -807,12 +814,9 @@ void CudaBackend::State::check_chain_gemm(LtAlgo& a, int64_t o, int64_t k, const
     cublas_check(lt_matmul(a.algo, weight, o, k, x.ptr, n, y_lt.ptr), what);
     cuda_check(cudaMemsetAsync(y_chain.ptr, 0xff, count * 4, stream), what);
     run_chain(n);
-    cuda_check(cudaMemcpyAsync(h_lt.data(), y_lt.ptr, count * 4, cudaMemcpyDeviceToHost, stream),
-               what);
-    cuda_check(
-        cudaMemcpyAsync(h_chain.data(), y_chain.ptr, count * 4, cudaMemcpyDeviceToHost, stream),
-        what);
-    cuda_check(cudaStreamSynchronize(stream), what);
+    d2h(h_lt.data(), y_lt.ptr, count * 4, what);
+    d2h(h_chain.data(), y_chain.ptr, count * 4, what);
+    wait(what);
     same = std::memcmp(h_lt.data(), h_chain.data(), count * 4) == 0;
     if (!same) {  // say how: a different order (a few ulps) or something worse
       size_t bad = 0;
@@ -882,9 +886,13 @@ void CudaBackend::flush() {
   s_->flush();
 }
 
+TransferStats CudaBackend::transfer_stats() const {
+  return s_->transfers;
+}
+
 void CudaBackend::synchronize() {
   s_->flush();
-  cuda_check(cudaStreamSynchronize(s_->stream), "cudaStreamSynchronize");
+  s_->wait("cudaStreamSynchronize");
 }
 
 // --- memory -------------------------------------------------------------------------------
@@ -916,7 +924,7 @@ Tensor CudaBackend::upload_weight(const HostTensor& w) {
     p.scale = vector ? 0.1f : std::sqrt(3.0f / static_cast<float>(t.cols));
     p.offset = vector ? 1.0f : 0.0f;
     cuda_check(kernels::launch_fill_random(p, s_->stream), "upload_weight (random)");
-    cuda_check(cudaStreamSynchronize(s_->stream), "upload_weight (random)");
+    s_->wait("upload_weight (random)");
   } else if (vector) {
     s_->copy_to_device(ptr, w.data.data(), bytes, "upload_weight");
   } else {
@@ -955,7 +963,7 @@ void CudaBackend::reset_scratch() {
   s_->flush();
   State& s = *s_;
   if (s.chunks.size() > 1) {  // the step outgrew one chunk: replace them with one that fits
-    cuda_check(cudaStreamSynchronize(s.stream), "reset_scratch");
+    s.wait("reset_scratch");
     size_t total = 0;
     for (auto& c : s.chunks) {
       total += c.bytes;
@@ -985,8 +993,8 @@ void CudaBackend::download(const Tensor& src, float* dst) {
                "download convert");
     from = s.convert.ptr;
   }
-  cuda_check(cudaMemcpyAsync(dst, from, n * 4, cudaMemcpyDeviceToHost, s.stream), "download");
-  cuda_check(cudaStreamSynchronize(s.stream), "download");
+  s.d2h(dst, from, n * 4, "download");
+  s.wait("download");
 }
 
 void CudaBackend::upload(const float* src, const Tensor& dst) {
@@ -1002,6 +1010,7 @@ void CudaBackend::upload(const float* src, const Tensor& dst) {
     s.convert.ensure(n * 4 + 16, "upload");
     to = s.convert.ptr;
   }
+  s.transfers.h2d_bytes += static_cast<int64_t>(n * 4);
   if (staged)
     s.uploads.copy(to, src, n * 4, s.stream, "upload");
   else
@@ -1011,7 +1020,7 @@ void CudaBackend::upload(const float* src, const Tensor& dst) {
                                         elem(dst.dtype), static_cast<int64_t>(n)},
                                        s.stream),
                "upload convert");
-  if (!staged) cuda_check(cudaStreamSynchronize(s.stream), "upload");
+  if (!staged) s.wait("upload");
 }
 
 void CudaBackend::allocate_kv(const KvCacheShape& shape) {
@@ -1031,7 +1040,7 @@ void CudaBackend::allocate_kv(const KvCacheShape& shape) {
                     " is not supported by the CUDA attention (even, at most " +
                     std::to_string(kernels::kAttnMaxGenericHeadDim) + ")");
   State& s = *s_;
-  cuda_check(cudaStreamSynchronize(s.stream), "allocate_kv");
+  s.wait("allocate_kv");
   kv_shape_ = shape;
   ++s.epoch;  // the cache planes move
   s.num_slots = shape.num_blocks * shape.block_size;
@@ -1039,7 +1048,7 @@ void CudaBackend::allocate_kv(const KvCacheShape& shape) {
   const size_t bytes = static_cast<size_t>(2 * shape.num_layers * s.num_slots * s.kv_width) * 2;
   s.kv.ensure(bytes, "allocate_kv");
   cuda_check(cudaMemsetAsync(s.kv.ptr, 0, bytes, s.stream), "allocate_kv");
-  cuda_check(cudaStreamSynchronize(s.stream), "allocate_kv");
+  s.wait("allocate_kv");
 }
 
 void CudaBackend::poison_kv() {
@@ -1131,6 +1140,7 @@ void CudaBackend::set_step(const StepInputs& step) {
   uint8_t* host = s.meta.begin(pk.size(), "set_step");
   pk.write(host);
   s.meta.commit(pk.size(), s.stream, "set_step");
+  s.transfers.h2d_bytes += static_cast<int64_t>(pk.size());
   s.d_token_ids = s.meta_ptr<int32_t>(o_ids);
   s.d_positions = s.meta_ptr<int32_t>(o_pos);
   s.d_slots = s.meta_ptr<int64_t>(o_slots);
@@ -1375,9 +1385,8 @@ void CudaBackend::gather_values(const Tensor& x, const std::vector<int64_t>& ind
   cuda_check(kernels::launch_gather_values(static_cast<const float*>(x.data), d_index, d_out,
                                            static_cast<int64_t>(n), s.stream),
              "gather_values");
-  cuda_check(cudaMemcpyAsync(out->data(), d_out, n * 4, cudaMemcpyDeviceToHost, s.stream),
-             "gather_values download");
-  cuda_check(cudaStreamSynchronize(s.stream), "gather_values");
+  s.d2h(out->data(), d_out, n * 4, "gather_values download");
+  s.wait("gather_values");
 }
 
 bool CudaBackend::fuse_projections() const {
@@ -1446,7 +1455,7 @@ void CudaBackend::rope(const Tensor& q, const Tensor& k, const RopeParams& rp) {
     cuda_check(cudaMemcpyAsync(s.inv_freq.ptr, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice,
                                s.stream),
                "rope");
-    cuda_check(cudaStreamSynchronize(s.stream), "rope");
+    s.wait("rope");
     s.inv_freq_host = inv;
     ++s.epoch;  // recordings read the old frequencies
   }
@@ -1574,6 +1583,7 @@ void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int
   uint8_t* host = plan_upload.begin(pk.size(), "attention plan");
   pk.write(host);
   plan_upload.commit(pk.size(), stream, "attention plan");
+  transfers.h2d_bytes += static_cast<int64_t>(pk.size());
   auto* base = static_cast<uint8_t*>(plan_upload.device.ptr);
   d_work = reinterpret_cast<const kernels::AttentionWorkItem*>(base + o_work);
   d_splits = reinterpret_cast<const int32_t*>(base + o_splits);
@@ -1811,10 +1821,8 @@ void CudaBackend::argmax_rows(const Tensor& logits, std::vector<int32_t>* out) {
   p.num_rows = logits.rows;
   p.cols = logits.cols;
   cuda_check(kernels::launch_argmax_rows(p, s.stream), "argmax_rows");
-  cuda_check(cudaMemcpyAsync(out->data(), s.argmax_ids.ptr, out->size() * 4, cudaMemcpyDeviceToHost,
-                             s.stream),
-             "argmax_rows download");
-  cuda_check(cudaStreamSynchronize(s.stream), "argmax_rows");
+  s.d2h(out->data(), s.argmax_ids.ptr, out->size() * 4, "argmax_rows download");
+  s.wait("argmax_rows");
 }
 
 void CudaBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
@@ -1848,11 +1856,9 @@ void CudaBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector
   }
   p.workspace = s.top_k_work.ptr;
   cuda_check(kernels::launch_top_k_log_softmax(p, s.stream), "top_k_log_softmax");
-  cuda_check(cudaMemcpyAsync(ids->data(), p.ids, n * 4, cudaMemcpyDeviceToHost, s.stream),
-             "top_k_log_softmax download");
-  cuda_check(cudaMemcpyAsync(values->data(), p.values, n * 4, cudaMemcpyDeviceToHost, s.stream),
-             "top_k_log_softmax download");
-  cuda_check(cudaStreamSynchronize(s.stream), "top_k_log_softmax");
+  s.d2h(ids->data(), p.ids, n * 4, "top_k_log_softmax download");
+  s.d2h(values->data(), p.values, n * 4, "top_k_log_softmax download");
+  s.wait("top_k_log_softmax");
 }
 
 static_assert(sizeof(TreeSampleParams) == sizeof(kernels::TreeSampleItemParams) &&
@@ -1898,6 +1904,7 @@ void CudaBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batc
   uint8_t* host = s.sample_meta.begin(pk.size(), "sample_trees");
   pk.write(host);
   s.sample_meta.commit(pk.size(), s.stream, "sample_trees");
+  s.transfers.h2d_bytes += static_cast<int64_t>(pk.size());
   uint8_t* meta = static_cast<uint8_t*>(s.sample_meta.device.ptr);
 
   // Scratch: [outputs: path, tried (nodes each), len, bonus, used, status (items each)], then
@@ -1944,9 +1951,8 @@ void CudaBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batc
   p.work = reinterpret_cast<float*>(scratch + o_work);
   cuda_check(kernels::launch_tree_sample(p, s.stream), "sample_trees");
   std::vector<int32_t> h(out_ints);
-  cuda_check(cudaMemcpyAsync(h.data(), outs, out_ints * 4, cudaMemcpyDeviceToHost, s.stream),
-             "sample_trees download");
-  cuda_check(cudaStreamSynchronize(s.stream), "sample_trees");
+  s.d2h(h.data(), outs, out_ints * 4, "sample_trees download");
+  s.wait("sample_trees");
   const int32_t* len = h.data() + 2 * nodes;
   for (int32_t i = 0; i < items; ++i) {
     const int32_t first = batch.node_indptr[i];
@@ -1983,6 +1989,7 @@ void CudaBackend::copy_kv(const std::vector<int64_t>& src_slots,
   uint8_t* host = s.copy_slots.begin(pk.size(), "copy_kv");
   pk.write(host);
   s.copy_slots.commit(pk.size(), s.stream, "copy_kv");
+  s.transfers.h2d_bytes += static_cast<int64_t>(pk.size());
   const int64_t planes = 2 * kv_shape_.num_layers;
   const int64_t pairs = static_cast<int64_t>(src_slots.size());
   s.copy_staging.ensure(static_cast<size_t>(planes * pairs * s.kv_width) * 2 + 16, "copy_kv");

@@ -146,6 +146,7 @@ class CudaBackend final : public Backend {
   void top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
                          std::vector<float>* values) override;
   bool has_sample_trees() const override { return true; }
+  TransferStats transfer_stats() const override;
   void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
                     TreeSampleResult* out) override;
   void copy_kv(const std::vector<int64_t>& src_slots,
