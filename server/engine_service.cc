@@ -137,7 +137,7 @@ std::shared_ptr<RequestStream> EngineService::submit(std::vector<ServiceRequest>
     absl::MutexLock lock(&mu_);
     const int64_t waiting = queued_.load() + static_cast<int64_t>(submitted_.size());
     if (waiting >= options_.max_queue) {
-      if (metrics_) metrics_->inc("arbor_requests_rejected_total", 1, "reason=\"queue_full\"");
+      // Counted by the front end that maps the error to its status (HTTP: 429, queue_full).
       throw_error(ErrorCode::kResourceExhausted, "the server's queue is full (" +
                                                      std::to_string(waiting) +
                                                      " requests waiting); retry later");
@@ -280,10 +280,14 @@ void EngineService::update_gauges() {
   if (!metrics_) return;
   const KvCacheStats st = engine_.kv().stats();
   metrics_->set("arbor_kv_blocks_used", st.used_blocks);
+  metrics_->set("arbor_kv_blocks_free", st.free_blocks);
   metrics_->set("arbor_kv_blocks_total", st.num_blocks);
   metrics_->set("arbor_kv_cache_usage_ratio", st.usage());
-  metrics_->set("arbor_queue_depth", static_cast<double>(engine_.scheduler().num_waiting()));
-  metrics_->set("arbor_running_sequences", static_cast<double>(engine_.scheduler().num_running()));
+  metrics_->set("arbor_kv_sequences", st.num_sequences);
+  const Scheduler& sched = engine_.scheduler();
+  metrics_->set("arbor_queue_depth", static_cast<double>(sched.num_waiting()));
+  metrics_->set("arbor_running_sequences", static_cast<double>(sched.num_running()));
+  metrics_->set("arbor_admission_lookahead_tokens", sched.lookahead());
   const EngineStats& es = engine_.stats();
   metrics_->set("arbor_engine_steps_total", static_cast<double>(es.steps));
   metrics_->set("arbor_preemptions_total", static_cast<double>(es.preemptions));

@@ -23,10 +23,16 @@ Metrics::Metrics() {
          "Mean time between generated tokens after the first, per request.", per_token);
   define("arbor_e2e_request_latency_seconds", "histogram", "Arrival to last token.", latency);
   define("arbor_kv_blocks_used", "gauge", "KV cache blocks referenced by running sequences.");
+  define("arbor_kv_blocks_free", "gauge",
+         "KV cache blocks an allocation can take (never used, or cached and unreferenced).");
   define("arbor_kv_blocks_total", "gauge", "KV cache blocks in the pool.");
   define("arbor_kv_cache_usage_ratio", "gauge", "Used / total KV blocks.");
-  define("arbor_queue_depth", "gauge", "Requests waiting to start running.");
+  define("arbor_kv_sequences", "gauge", "Sequences holding KV blocks.");
+  define("arbor_queue_depth", "gauge",
+         "Sequences waiting to run: not admitted yet, or preempted and waiting to be recomputed.");
   define("arbor_running_sequences", "gauge", "Sequences prefilling or decoding.");
+  define("arbor_admission_lookahead_tokens", "gauge",
+         "Tokens of growth per running sequence that admission leaves room for.");
   define("arbor_engine_steps_total", "counter", "Forward steps run.");
   define("arbor_preemptions_total", "counter", "Sequences preempted (recomputed later).");
   define("arbor_spec_draft_offered_total", "counter",

@@ -34,6 +34,9 @@ void SchedulerConfig::validate() const {
   if (probe_every < 0)
     throw_error(ErrorCode::kInvalidArgument,
                 "probe_every must be >= 0, got " + std::to_string(probe_every));
+  if (admission_lookahead < 0)
+    throw_error(ErrorCode::kInvalidArgument,
+                "admission_lookahead must be >= 0, got " + std::to_string(admission_lookahead));
   if (tree.max_tree.max_depth < 0)
     throw_error(ErrorCode::kInvalidArgument, "speculation max tree depth must be >= 0, got " +
                                                  std::to_string(tree.max_tree.max_depth));
@@ -51,7 +54,10 @@ int32_t StepPlan::total_tokens() const {
 }
 
 Scheduler::Scheduler(KvCacheManager& kv, const SchedulerConfig& config)
-    : kv_(kv), config_((config.validate(), config)), cost_(config.cost) {
+    : kv_(kv),
+      config_((config.validate(), config)),
+      cost_(config.cost),
+      lookahead_(config.admission_lookahead) {
   config_.tree.max_step_tokens = config_.max_step_tokens;
 }
 
@@ -95,10 +101,11 @@ void Scheduler::add(ReqId id, std::vector<int32_t> context, bool speculate) {
     throw_error(ErrorCode::kInvalidArgument,
                 "scheduler: request " + std::to_string(id) + " has an empty context");
   Req r;
+  r.rank = {next_arrival_++, next_birth_++};
   r.context = std::move(context);
   r.speculate = speculate;
   reqs_.emplace(id, std::move(r));
-  waiting_.push_back(id);
+  waiting_.push_back(id);  // the newest arrival
 }
 
 void Scheduler::fork(ReqId parent, ReqId child, bool speculate) {
@@ -111,21 +118,27 @@ void Scheduler::fork(ReqId parent, ReqId child, bool speculate) {
     throw_error(ErrorCode::kInvalidArgument,
                 "scheduler: request " + std::to_string(child) + " is already scheduled");
   Req c;
+  c.rank = {p.rank.first, next_birth_++};  // the parent's arrival: right after its siblings
+  c.admitted_lookahead = p.admitted_lookahead;
   c.context = p.context;
   c.speculate = speculate;
   c.seq = kv_.fork(p.seq);
   c.computed = p.computed;
   c.prefilled = true;
   reqs_.emplace(child, std::move(c));
-  // Right after the parent, so LIFO preemption takes the siblings with their parent's age.
-  auto it = std::find(running_.begin(), running_.end(), parent);
-  running_.insert(it + 1, child);
+  insert_by_rank(running_, child);
 }
 
 bool Scheduler::remove(ReqId id) {
   auto it = reqs_.find(id);
   if (it == reqs_.end()) return false;
-  if (it->second.seq >= 0) kv_.free_sequence(it->second.seq);
+  if (it->second.seq >= 0) {
+    kv_.free_sequence(it->second.seq);
+    // A running request ended while nothing was preempted: the look-ahead narrows by a quarter
+    // of admission_lookahead (rounded up), down to admission_lookahead.
+    const int32_t step = config_.admission_lookahead;
+    if (!step_preempted_) lookahead_ = std::max(step, lookahead_ - (step + 3) / 4);
+  }
   reqs_.erase(it);
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
@@ -139,8 +152,11 @@ void Scheduler::preempt(ReqId id, StepPlan* plan) {
   r.computed = 0;
   r.prefilled = false;
   r.preemptions++;
+  step_preempted_ = true;
+  if (r.admitted_lookahead >= lookahead_) lookahead_too_short_ = true;
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
-  waiting_.push_front(id);  // first in line again
+  // Back in line at its arrival: ahead of every request that arrived after it.
+  insert_by_rank(waiting_, id);
   auto& items = plan->items;
   items.erase(std::remove_if(items.begin(), items.end(),
                              [&](const ScheduledItem& i) { return i.id == id; }),
@@ -162,17 +178,27 @@ bool Scheduler::reserve(Req& r, int32_t n, StepPlan* plan) {
   return true;
 }
 
+int32_t Scheduler::growth_blocks(const Req& r) const {
+  const int64_t bs = kv_.block_size();
+  const int64_t want = (static_cast<int64_t>(r.context.size()) + lookahead_ + bs - 1) / bs;
+  const int64_t held = static_cast<int64_t>(kv_.block_table(r.seq).size());
+  return static_cast<int32_t>(std::max<int64_t>(0, want - held));
+}
+
 void Scheduler::admit(StepPlan* plan) {
-  const int32_t bs = kv_.block_size();
+  const int64_t bs = kv_.block_size();
+  // Blocks the running requests will take over the look-ahead: an admission must leave them.
+  int64_t growth = 0;
+  for (ReqId id : running_) growth += growth_blocks(get(id));
   while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < config_.max_running) {
     Req& r = get(waiting_.front());
-    // A proposer needs the target's features of every position, so speculating requests do not
-    // skip cached prefix tokens.
     // Every block of the context counts, cached ones too: an unreferenced cached block is part
-    // of the free pool, and taking it leaves less for the prefill that follows.
-    const int32_t need =
-        static_cast<int32_t>((r.context.size() + bs - 1) / bs) + (r.speculate ? 1 : 0);
-    if (kv_.num_free_blocks() < need && !running_.empty()) break;
+    // of the free pool, and taking it leaves less for the prefill that follows. A preempted
+    // request comes back only when its whole context plus the look-ahead fits beside the
+    // running requests' own look-ahead, so it is not preempted again at once. Alone, a request
+    // is always admitted (the engine refused requests that can never fit).
+    const int64_t need = (static_cast<int64_t>(r.context.size()) + lookahead_ + bs - 1) / bs;
+    if (!running_.empty() && kv_.num_free_blocks() < growth + need) break;
     const bool probe = r.speculate && config_.tree.adaptive && config_.probe_every > 0 &&
                        spec_admissions_++ % config_.probe_every == config_.probe_every - 1;
     if (r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0 && !probe) {
@@ -198,13 +224,18 @@ void Scheduler::admit(StepPlan* plan) {
       if (b.back().max_nodes <= 1) r.speculate = false;
     }
     if (probe) r.probe_steps = config_.detach_after;
+    // A proposer needs the target's features of every position, so speculating requests do not
+    // skip cached prefix tokens.
     const auto created = r.speculate ? kv_.create_sequence() : kv_.create_sequence(r.context);
     r.seq = created.seq;
     r.computed = created.cached_tokens;
     r.prefilled = false;
-    running_.push_back(waiting_.front());
-    plan->admitted.push_back(waiting_.front());
+    r.admitted_lookahead = lookahead_;
+    growth += growth_blocks(r);
+    const ReqId id = waiting_.front();
     waiting_.pop_front();
+    insert_by_rank(running_, id);
+    plan->admitted.push_back(id);
   }
 }
 
@@ -322,14 +353,23 @@ StepPlan Scheduler::reserve_step(PlannedStep planned, std::span<const int32_t> d
               "drafted " + std::to_string(drafted.size()) + " trees for " +
                   std::to_string(planned.trees.size()) + " requests");
   StepPlan plan = std::move(planned.plan_);
+  step_preempted_ = false;
+  lookahead_too_short_ = false;
   if (!planned.planned_) return plan;
   // Reserve: decodes, then chunks. Out of blocks: a tree falls back to its root, then the newest
   // running request is preempted (possibly the one being planned) until the item fits.
   auto is_running = [&](ReqId id) {
     return std::find(running_.begin(), running_.end(), id) != running_.end();
   };
+  // A tree's nodes beyond its root take only blocks that no later decode's next token needs:
+  // trees shrink to their roots before anyone is preempted for them.
+  const auto& decodes = planned.decodes_;
+  std::vector<int32_t> roots_after(decodes.size() + 1, 0);  // [decodes + 1] blocks, suffix sums
+  for (size_t k = decodes.size(); k-- > 0;)
+    roots_after[k] = roots_after[k + 1] + kv_.blocks_needed(get(decodes[k].id).seq, 1);
   size_t next_draft = 0;
-  for (ScheduledItem it : planned.decodes_) {
+  for (size_t k = 0; k < decodes.size(); ++k) {
+    ScheduledItem it = decodes[k];
     const ReqId id = it.id;
     int32_t n = 1;
     if (it.budget.max_nodes > 1) {
@@ -340,6 +380,7 @@ StepPlan Scheduler::reserve_step(PlannedStep planned, std::span<const int32_t> d
     }
     if (!is_running(id)) continue;  // preempted for an earlier item
     Req& r = get(id);
+    if (n > 1 && kv_.blocks_needed(r.seq, n) + roots_after[k + 1] > kv_.num_free_blocks()) n = 1;
     bool ok = reserve(r, n, &plan);
     if (!ok && n > 1) {
       n = 1;
@@ -378,6 +419,14 @@ StepPlan Scheduler::reserve_step(PlannedStep planned, std::span<const int32_t> d
     // Nothing fits: the newest request gives its blocks back (unless it is alone, which the
     // engine's admission check rules out) and the next step tries again.
     if (running_.size() > 1) preempt(running_.back(), &plan);
+  }
+  // A request admitted under the look-ahead in force was preempted: it was too short, widen it.
+  // (Requests admitted under a shorter one say nothing new: one wave of over-admission widens
+  // it once, not once per victim.)
+  if (lookahead_too_short_) {
+    const int64_t pool = static_cast<int64_t>(kv_.num_blocks()) * kv_.block_size();
+    lookahead_ = static_cast<int32_t>(
+        std::min<int64_t>(pool, int64_t{lookahead_} + 2 * int64_t{config_.admission_lookahead}));
   }
   return plan;
 }

@@ -1,17 +1,20 @@
 // The continuous-batching scheduler: pure logic over the paged KV cache manager, no device.
-// Each step it (1) admits waiting requests FIFO while their prompt's blocks fit, (2) gives every
-// decoding request a decode item (a speculation tree sized by the tree-budget policy, or the
-// root alone), (3) fills the rest of the step's token budget with chunked prefill of the others
-// (prefill and speculative verification share one step), and (4) reserves KV slots, preempting
-// the newest running request (its KV is dropped and recomputed later) when blocks run out. A
-// request never fails for memory pressure once admitted: it waits. Cancellation frees every
-// block at once. See README.md.
+// Each step it (1) admits waiting requests in arrival order while the free blocks hold their
+// context and the running requests' next `lookahead` tokens, (2) gives every decoding request a
+// decode item (a speculation tree sized by the tree-budget policy, or the root alone), (3) fills
+// the rest of the step's token budget with chunked prefill of the others (prefill and
+// speculative verification share one step), and (4) reserves KV slots, preempting the newest
+// arrival (its KV is dropped and recomputed later) when blocks run out; a preempted request
+// that was admitted under the look-ahead in force widens it. A request never fails for memory
+// pressure once admitted: it waits. Cancellation frees every block at once. See README.md.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "engine/kv_cache/kv_cache_manager.h"
@@ -34,6 +37,14 @@ struct SchedulerConfig {
   // pessimistic server-wide estimate is measured again instead of locking speculation off
   // (afterwards the policy and detach_after decide). 0: never.
   int32_t probe_every = 32;
+  // Admission look-ahead, tokens: a waiting request is admitted only while the free blocks hold
+  // its whole context plus `lookahead` tokens and the next `lookahead` tokens of every running
+  // request (the rest of a prefilling request's context too). The look-ahead starts here, grows
+  // by twice this much when a request admitted under the look-ahead in force is preempted (it
+  // proved too short) and shrinks by a quarter of this for each running request that ends in a
+  // step without preemption, never below this value nor above the pool. 0: admit while the
+  // contexts alone fit (no look-ahead, no adaptation).
+  int32_t admission_lookahead = 32;
   CostModelConfig cost;
   void validate() const;  // throws kInvalidArgument naming the field
 };
@@ -122,6 +133,8 @@ class Scheduler {
   SeqId seq(ReqId id) const;
   const std::vector<int32_t>& context(ReqId id) const;
   int32_t preemptions(ReqId id) const;
+  // The admission look-ahead in force (tokens; SchedulerConfig::admission_lookahead).
+  int32_t lookahead() const { return lookahead_; }
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
   bool idle() const { return waiting_.empty() && running_.empty(); }
@@ -131,7 +144,12 @@ class Scheduler {
   const SchedulerConfig& config() const { return config_; }
 
  private:
+  // Priority: arrival order; a fork's choices sit right after their parent. Admission takes the
+  // oldest waiting request first, preemption the newest running one.
+  using Rank = std::pair<uint64_t, uint64_t>;  // (arrival, birth)
   struct Req {
+    Rank rank;
+    int32_t admitted_lookahead = 0;  // the look-ahead in force when it was last admitted
     std::vector<int32_t> context;
     bool speculate = false;
     SeqId seq = -1;
@@ -147,6 +165,16 @@ class Scheduler {
   bool is_decoding(const Req& r) const {
     return r.prefilled && r.computed + 1 == static_cast<int32_t>(r.context.size());
   }
+  bool before(ReqId a, ReqId b) const { return get(a).rank < get(b).rank; }
+  // Inserts `id` into `list` (waiting_ or running_), which is kept in rank order.
+  template <typename List>
+  void insert_by_rank(List& list, ReqId id) const {
+    list.insert(std::upper_bound(list.begin(), list.end(), id,
+                                 [this](ReqId a, ReqId b) { return before(a, b); }),
+                id);
+  }
+  // Blocks a running request takes over its next lookahead_ tokens (beyond those it holds).
+  int32_t growth_blocks(const Req& r) const;
   void admit(StepPlan* plan);
   void preempt(ReqId id, StepPlan* plan);
   // Reserves n slots; copies go to the plan. False when the pool is short.
@@ -159,10 +187,15 @@ class Scheduler {
   AcceptanceEstimate global_acceptance_;
   // What drafting costs a step (per step, not per request: drafts are batched).
   DraftCostEstimate draft_cost_;
-  int64_t spec_admissions_ = 0;  // speculating requests admitted (probe_every)
+  int64_t spec_admissions_ = 0;       // speculating requests admitted (probe_every)
+  int32_t lookahead_ = 0;             // admission look-ahead in force, tokens
+  bool step_preempted_ = false;       // the last reserve_step preempted a request
+  bool lookahead_too_short_ = false;  // ... one admitted under the look-ahead in force
+  uint64_t next_arrival_ = 0;
+  uint64_t next_birth_ = 0;
   std::unordered_map<ReqId, Req> reqs_;
-  std::deque<ReqId> waiting_;
-  std::vector<ReqId> running_;  // admission order (newest last: preempted first)
+  std::deque<ReqId> waiting_;   // by rank (oldest first: admitted first)
+  std::vector<ReqId> running_;  // by rank (newest last: preempted first)
 };
 
 }  // namespace arbor

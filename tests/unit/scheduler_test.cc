@@ -83,12 +83,14 @@ struct Harness {
   }
 };
 
-SchedulerConfig fixed_trees(int32_t step_tokens, int32_t max_running, int32_t max_nodes) {
+SchedulerConfig fixed_trees(int32_t step_tokens, int32_t max_running, int32_t max_nodes,
+                            int32_t lookahead = SchedulerConfig{}.admission_lookahead) {
   SchedulerConfig c;
   c.max_step_tokens = step_tokens;
   c.max_running = max_running;
   c.tree.adaptive = false;
   c.tree.max_tree = {max_nodes, 8};
+  c.admission_lookahead = lookahead;
   return c;
 }
 
@@ -175,8 +177,8 @@ TEST(SchedulerTicks, AProbeRevisesAPessimisticAcceptanceEstimate) {
 }
 
 TEST(SchedulerTicks, AdmissionWaitsForBlocksAndRunningSlots) {
-  // 6 blocks of 4 tokens; max_running 2.
-  Harness h(6, 4, fixed_trees(64, 2, 1));
+  // 6 blocks of 4 tokens; max_running 2; a look-ahead of 4 tokens (one block).
+  Harness h(6, 4, fixed_trees(64, 2, 1, /*lookahead=*/4));
   h.add("A", 8, false);
   h.add("B", 8, false, 50);
   h.add("C", 4, false, 90);
@@ -184,12 +186,96 @@ TEST(SchedulerTicks, AdmissionWaitsForBlocksAndRunningSlots) {
   EXPECT_EQ(h.tick(), "A:D1 B:D1");
   EXPECT_EQ(h.sched.num_waiting(), 1u);
   h.sched.remove(h.ids["A"]);  // cancellation frees A's blocks at once
+  // C's 4 tokens + 4 of look-ahead (2 blocks) and B's next 4 tokens (1 more block) fit in 3.
   EXPECT_EQ(h.tick(), "+C B:D1 C:P4*");
 }
 
+TEST(SchedulerTicks, AdmissionLeavesTheRunningRequestsRoomToGrow) {
+  // 10 blocks of 4 tokens; three requests of 8 prompt tokens (2 blocks each).
+  {
+    // Without a look-ahead all three start, grow together and the newest is preempted.
+    Harness h(10, 4, fixed_trees(64, 4, 1, /*lookahead=*/0));
+    h.add("A", 8, false);
+    h.add("B", 8, false, 50);
+    h.add("C", 8, false, 90);
+    EXPECT_EQ(h.tick(), "+A +B +C A:P8* B:P8* C:P8*");
+    for (int t = 0; t < 4; ++t) EXPECT_EQ(h.tick(), "A:D1 B:D1 C:D1") << t;
+    EXPECT_EQ(h.tick(), "-C A:D1 B:D1");  // 9 blocks used, A and B each need a 4th
+  }
+  // With 8 tokens of look-ahead C waits: its 4 blocks (8 + 8 tokens) beside A's and B's next
+  // 8 tokens (2-3 blocks each) do not fit in what A and B leave free.
+  Harness h(10, 4, fixed_trees(64, 4, 1, /*lookahead=*/8));
+  h.add("A", 8, false);
+  h.add("B", 8, false, 50);
+  h.add("C", 8, false, 90);
+  EXPECT_EQ(h.tick(), "+A +B A:P8* B:P8*");
+  for (int t = 0; t < 2; ++t) EXPECT_EQ(h.tick(), "A:D1 B:D1") << t;
+  // A ends: 7 blocks free; B's next 8 tokens need 2 more, C's 4.
+  h.sched.remove(h.ids["A"]);
+  EXPECT_EQ(h.tick(), "+C B:D1 C:P8*");
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(h.tick(), "B:D1 C:D1") << t;
+  EXPECT_EQ(h.sched.preemptions(h.ids["C"]), 0);
+}
+
+TEST(SchedulerTicks, APreemptedRequestKeepsItsArrivalOrderAndWidensTheLookahead) {
+  // 8 blocks of 4 tokens, max_running 2, a look-ahead of 4 tokens. A and B (8 tokens each)
+  // start, C waits for a running slot; A and B grow until they collide.
+  Harness h(8, 4, fixed_trees(64, 2, 1, /*lookahead=*/4));
+  h.add("A", 8, false);
+  h.add("B", 8, false, 50);
+  h.add("C", 4, false, 90);
+  EXPECT_EQ(h.tick(), "+A +B A:P8* B:P8*");
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(h.tick(), "A:D1 B:D1") << t;
+  EXPECT_EQ(h.sched.lookahead(), 4);
+  // 16 tokens each fill the 8 blocks; A (the older) takes B's blocks and B waits ahead of C,
+  // which arrived after it. B was admitted under the look-ahead in force, which proved too
+  // short: it widens by twice the configured 4 tokens.
+  EXPECT_EQ(h.tick(), "-B A:D1");
+  EXPECT_EQ(h.sched.lookahead(), 12);
+  // B (17 tokens of context + 12) does not fit beside A's next 12 tokens; C waits behind it.
+  for (int t = 0; t < 3; ++t) EXPECT_EQ(h.tick(), "A:D1") << t;
+  // A ends in a step that preempted nothing: the look-ahead narrows by a quarter of 4 tokens.
+  h.sched.remove(h.ids["A"]);
+  EXPECT_EQ(h.sched.lookahead(), 11);
+  // B first. A's 5th block was B's last one (a freed sequence's tail is evicted first), so 3
+  // of B's blocks are still cached and 5 of its 17 tokens are recomputed. C (4 + 11 tokens: 4
+  // blocks) does not fit beside B's next 11 tokens in what is left.
+  EXPECT_EQ(h.tick(), "+B B:P5*");
+  EXPECT_EQ(h.tick(), "B:D1");
+  EXPECT_EQ(h.sched.preemptions(h.ids["B"]), 1);
+  h.sched.remove(h.ids["B"]);
+  EXPECT_EQ(h.sched.lookahead(), 10);
+  EXPECT_EQ(h.tick(), "+C C:P4*");
+  h.sched.remove(h.ids["C"]);
+  for (int i = 0; i < 6; ++i) {  // never below the configured look-ahead
+    h.add("D" + std::to_string(i), 4, false, 200 + 10 * i);
+    EXPECT_EQ(h.tick(), "+D" + std::to_string(i) + " D" + std::to_string(i) + ":P4*");
+    h.sched.remove(h.ids["D" + std::to_string(i)]);
+  }
+  EXPECT_EQ(h.sched.lookahead(), 4);
+  EXPECT_EQ(h.kv.stats().used_blocks, 0);
+}
+
+TEST(SchedulerTicks, TheLookaheadWidensOnceForAWaveOfOverAdmission) {
+  // 8 blocks of 4 tokens, a look-ahead of 4 tokens: four requests of 4 tokens start together
+  // (2 blocks each with the look-ahead) and outgrow the pool at their 9th token.
+  Harness h(8, 4, fixed_trees(64, 4, 1, /*lookahead=*/4));
+  for (const char* name : {"A", "B", "C", "D"}) h.add(name, 4, false, 10 * (name[0] - 'A'));
+  EXPECT_EQ(h.tick(), "+A +B +C +D A:P4* B:P4* C:P4* D:P4*");
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(h.tick(), "A:D1 B:D1 C:D1 D:D1") << t;
+  // Two victims in one step, both admitted under the look-ahead in force: it widens once.
+  EXPECT_EQ(h.tick(), "-D -C A:D1 B:D1");
+  EXPECT_EQ(h.sched.lookahead(), 12);
+  for (int t = 0; t < 7; ++t) EXPECT_EQ(h.tick(), "A:D1 B:D1") << t;
+  // B was admitted under the old look-ahead of 4: its preemption says nothing about 12.
+  EXPECT_EQ(h.tick(), "-B A:D1");
+  EXPECT_EQ(h.sched.lookahead(), 12);
+}
+
 TEST(SchedulerTicks, PreemptsTheNewestWhenBlocksRunOutAndRecomputesIt) {
-  // 5 blocks of 4 tokens = 20 slots; two requests of 8 prompt tokens grow until they collide.
-  Harness h(5, 4, fixed_trees(64, 4, 1));
+  // 5 blocks of 4 tokens = 20 slots; two requests of 8 prompt tokens grow until they collide
+  // (no look-ahead, so both start).
+  Harness h(5, 4, fixed_trees(64, 4, 1, /*lookahead=*/0));
   h.add("A", 8, false);
   h.add("B", 8, false, 50);
   EXPECT_EQ(h.tick(), "+A +B A:P8* B:P8*");  // 4 blocks used
@@ -217,6 +303,82 @@ TEST(SchedulerTicks, TreeFallsBackToItsRootWhenItsBlocksAreShort) {
   h.add("A", 11, true);
   EXPECT_EQ(h.tick(), "+A A:P11*");
   EXPECT_EQ(h.tick(), "A:D1");  // 8 nodes at positions 11..18 need 2 new blocks; 1 free
+}
+
+TEST(SchedulerTicks, TreesShrinkToTheirRootsBeforeAnotherRequestIsPreempted) {
+  // 5 blocks of 4. A (speculating, 7 tokens: its root fits in its 2nd block) and B (8 tokens:
+  // its next token needs a 3rd block) hold 4 blocks. A's 4-node tree would take the last free
+  // block, which B's next token needs: the tree shrinks to its root and nobody is preempted.
+  Harness h(5, 4, fixed_trees(64, 2, 4, /*lookahead=*/0));
+  h.add("A", 7, true);
+  h.add("B", 8, false, 50);
+  EXPECT_EQ(h.tick(), "+A +B A:P7* B:P8*");
+  EXPECT_EQ(h.tick(), "A:D1 B:D1");
+  EXPECT_EQ(h.sched.preemptions(h.ids["B"]), 0);
+  // With B gone the tree has the pool to itself.
+  h.sched.remove(h.ids["B"]);
+  EXPECT_EQ(h.tick(), "A:D4");
+}
+
+// A burst of `n` requests of `prompt` tokens, each generating `gen` tokens and then ending, on
+// `blocks` blocks of 16 tokens with the server's step settings: how the scheduler copes.
+struct Burst {
+  int64_t preemptions = 0;
+  int32_t most = 0;  // preemptions of the most preempted request
+  int32_t done = 0;
+  int32_t ticks = 0;
+  int32_t blocks_left = 0;
+  int32_t sequences_left = 0;
+};
+Burst run_burst(int32_t n, int32_t prompt, int32_t gen, int32_t blocks, int32_t lookahead) {
+  Harness h(blocks, 16, fixed_trees(512, 64, 1, lookahead));
+  for (int32_t i = 0; i < n; ++i) h.add("R" + std::to_string(i), prompt, false, 1 + i);
+  Burst b;
+  while (!h.sched.idle() && b.ticks < 100000) {
+    h.tick();
+    ++b.ticks;
+    for (int32_t i = 0; i < n; ++i) {
+      const ReqId id = h.ids["R" + std::to_string(i)];
+      if (!h.sched.has(id) || !h.sched.decoding(id)) continue;
+      if (static_cast<int32_t>(h.sched.context(id).size()) - prompt < gen) continue;
+      b.preemptions += h.sched.preemptions(id);
+      b.most = std::max(b.most, h.sched.preemptions(id));
+      h.sched.remove(id);
+      ++b.done;
+    }
+  }
+  b.blocks_left = h.kv.stats().used_blocks;
+  b.sequences_left = h.kv.num_sequences();
+  return b;
+}
+
+TEST(SchedulerTicks, OverloadCompletesEveryRequestWithAtMostOnePreemptionEach) {
+  // 4x and 16x more requests than the pool holds at their full length, all at once. Every
+  // request completes; preemptions stay under one per request on average.
+  struct Case {
+    int32_t prompt, gen, overload;
+  };
+  for (const Case& c : {Case{8, 120, 4}, Case{8, 120, 16}, Case{40, 200, 4}, Case{40, 200, 16},
+                        Case{8, 480, 4}, Case{8, 480, 16}}) {
+    const int32_t n = 4 * c.overload;
+    const int32_t blocks = 4 * ((c.prompt + c.gen + 15) / 16);
+    const Burst b = run_burst(n, c.prompt, c.gen, blocks, SchedulerConfig{}.admission_lookahead);
+    SCOPED_TRACE("prompt " + std::to_string(c.prompt) + " gen " + std::to_string(c.gen) + " " +
+                 std::to_string(c.overload) + "x: " + std::to_string(b.preemptions) +
+                 " preemptions, at most " + std::to_string(b.most) + " per request, " +
+                 std::to_string(b.ticks) + " ticks");
+    EXPECT_EQ(b.done, n);
+    EXPECT_LE(b.preemptions, n);
+    EXPECT_LE(b.most, 2);
+    EXPECT_EQ(b.blocks_left, 0);
+    EXPECT_EQ(b.sequences_left, 0);
+    if (c.overload == 16) {
+      // Without the look-ahead the same burst preempts more than once per request.
+      const Burst blind = run_burst(n, c.prompt, c.gen, blocks, 0);
+      EXPECT_EQ(blind.done, n);
+      EXPECT_GT(blind.preemptions, n);
+    }
+  }
 }
 
 TEST(SchedulerTicks, ForkSharesThePromptBlocks) {
