@@ -13,11 +13,11 @@
 #include <random>
 
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/draft/eagle_checkpoint.h"
+#include "engine/draft/eagle_draft_model.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/model_loader.h"
 #include "engine/runner/generator.h"
-#include "engine/draft/eagle_checkpoint.h"
-#include "engine/draft/eagle_draft_model.h"
 #include "engine/spec/proposer_factory.h"
 #include "tests/cuda/cuda_test_util.h"
 

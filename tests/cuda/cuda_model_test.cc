@@ -373,7 +373,7 @@ TEST_P(CudaModel, OneHostSyncPerStep) {
              (p != nullptr ? p->draft_transfer_stats() : TransferStats{});
     };
     Generator(*gpu_model_, gc, p).run(rs);  // warm-up: GEMM tuning, step graph recordings
-    Generator g(*gpu_model_, gc, p);  // allocates the KV cache (waits for the device)
+    Generator g(*gpu_model_, gc, p);        // allocates the KV cache (waits for the device)
     const TransferStats x0 = total();
     g.run(rs);
     return Probe{g.stats().steps, total() - x0};

@@ -21,14 +21,14 @@
 
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/core/error.h"
+#include "engine/draft/medusa_device_heads.h"
+#include "engine/draft/medusa_heads.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/model_loader.h"
 #include "engine/runner/engine.h"
 #include "engine/runner/generator.h"
-#include "engine/verify/device_verify.h"
-#include "engine/draft/medusa_device_heads.h"
-#include "engine/draft/medusa_heads.h"
 #include "engine/spec/proposer_factory.h"
+#include "engine/verify/device_verify.h"
 #include "tests/common/synthetic_medusa.h"
 #include "tests/cuda/cuda_test_util.h"
 

@@ -8,9 +8,9 @@
 #include <random>
 
 #include "engine/backend/cpu/cpu_backend.h"
+#include "engine/core/host_math.h"
 #include "engine/draft/medusa_device_heads.h"
 #include "engine/spec/medusa_proposer.h"
-#include "engine/core/host_math.h"
 #include "engine/spec/tree_choices.h"
 #include "engine/verify/tree_layout.h"
 #include "tests/common/synthetic_medusa.h"

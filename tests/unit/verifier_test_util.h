@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "engine/sampling/sampler.h"
-#include "engine/verify/draft_tree.h"
 #include "engine/spec/tree_choices.h"
+#include "engine/verify/draft_tree.h"
 #include "engine/verify/tree_layout.h"
 #include "engine/verify/verifier.h"
 
