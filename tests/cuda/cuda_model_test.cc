@@ -113,6 +113,30 @@ std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int64_t vocab) {
   return t;
 }
 
+// Greedy requests whose prompts (BOS, then a random motif of motif_len ids repeated up to each
+// length) give n-gram speculation something to find; the motifs come from an LCG seeded `seed`.
+std::vector<GenerationRequest> motif_prompts(uint32_t seed, std::initializer_list<int> lengths,
+                                             int motif_len, int64_t vocab, int32_t max_tokens) {
+  std::vector<GenerationRequest> reqs;
+  uint32_t x = seed;
+  for (int len : lengths) {
+    GenerationRequest r;
+    r.prompt.push_back(1);
+    std::vector<int32_t> motif;
+    for (int k = 0; k < motif_len; ++k) {
+      x = x * 1664525u + 1013904223u;
+      motif.push_back(static_cast<int32_t>(3 + (x >> 8) % (vocab - 3)));
+    }
+    while (static_cast<int>(r.prompt.size()) < len)
+      r.prompt.push_back(motif[r.prompt.size() % static_cast<size_t>(motif_len)]);
+    r.sampling.temperature = 0;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
 // Expects every request's tokens equal; returns how many were.
 int expect_equal_tokens(const std::vector<GenerationResult>& got,
                         const std::vector<GenerationResult>& want, const std::string& label) {
@@ -271,22 +295,8 @@ TEST_P(CudaModel, ArgmaxOnlyEqualsHostArgmaxOfLogits) {
 // plain greedy decoding.
 TEST_P(CudaModel, SpeculativeGreedyEqualsPlainOnGpu) {
   const ModelWeights& w = weights_of(GetParam());
-  std::vector<GenerationRequest> reqs;
-  uint32_t x = 777;
-  for (int len : {15, 16, 17, 31, 5}) {
-    GenerationRequest r;
-    r.prompt.push_back(1);
-    std::vector<int32_t> motif;
-    for (int k = 0; k < 5; ++k) {
-      x = x * 1664525u + 1013904223u;
-      motif.push_back(static_cast<int32_t>(3 + (x >> 8) % (vocab_ - 3)));
-    }
-    while (static_cast<int>(r.prompt.size()) < len) r.prompt.push_back(motif[r.prompt.size() % 5]);
-    r.sampling.temperature = 0;
-    r.max_tokens = 40;
-    r.ignore_eos = true;
-    reqs.push_back(r);
-  }
+  const std::vector<GenerationRequest> reqs =
+      motif_prompts(777, {15, 16, 17, 31, 5}, 5, vocab_, 40);
   GeneratorConfig gc;
   gc.num_blocks = kBlocks;
   gc.block_size = kBlock;
@@ -343,22 +353,7 @@ TEST_P(CudaModel, SpeculativeGreedyEqualsPlainOnGpu) {
 // depth and their hidden-state copies are what a device-resident draft removes).
 TEST_P(CudaModel, OneHostSyncPerStep) {
   const ModelWeights& w = weights_of(GetParam());
-  std::vector<GenerationRequest> reqs;
-  uint32_t x = 4242;
-  for (int len : {12, 20, 9, 33}) {
-    GenerationRequest r;
-    r.prompt.push_back(1);
-    std::vector<int32_t> motif;
-    for (int k = 0; k < 4; ++k) {
-      x = x * 1664525u + 1013904223u;
-      motif.push_back(static_cast<int32_t>(3 + (x >> 8) % (vocab_ - 3)));
-    }
-    while (static_cast<int>(r.prompt.size()) < len) r.prompt.push_back(motif[r.prompt.size() % 4]);
-    r.sampling.temperature = 0;
-    r.max_tokens = 48;
-    r.ignore_eos = true;
-    reqs.push_back(r);
-  }
+  std::vector<GenerationRequest> reqs = motif_prompts(4242, {12, 20, 9, 33}, 4, vocab_, 48);
   GeneratorConfig gc;
   gc.num_blocks = kBlocks;
   gc.block_size = kBlock;

@@ -1,6 +1,8 @@
 """Starts a real `arbor serve` process on loopback for the client tests (openai, grpcio, raw
 HTTP) and stops it. Environment: ARBOR_BIN (the arbor executable), ARBOR_SHARED_DIR (../shared).
 """
+import http.client
+import json
 import os
 import signal
 import socket
@@ -114,3 +116,20 @@ def tok512_pieces():
         vocab.append(data[off:off + n])
         off += n
     return vocab
+
+
+def raw(port, method, path, body=None, headers=None, timeout=60):
+    """(status, parsed JSON or text) over a fresh connection; a dict or list body is sent as
+    JSON, every request with a JSON content type (plus `headers`)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body)
+    conn.request(method, path, body=body,
+                 headers={"Content-Type": "application/json", **(headers or {})})
+    r = conn.getresponse()
+    data = r.read().decode("utf-8", errors="replace")
+    conn.close()
+    try:
+        return r.status, json.loads(data)
+    except ValueError:
+        return r.status, data

@@ -8,7 +8,6 @@ checked against each other, `ss` for the listening socket's backlog.
 
 Run: ARBOR_BIN=build/server/arbor ARBOR_SHARED_DIR=../shared python3 tests/server/test_hostile.py
 """
-import http.client
 import json
 import os
 import re
@@ -26,7 +25,7 @@ import grpc
 import openai
 
 sys.path.insert(0, os.path.dirname(__file__))
-from arbor_server import ArborServer, ARBOR_BIN, STORIES, tok512_pieces  # noqa: E402
+from arbor_server import ArborServer, ARBOR_BIN, STORIES, raw, tok512_pieces  # noqa: E402
 import test_grpc  # noqa: E402  (proto stubs generated at test time)
 from test_openai import tok512_decode  # noqa: E402
 
@@ -43,22 +42,6 @@ def setUpModule():
 
 def tearDownModule():
     test_grpc.tearDownModule()
-
-
-def raw(port, method, path, body=None, headers=None, timeout=60):
-    """(status, parsed JSON or text) over a fresh connection."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    if isinstance(body, (dict, list)):
-        body = json.dumps(body)
-    conn.request(method, path, body=body,
-                 headers={"Content-Type": "application/json", **(headers or {})})
-    r = conn.getresponse()
-    data = r.read().decode("utf-8", errors="replace")
-    conn.close()
-    try:
-        return r.status, json.loads(data)
-    except ValueError:
-        return r.status, data
 
 
 def nested(depth):

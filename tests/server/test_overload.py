@@ -16,7 +16,6 @@ Each test prints what it measured to stderr.
 
 Run: ARBOR_BIN=build/server/arbor ARBOR_SHARED_DIR=../shared python3 tests/server/test_overload.py
 """
-import http.client
 import json
 import os
 import random
@@ -29,7 +28,7 @@ import unittest
 import openai
 
 sys.path.insert(0, os.path.dirname(__file__))
-from arbor_server import ArborServer  # noqa: E402
+from arbor_server import ArborServer, raw  # noqa: E402
 
 REPO = os.environ.get("ARBOR_REPO", os.path.join(os.path.dirname(__file__), "..", ".."))
 CHATML = os.path.join(REPO, "tests", "data", "chat_templates", "smollm2.jinja")
@@ -48,19 +47,6 @@ PROMPTS = ([f"Once upon a time there was a {w}" for w in SUBJECTS] +
 
 def report(line):
     print(line, file=sys.stderr, flush=True)
-
-
-def raw(port, method, path, body=None, timeout=120):
-    """(status, parsed JSON or text) over a fresh connection."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
-    r = conn.getresponse()
-    data = r.read().decode("utf-8", errors="replace")
-    conn.close()
-    try:
-        return r.status, json.loads(data)
-    except ValueError:
-        return r.status, data
 
 
 def rss_bytes(pid):
