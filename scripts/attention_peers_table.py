@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Joins the attention benchmarks of one GPU session into the markdown table of
-docs/benchmarks.md: our kernel (attention_bench logs, wgmma and mma.sync), PyTorch SDPA with the
-tree mask and FlexAttention (torch_attention_bench.py JSON), FlashInfer's custom mask
-(flashinfer_attention_bench.py JSON). Prints the table and, per peer, how many points we are
-faster at and the smallest / largest ratio (peer time / ours).
+"""Joins the attention benchmarks of one GPU run into one markdown table (docs/performance.md
+"Paged tree attention (H200)" and its appendix): our kernel (attention_bench logs, wgmma and
+mma.sync), PyTorch SDPA with the tree mask and FlexAttention (torch_attention_bench.py JSON),
+FlashInfer's custom mask (flashinfer_attention_bench.py JSON). Prints the table and, per peer,
+how many points we are faster at and the smallest / largest ratio (peer time / ours).
 
     python3 scripts/attention_peers_table.py --ours bench_wgmma.log [--mma bench_mma.log]
         [--torch torch_attention.json] [--flashinfer flashinfer_attention.json]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving benchmark on the CPU backend (docs/benchmarks.md, "Serving"): stories260K behind
+# Serving benchmark on the CPU backend (docs/performance.md, "Serving"): stories260K behind
 # `arbor serve`, plain decoding vs EAGLE speculation with adaptive tree budgets vs fixed trees,
 # at several client concurrencies, driven by scripts/bench_serve.py (streaming completions).
 set -euo pipefail

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool; carry .gpu and the SmolLM2 GGUF staged at /tmp/stage/smol.gguf,
-# see docs/benchmarks.md): SmolLM2-135M-Instruct end to end on the H100 with the trained heads.
+# see docs/performance.md "Serving"): SmolLM2-135M-Instruct end to end with the trained heads,
+# written for the H100 (the serve line's cost curve is configs/verify_cost_h100.json).
 # 1. `arbor spec-bench --backend cuda` plain vs each proposer on the held-out MT-bench prompts;
 # 2. `arbor serve --backend cuda` under scripts/bench_serve.py: chat requests at concurrency
 #    1/8/32, speculation on (EAGLE, adaptive trees from configs/verify_cost_h100.json) vs the

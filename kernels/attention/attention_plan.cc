@@ -11,12 +11,12 @@ namespace arbor::kernels {
 
 namespace {
 // Shortest split (KV tiles). Short contexts at batch 1 are latency-bound: 2-tile splits beat 4
-// (docs/benchmarks.md "Thirteenth session").
+// (H200; docs/kernel_notes.md "Work decomposition").
 constexpr int32_t kMinTilesPerSplit = 2;
 // Wide wgmma CTAs only where some CTA runs at least this many KV tiles: a wide CTA has its SM
 // alone (its prologue and epilogue are not hidden behind a second CTA), which cost 1-4% on
-// launches of 2-9 tiles per CTA and gains 1-17% from 16 up (docs/benchmarks.md, "Twenty-first
-// session").
+// launches of 2-9 tiles per CTA and gains 1-17% from 16 up (H200; wide CTAs in
+// docs/kernel_notes.md "Tile loop").
 constexpr int32_t kMinWideTiles = 16;
 // No split of short units that are already balanced over the SMs. When the longest unit is at
 // most 9/8 of the tiles each SM would run with the work spread perfectly, splits only add a
@@ -24,7 +24,7 @@ constexpr int32_t kMinWideTiles = 16;
 // partials' round trip and the merge launch cost ~4-6 us, which only long units repay. H200,
 // 128 units of 64 rows (batch 16, T 16) on 132 SMs, unsplit against 2 splits: 1024 keys 27.6
 // against 31.9 us, 2048 keys 44.2 against 46.9, 8192 keys 143.6 against 136.9, 32768 keys
-// 543.8 against 497.9 (docs/benchmarks.md, "Twenty-fourth session"). Decode units (4 rows)
+// 543.8 against 497.9 (docs/kernel_notes.md "Work decomposition"). Decode units (4 rows)
 // have little to merge and gain from splits at every length (2048 keys: 42.3 unsplit, 41.6 in
 // 2), so the rule needs kBalancedMinRows rows. A long request beside many short ones is still
 // split: its units are far longer than the balance.
@@ -36,7 +36,7 @@ constexpr int32_t kBalancedMinRows = 32;   // ... and every unit's row tile this
 // CTA gains, so twice as long splits in half as many CTAs are faster. Only for the 64-row wgmma
 // CTAs of units with 64+ rows (T >= 16 at 4 query heads per kv head: units of 4-16 rows have
 // little to merge; at T = 4 the rule lost 3-7% at batch 2-4). H200, 1-6 requests
-// (docs/benchmarks.md "Twenty-seventh session"): (1, 8192, 16) 33 -> 15 splits, 21.3 -> 19.6
+// (docs/kernel_notes.md "Work decomposition"): (1, 8192, 16) 33 -> 15 splits, 21.3 -> 19.6
 // us; (1, 1024, 64) 6 -> 4, 15.8 -> 14.9; (4, 1024, 16) 6 -> 4, 17.6 -> 16.7; at 5+ tiles the
 // two CTAs win ((1, 1024, 128) 4 splits 17.9 us, 2 splits 19.8).
 constexpr int32_t kShortSplitTiles = 4;
@@ -199,7 +199,7 @@ AttentionPlan plan_paged_tree_attention(const AttentionPlanInputs& in_real) {
   // split while the short ones are left alone. When the unsplit units fill the wave already,
   // nothing is split. A second wave costs more than the shorter splits save: on the H200 the
   // old rule (chunk = ceil(total tiles / wave)) rounded (8, 2048, 64) into 2 splits and 512
-  // CTAs, 72 us against 54 us unsplit (docs/benchmarks.md "Thirteenth session").
+  // CTAs, 72 us against 54 us unsplit (docs/kernel_notes.md "Work decomposition").
   // Resident CTAs per SM of the tensor-core kernel: 2 at head_dim 128 and on the wgmma path
   // (mma.sync: 128 threads at up to 255 registers; wgmma: 256 threads at 128), 1 wide (384
   // threads, 193 KiB of stages), else 3 (mma.sync at head_dim 64).

@@ -76,7 +76,7 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[8][4], float (&alpha)[2]
   // no thread of the warp has a score past its row's threshold (the usual case), no row max is
   // past it either (rounding is monotonic, so the largest scaled part is the scaled row max),
   // and the reference stays, as the full rule below would decide: the same bits, 1.5-3% faster
-  // on the wgmma path (docs/benchmarks.md "Twenty-fifth session"). The mma.sync kernels keep
+  // on the wgmma path (docs/kernel_notes.md "Tile loop"). The mma.sync kernels keep
   // the plain rule (there the branch made ptxas spill in the KV loop).
   float m_use[2];
   const bool past = !kQuadVote || part[0][0] * scale_log2 > m_run[0] + 8.f ||

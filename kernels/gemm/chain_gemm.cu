@@ -5,13 +5,15 @@
 // 2t + 9) hold 4t + 2, 4t + 3 (a permutation inside the step, the same for A and B, which does
 // not change the result: tests/cuda/gemm_order_probe.cu).
 //
-// Variants measured on the H100 and dropped (tests/cuda/chain_gemm_probe.cu, docs/benchmarks.md):
+// Variants measured on the H100 and dropped (tests/cuda/chain_gemm_probe.cu; docs/kernel_notes.md
+// "Chain GEMM"):
 // the weights as the A operand (16 rows per warp) with one bulk (TMA) copy per row segment
 // (1.3-2x slower alone: the small copies bound it); both fragments by ldmatrix (16 token rows,
 // those past N zero-filled), copy addresses computed once and each stage's fragments loaded
 // before its MMAs: 4x fewer instructions, yet alone no faster and in a decode step slower
 // (batch 1 155 vs 161 tok/s); 6-12 stages or stages of 64 / 256 k (slower in a step: more
-// shared memory per CTA or more barriers); an L2 prefetch of each row 2-8 stages past the ring
+// shared memory per CTA or more barriers; 256-k stages now serve the matrices of at most 8192
+// rows, see launch_chain_gemm); an L2 prefetch of each row 2-8 stages past the ring
 // (slightly slower); on the H200 a producer warp issuing 2-D tensor (TMA) copies of 32 rows x
 // 64 k into a 4-12-stage mbarrier ring (7-25% slower at one row, up to 1.6x at 16: the narrow
 // boxes, not the bytes in flight, bound it). ncu (one 4096 x 4096 launch): one warp per
@@ -253,13 +255,14 @@ cudaError_t launch_chain_gemm(const ChainGemmParams& p, cudaStream_t stream) {
   if (!chain_gemm_supported(p)) return cudaErrorInvalidValue;
   // 4 warps (32 weight rows), 4 stages of 128 k: 55 KiB of shared memory at <= 8 tokens. In a
   // decode step (graph replay) it beat 4 x 256 k, 3 and 6 stages, 2 warps and 8 x 64 k
-  // (model_bench, docs/benchmarks.md); alone (chain_gemm_probe) they are within a few percent.
+  // (model_bench; docs/kernel_notes.md "Chain GEMM"); alone (chain_gemm_probe) they are within a
+  // few percent.
   // Except for matrices of at most 8192 rows (Llama-3-8B's q|k|v, o and down: about one CTA per
   // SM): stages of 256 k. q|k|v and o: 16.7 vs 19.2 us and 14.2 vs 17.3 us per launch in a
   // replayed step (ncu). The down projection (14336 inputs): with the per-copy address arithmetic
   // hoisted out of the loop 41 vs 48 us alone and batch-1 / batch-8 decode
-  // 207 / 1560 vs 199 / 1373 tok/s with 128-k stages (docs/benchmarks.md;
-  // before that hoisting, 256-k stages made the step 4% slower).
+  // 207 / 1560 vs 199 / 1373 tok/s with 128-k stages (H200; docs/kernel_notes.md "Chain GEMM";
+  // with the address arithmetic per copy, 256-k stages made the step 4% slower).
   // p.small_tiling / p.deep_tiling override the tilings of these matrices for A/B runs.
   constexpr int kDefaultTiling = 44256;
   const int small_config = p.small_tiling != 0 ? p.small_tiling : kDefaultTiling;

@@ -12,7 +12,7 @@
 // in shared memory; a dependent m16n8k16 step takes ~24 cycles on the H100, less than its
 // weights take to arrive. Its weights are requested before the programmatic-launch wait, so in
 // a decode step they stream while the previous kernel ends: batch-1 decode 155-158 -> 161
-// tok/s (docs/benchmarks.md); alone it is about as fast as cuBLASLt.
+// tok/s (H100; docs/kernel_notes.md "Chain GEMM"); alone it is about as fast as cuBLASLt.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,8 +1,8 @@
 // The shape-tuned attention plan's split-KV rule (kernels/attention/attention_plan.cc), host
 // only (no GPU needed): splits never start a second wave of CTAs, a shorter chunk would, every
 // split is non-empty, short units already balanced over the SMs are not split, and
-// fixed_splits / max_splits are honoured. docs/kernels.md "Work decomposition"; the sweeps
-// behind the rule are in docs/benchmarks.md "Thirteenth session" and "Twenty-fourth session".
+// fixed_splits / max_splits are honoured. docs/kernels.md "Work decomposition"; the
+// measurements behind the rule are in docs/kernel_notes.md "Work decomposition".
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -193,7 +193,7 @@ TEST(AttentionPlan, IssuePointsAndExamples) {
   EXPECT_GT(pg.request_splits[0], 1);
   check_items(g, pg);
   // Where two 64-row wgmma CTAs per SM would leave splits of 2-4 tiles, one CTA per SM with
-  // about twice as long splits (the H200 sweep of the twenty-seventh session): (1, 8192, 16) 15
+  // about twice as long splits (the H200 sweep in docs/kernel_notes.md): (1, 8192, 16) 15
   // splits of 9 tiles, not 33 of 4; (1, 1024, 64) 4 of 5, not 6 of 3. Not at 5+ tiles ((1,
   // 1024, 128) keeps 4 splits of 5), not for units of fewer than 64 rows ((1, 8192, 1) keeps 33
   // splits, (2, 1024, 4) 9), not on the mma.sync path, nor when the caller fixes the resident

@@ -310,7 +310,8 @@ TEST_P(CudaDraftGraphs, EagleDraftReplaysEqualEagerSteps) {
   EXPECT_EQ(off->step_graph_stats().captures + off->step_graph_stats().replays, 0);
   // The expansion, seen four times: run eagerly at its first sighting, recorded at the second,
   // replayed at the third and fourth (the block-table width is the same bucket throughout).
-  // Feedback forwards are not recorded (docs/benchmarks.md "Twenty-ninth session").
+  // Feedback forwards are not recorded (docs/kernel_notes.md, section
+  // "CUDA graphs for steady-state decode / verify steps").
   EXPECT_EQ(st.eager, 1) << GetParam();
   EXPECT_EQ(st.captures, 1) << GetParam();
   EXPECT_EQ(st.replays, 2) << GetParam();

@@ -1,9 +1,10 @@
 // Benchmark support: the two physical rates every performance floor in docs/ is a fraction of,
 // measured on the GPU the benchmark runs on (DESIGN.md "Performance method"): the
 // device-to-device copy bandwidth (read + write bytes of a 1 GiB cudaMemcpyAsync) and the bf16
-// GEMM rate (cuBLAS, 8192^3, fp32 accumulation). On the H100 of the earlier sessions they were
-// ~3.0 TB/s and ~790 TFLOP/s; an H200 copies faster, so a floor computed from fixed constants
-// would flatter every kernel there. Medians of warm runs (cold_timing.h). Used by
+// GEMM rate (cuBLAS, 8192^3, fp32 accumulation). On the H100 they measure ~3.0 TB/s and
+// 865-889 TFLOP/s, on the H200 4.17-4.21 TB/s and 870-885 TFLOP/s (docs/performance.md
+// "Machines and floors"); a floor computed from one GPU's constants would flatter every kernel
+// on a GPU that copies faster. Medians of warm runs (cold_timing.h). Used by
 // attention_bench and model_bench.
 #pragma once
 

@@ -1,7 +1,7 @@
 // Experiment: does a step graph replay more slowly once the process holds more instantiated CUDA
-// graphs? (Twenty-ninth session: recording the EAGLE draft's feedback forwards, 27 more graph
-// execs on the draft's own backend, made the target's later plain steps ~12% slower in the same
-// process; docs/benchmarks.md "Twenty-ninth session".)
+// graphs? (Recording the EAGLE draft's feedback forwards, 27 more graph execs on the draft's own
+// backend, made the target's later plain steps ~12% slower in the same process; the answer is
+// in docs/kernel_notes.md "CUDA graphs for steady-state decode / verify steps".)
 //
 // A "step" graph of --step-kernels small kernels (programmatic dependent launches, like a
 // decode step's) is timed alone, then after K other graphs of --other-kernels kernels each are

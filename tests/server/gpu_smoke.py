@@ -1,7 +1,8 @@
 """`arbor serve --backend cuda` on the GPU machine (standard library only: the device has no
 openai / grpcio packages): greedy completions with EAGLE speculation equal plain greedy on the
 same GPU server, 32 concurrent streams equal the same prompts alone, a disconnect storm leaves
-zero KV blocks in use, and a small load test (plain vs speculation) for docs/benchmarks.md.
+zero KV blocks in use, and a small load test (plain vs speculation; docs/performance.md
+"Serving").
 
   ARBOR_BIN=/tmp/arbor_gpu/arbor python3 tests/server/gpu_smoke.py MODEL HEADS [--spec eagle]
 """

@@ -40,8 +40,9 @@ struct CudaBackendOptions {
   // 64. Smaller splits spread a short decode over more SMs; larger ones merge less. 0 (auto):
   // 512 for models with 8 or more KV heads, 256 with fewer (a request then gives fewer CTAs
   // per split). Measured on the H200: Llama-3-8B shapes (8 KV heads) 512 is within 3% of 256
-  // and better at batch 32; SmolLM2-135M (3 KV heads) 256 decodes 10-13% faster at batch 1, 8
-  // and 32 (docs/benchmarks.md "Tenth session"). The value depends only on the model, never on
+  // and better at batch 32; SmolLM2-135M (3 KV heads) 128 keys are 1-4% faster than 256 at
+  // batch 1-8 and 3-6% slower at batch 32, 512 the other way round (docs/performance.md,
+  // "Plain decode and the attention split size"). The value depends only on the model, never on
   // the batch, so a row's splits (and bits) are the same in every step.
   int32_t invariant_split_keys = 0;
   // Batch-invariant linear (cuBLASLt): time the no-split-K candidates of each (out, in) shape at
@@ -53,7 +54,7 @@ struct CudaBackendOptions {
   // each (out, in) shape where a check at first use finds it bitwise equal to the chosen
   // cuBLASLt algorithm at 1, 9 and 16 rows and (when tuning) no slower at one row; 0 = never.
   // 8: on the H100 it wins at 1-8 rows in a decode step and loses at 16 (a verify step of 16
-  // tree nodes: 7.35 vs 7.25 ms; docs/benchmarks.md). The environment variable
+  // tree nodes: 7.35 vs 7.25 ms; docs/kernel_notes.md "Chain GEMM"). The environment variable
   // ARBOR_CHAIN_GEMM (0..16) overrides it, and the small-weight limit below.
   int chain_gemm_max_rows = 8;
   // The row limit for weights of at most chain_gemm_small_bytes, where a step is bound by
@@ -61,7 +62,7 @@ struct CudaBackendOptions {
   // and cuBLASLt does not. Such a weight takes max(chain_gemm_max_rows, this), and none when
   // chain_gemm_max_rows is 0. SmolLM2-135M's EAGLE-2 draft (10-row expansions) at batch 1:
   // 0.74x -> 0.83-0.85x of plain end to end, n-gram's 16-node verify steps within the noise
-  // (docs/benchmarks.md "Twenty-ninth session").
+  // (H100; docs/kernel_notes.md "Chain GEMM").
   int chain_gemm_small_max_rows = 16;
   // bf16 bytes of a "small" weight: SmolLM2-135M's are 0.2-3.5 MB, Llama-3-8B's smallest (k or
   // v, unfused) 8 MiB.
@@ -85,7 +86,8 @@ struct CudaBackendOptions {
   // rounding + cuBLAS. 0 = always cuBLAS (the default: one summation order for every batch
   // shape, so speculative greedy output stays identical to plain greedy on the GPU; the
   // skinny kernel sums in another order, which flips near-ties between a T = 1 decode and a
-  // tree verify). 1-2 is its fast range (docs/benchmarks.md); at most 8.
+  // tree verify). 1-2 is its fast range; at most 8 (docs/kernel_notes.md, section
+  // "Skinny GEMM and deferred fusion").
   int skinny_gemm_max_rows = 0;
   // Dummy load format for benchmarks: upload_weight() of a HostTensor that has a shape but no
   // data fills the weight on the device with uniform random values (matrices [out, in]:
