@@ -5,19 +5,28 @@
   `from_pretrained(dir, gguf_file=...)`; needs the `gguf` package), or a llama2.c `.bin`
   checkpoint (converted in Python by make_golden_fixtures.load_llama2c_as_hf, tokenizer from the
   `tok512.bin` beside it).
-- Prompt sets: `stories` (scripts/data/story_openers.txt plus generations from BOS alone) and
+- Prompt sets: `stories` (scripts/data/story_openers.txt plus generations from BOS alone),
   `mt_bench` (first turns of mt_bench.jsonl rendered with the model's chat template, plus
-  prompts the model writes itself: the chat template up to a user turn, sampled).
+  prompts the model writes itself: the chat template up to a user turn, sampled) and
+  `instructions` (a JSONL file in MT-bench's schema, e.g. from make_instruction_prompts.py,
+  rendered the same way; optionally plus self-written prompts).
 - Self-distillation data: the base model's own continuations of those prompts, greedy and
-  sampled (temperatures 0.7-1.0), saved as token sequences with a train / held-out split.
+  sampled (temperatures 0.7-1.0), saved as token sequences with a train / held-out split
+  (`.pt`: torch.save of lists; `.npz`: compressed flat uint16 tokens, about 1.4 bytes a token).
+  With --gen-chunks DIR the generation is saved chunk by chunk and resumes after a stop
+  (--gen-time-budget); gen-data then exits with status 3 until every chunk is done.
 - Base outputs per batch (final-norm hidden states, logits, residual stream at the input of
   chosen layers) and the evaluation helpers the trainers share.
 
 Generate a data file on its own (the trainers also generate it when --data does not exist):
   python3 scripts/spec_train_common.py gen-data \
       --base ../shared/models/stories260K/stories260K.bin --out /tmp/stories_data.pt
+  python3 scripts/spec_train_common.py gen-data --base models/SmolLM2-135M-Instruct.Q4_1.gguf \
+      --prompt-set instructions --prompts instructions.jsonl --out /tmp/smollm2_ins.npz \
+      --max-new 384 --gen-batch 1024 --gen-dtype bf16 --gen-chunks /tmp/ins_chunks
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -133,9 +142,14 @@ class Base:
         return self.model.model.embed_tokens(ids)
 
     def chat_prompt(self, user_text):
-        s = self.tok.apply_chat_template([{"role": "user", "content": user_text}],
-                                         add_generation_prompt=True, tokenize=False)
-        return self.tok(s, add_special_tokens=False)["input_ids"]
+        return self.chat_prompts([user_text])[0]
+
+    def chat_prompts(self, user_texts):
+        """Token ids of each text as one user message through the chat template."""
+        rendered = [self.tok.apply_chat_template([{"role": "user", "content": t}],
+                                                 add_generation_prompt=True, tokenize=False)
+                    for t in user_texts]
+        return self.tok(rendered, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids):
         return self.tok.decode(ids)
@@ -244,6 +258,27 @@ def mt_bench_prompts(base, jsonl):
     return out
 
 
+def instruction_prompts(base, jsonl, heldout_every, limit=None):
+    """(prompt ids, group, heldout) for a JSONL of single-turn instructions in MT-bench's schema;
+    question_id % heldout_every == 0 is held out (by prompt, so no reply to a held-out prompt is
+    trained on)."""
+    rows = [json.loads(line) for line in open(jsonl) if line.strip()][:limit]
+    ids = base.chat_prompts([q["turns"][0] for q in rows])
+    held = [heldout_every > 0 and q["question_id"] % heldout_every == 0 for q in rows]
+    return [(p, f"ins{q['question_id']}", h) for p, q, h in zip(ids, rows, held)]
+
+
+def reply_temps(spec, k):
+    """Temperatures of prompt k's replies: spec is comma-separated slots, each slot one
+    temperature or alternatives a|b|... cycled over prompts ("0,0.7|1.0": a greedy reply plus
+    one sampled at 0.7 or 1.0, alternating)."""
+    out = []
+    for slot in spec.split(","):
+        alts = [float(x) for x in slot.split("|")]
+        out.append(alts[k % len(alts)])
+    return out
+
+
 def self_written_prompts(base, n, max_new, batch, seed):
     """Prompts the model writes itself (Magpie-style): render the chat template up to the start
     of a user turn and sample the user's message at temperature 1."""
@@ -269,10 +304,39 @@ def self_written_prompts(base, n, max_new, batch, seed):
 # Generation (batched, left padded; temperature 0 = greedy)
 # ---------------------------------------------------------------------------------------------
 @torch.no_grad()
-def generate(base, prompts, temps, max_new, batch, seed):
+def generate_group(base, prompts, t, max_new):
+    """One transformers generate() call: the prompts left padded, temperature t (0 = greedy).
+    Returns each continuation up to and including its first EOS."""
     from transformers import GenerationConfig
-    model, dev = base.model, base.device
     pad = 0
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), pad, dtype=torch.long)
+    att = torch.zeros((len(prompts), L), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, L - len(p):] = torch.tensor(p)
+        att[r, L - len(p):] = 1
+    max_len = min(max_new, base.max_pos - L)
+    gc = GenerationConfig(max_new_tokens=max_len, do_sample=t > 0,
+                          temperature=t if t > 0 else None, top_k=0 if t > 0 else None,
+                          top_p=1.0 if t > 0 else None, eos_token_id=base.eos_ids,
+                          pad_token_id=pad, bos_token_id=base.bos)
+    out = base.model.generate(input_ids=ids.to(base.device), attention_mask=att.to(base.device),
+                              generation_config=gc)
+    out = out[:, L:].cpu().tolist()
+    eos = set(base.eos_ids)
+    conts = []
+    for row in out:
+        cont = []
+        for x in row:
+            cont.append(x)
+            if x in eos:
+                break
+        conts.append(cont)
+    return conts
+
+
+@torch.no_grad()
+def generate(base, prompts, temps, max_new, batch, seed):
     order = sorted(range(len(prompts)), key=lambda i: (temps[i], len(prompts[i])))
     results = [None] * len(prompts)
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -283,37 +347,77 @@ def generate(base, prompts, temps, max_new, batch, seed):
         for i in idx:
             by_t.setdefault(temps[i], []).append(i)
         for t, group in by_t.items():
-            L = max(len(prompts[i]) for i in group)
-            ids = torch.full((len(group), L), pad, dtype=torch.long)
-            att = torch.zeros((len(group), L), dtype=torch.long)
-            for r, i in enumerate(group):
-                p = prompts[i]
-                ids[r, L - len(p):] = torch.tensor(p)
-                att[r, L - len(p):] = 1
-            max_len = min(max_new, base.max_pos - L)
-            gc = GenerationConfig(max_new_tokens=max_len, do_sample=t > 0,
-                                  temperature=t if t > 0 else None, top_k=0 if t > 0 else None,
-                                  top_p=1.0 if t > 0 else None, eos_token_id=base.eos_ids,
-                                  pad_token_id=pad, bos_token_id=base.bos)
             torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=g)))
-            out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev),
-                                 generation_config=gc)
-            out = out[:, L:].cpu().tolist()
-            eos = set(base.eos_ids)
-            for r, i in enumerate(group):
-                cont = []
-                for x in out[r]:
-                    cont.append(x)
-                    if x in eos:
-                        break
+            conts = generate_group(base, [prompts[i] for i in group], t, max_new)
+            for i, cont in zip(group, conts):
                 results[i] = list(prompts[i]) + cont
         log(f"  generated {min(s + batch, len(order))}/{len(order)}")
     return results
 
 
-def make_data(base, prompt_set, *, openers=None, mt_bench=None, n_self=0, max_new=256,
-              batch=64, seed=0, bos_samples=0, limit=None):
-    """Self-distillation data: dict with seqs, prompt_lens, temps, groups, heldout flags."""
+@torch.no_grad()
+def generate_chunked(base, prompts, temps, max_new, batch, seed, chunk_dir, time_budget=None):
+    """generate() in resumable chunks: the items sorted by (temperature, prompt length) and cut
+    into chunks of at most `batch` sequences of one temperature; chunk k is sampled with seed
+    (seed, k) and saved to chunk_dir/chunk_k.pt when done. A repeated call with the same plan
+    (checked by a hash of prompts, temperatures and settings) skips the chunks already there, so
+    the result does not depend on where earlier calls stopped. With time_budget (seconds) no
+    chunk starts that would, at the last chunk's pace, end past it. Returns the sequences, or
+    None while chunks are missing."""
+    order = sorted(range(len(prompts)), key=lambda i: (temps[i], len(prompts[i]), i))
+    chunks, cur = [], []
+    for i in order:
+        if cur and (len(cur) == batch or temps[cur[0]] != temps[i]):
+            chunks.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        chunks.append(cur)
+    plan = hashlib.sha256(json.dumps([prompts, temps, max_new, batch, seed]).encode()).hexdigest()
+    os.makedirs(chunk_dir, exist_ok=True)
+    plan_path = os.path.join(chunk_dir, "plan.txt")
+    if os.path.exists(plan_path):
+        if open(plan_path).read().strip() != plan:
+            raise SystemExit(f"{chunk_dir} holds chunks of another plan: remove it or use another")
+    else:
+        with open(plan_path, "w") as f:
+            f.write(plan + "\n")
+    path = lambda k: os.path.join(chunk_dir, f"chunk_{k:05d}.pt")  # noqa: E731
+    todo = [k for k in range(len(chunks)) if not os.path.exists(path(k))]
+    log(f"  {len(chunks)} chunks of at most {batch} sequences, {len(chunks) - len(todo)} "
+        f"already done")
+    t0, last, done_tok = time.time(), 0.0, 0
+    for n, k in enumerate(todo):
+        elapsed = time.time() - t0
+        if time_budget and n > 0 and elapsed + last > time_budget:
+            log(f"  stopping for the time budget ({elapsed:.0f} s): {len(todo) - n} chunks left")
+            return None
+        idx = chunks[k]
+        torch.manual_seed(seed * 1000003 + k)
+        c0 = time.time()
+        conts = generate_group(base, [prompts[i] for i in idx], temps[idx[0]], max_new)
+        torch.save({"idx": idx, "conts": conts}, path(k) + ".tmp")
+        os.replace(path(k) + ".tmp", path(k))
+        last = time.time() - c0
+        ntok = sum(len(c) for c in conts)
+        done_tok += ntok
+        rate = done_tok / (time.time() - t0)
+        log(f"  chunk {k + 1}/{len(chunks)}: {len(idx)} x t={temps[idx[0]]}, prompts "
+            f"{len(prompts[idx[0]])}-{len(prompts[idx[-1]])} tokens, {ntok} generated in "
+            f"{last:.1f} s; {rate:.0f} tok/s overall, {len(todo) - n - 1} chunks left")
+    results = [None] * len(prompts)
+    for k in range(len(chunks)):
+        c = torch.load(path(k))
+        for i, cont in zip(c["idx"], c["conts"]):
+            results[i] = list(prompts[i]) + cont
+    return results
+
+
+def make_data(base, prompt_set, *, openers=None, mt_bench=None, prompts=None, n_self=0,
+              max_new=256, batch=64, seed=0, bos_samples=0, limit=None, replies="0,0.7|1.0",
+              heldout_every=25, all_heldout=False, chunk_dir=None, time_budget=None):
+    """Self-distillation data: dict with seqs, prompt_lens, temps, groups, heldout flags; None
+    when a chunked generation (chunk_dir) stopped before the end."""
     t0 = time.time()
     items = []  # (prompt ids, temperature, group, heldout)
     if prompt_set == "stories":
@@ -326,62 +430,148 @@ def make_data(base, prompt_set, *, openers=None, mt_bench=None, n_self=0, max_ne
             items.append(([1], (0.7, 0.85, 1.0)[i % 3], f"bos{i}", i % 10 == 0))
     elif prompt_set == "mt_bench":
         for p, grp, held in mt_bench_prompts(base, mt_bench)[:limit]:
+            held = held or all_heldout
             for t in ((0.0, 0.7) if held else (0.0, 0.7, 0.85, 1.0)):
                 items.append((p, t, grp, held))
-        if n_self:
-            log(f"writing {n_self} prompts with the model itself")
-            for k, (p, grp, held) in enumerate(self_written_prompts(base, n_self, 96, batch,
-                                                                    seed + 1)):
-                items.append((p, (0.0, 0.7, 1.0)[k % 3], grp, held))
+    elif prompt_set == "instructions":
+        for k, (p, grp, held) in enumerate(instruction_prompts(base, prompts, heldout_every,
+                                                               limit)):
+            for t in reply_temps(replies, k):
+                items.append((p, t, grp, held or all_heldout))
     else:
         raise ValueError(f"unknown prompt set {prompt_set}")
-    log(f"generating {len(items)} continuations (max_new {max_new}) on {base.device}")
-    seqs = generate(base, [x[0] for x in items], [x[1] for x in items], max_new, batch, seed)
+    if prompt_set in ("mt_bench", "instructions"):
+        if n_self:
+            # Kept beside the chunks: a resumed run must not sample other prompts.
+            cache = os.path.join(chunk_dir, f"self_prompts_{n_self}.pt") if chunk_dir else None
+            if cache and os.path.exists(cache):
+                written = torch.load(cache)
+            else:
+                log(f"writing {n_self} prompts with the model itself")
+                written = self_written_prompts(base, n_self, 96, batch, seed + 1)
+                if cache:
+                    os.makedirs(chunk_dir, exist_ok=True)
+                    torch.save(written, cache)
+            for k, (p, grp, held) in enumerate(written):
+                items.append((p, (0.0, 0.7, 1.0)[k % 3], grp, held or all_heldout))
+    log(f"generating {len(items)} continuations (max_new {max_new}) on {base.device}, "
+        f"{next(base.model.parameters()).dtype}")
+    p_ids, temps = [x[0] for x in items], [x[1] for x in items]
+    if chunk_dir:
+        seqs = generate_chunked(base, p_ids, temps, max_new, batch, seed, chunk_dir, time_budget)
+        if seqs is None:
+            return None
+    else:
+        seqs = generate(base, p_ids, temps, max_new, batch, seed)
     data = {"seqs": seqs, "prompt_lens": [len(x[0]) for x in items],
-            "temps": [x[1] for x in items], "groups": [x[2] for x in items],
+            "temps": temps, "groups": [x[2] for x in items],
             "heldout": [bool(x[3]) for x in items],
             "meta": {"base": base.name, "prompt_set": prompt_set, "max_new": max_new,
                      "seed": seed, "n_self": n_self, "bos_samples": bos_samples}}
+    if prompt_set == "instructions":
+        data["meta"].update({"prompts": os.path.basename(prompts), "prompts_sha256":
+                             hashlib.sha256(open(prompts, "rb").read()).hexdigest(),
+                             "replies": replies, "heldout_every": heldout_every})
+    if all_heldout:
+        data["meta"]["all_heldout"] = True
     ntok = sum(len(s) - p for s, p in zip(seqs, data["prompt_lens"]))
-    log(f"data: {len(seqs)} sequences, {ntok} generated tokens, "
-        f"{sum(data['heldout'])} held out, {time.time() - t0:.0f}s")
+    data["meta"].update({"generated_tokens": ntok, "gen_seconds": round(time.time() - t0)})
+    log(f"data: {len(seqs)} sequences, {ntok} generated tokens "
+        f"({sum(data['prompt_lens'])} prompt tokens), {sum(data['heldout'])} held out, "
+        f"{time.time() - t0:.0f}s")
     return data
+
+
+def save_data(data, path):
+    """.npz: compressed flat tokens (uint16 where every id fits) plus per-sequence arrays and the
+    meta as JSON; anything else: torch.save."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if not path.endswith(".npz"):
+        torch.save(data, path)
+        return
+    lens = np.array([len(s) for s in data["seqs"]], dtype=np.int64)
+    flat = np.fromiter((x for s in data["seqs"] for x in s), dtype=np.int64, count=int(lens.sum()))
+    tokens = flat.astype(np.uint16 if flat.max(initial=0) < 65536 else np.int32)
+    tmp = path[:-4] + ".tmp.npz"
+    np.savez_compressed(tmp, tokens=tokens, lens=lens,
+                        prompt_lens=np.array(data["prompt_lens"], dtype=np.int64),
+                        temps=np.array(data["temps"], dtype=np.float64),
+                        heldout=np.array(data["heldout"], dtype=bool),
+                        groups=np.array(data["groups"], dtype=str),
+                        meta=np.array(json.dumps(data["meta"])))
+    os.replace(tmp, path)
+
+
+def load_data(path):
+    if not path.endswith(".npz"):
+        return torch.load(path)
+    z = np.load(path)
+    flat = z["tokens"].astype(np.int64).tolist()
+    ends = np.cumsum(z["lens"]).tolist()
+    seqs = [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
+    return {"seqs": seqs, "prompt_lens": z["prompt_lens"].tolist(), "temps": z["temps"].tolist(),
+            "heldout": z["heldout"].tolist(), "groups": z["groups"].tolist(),
+            "meta": json.loads(str(z["meta"]))}
 
 
 def add_data_args(ap, names=("--data",)):
     ap.add_argument(*names, dest="data", required=True,
                     help="self-distillation data file (.pt); generated first if it does not exist")
-    ap.add_argument("--prompt-set", choices=["stories", "mt_bench"], default=None,
+    ap.add_argument("--prompt-set", choices=["stories", "mt_bench", "instructions"], default=None,
                     help="default: stories for llama2.c bases, mt_bench otherwise")
+    ap.add_argument("--prompts", default=None,
+                    help="instructions set: JSONL of {question_id, turns: [text]} "
+                         "(scripts/make_instruction_prompts.py)")
+    ap.add_argument("--replies", default="0,0.7|1.0",
+                    help="instructions set: temperatures of each prompt's replies, comma-"
+                         "separated slots, a|b alternating over prompts")
+    ap.add_argument("--heldout-every", type=int, default=25,
+                    help="instructions set: question_id %% N == 0 is held out")
+    ap.add_argument("--all-heldout", action="store_true",
+                    help="mark every sequence held out (an evaluation-only data file)")
     ap.add_argument("--openers", default=os.path.join(ROOT, "scripts", "data",
                                                       "story_openers.txt"))
     ap.add_argument("--mt-bench", default=os.path.join(ROOT, "..", "shared", "data", "prompts",
                                                        "mt_bench.jsonl"))
     ap.add_argument("--self-prompts", type=int, default=None,
-                    help="prompts the model writes itself (mt_bench set; default 768)")
+                    help="prompts the model writes itself (mt_bench set: default 768; "
+                         "instructions set: default 0)")
     ap.add_argument("--bos-samples", type=int, default=300,
                     help="sampled stories from BOS alone (stories set)")
     ap.add_argument("--max-new", type=int, default=None, help="default 256 stories, 320 chat")
     ap.add_argument("--gen-batch", type=int, default=None)
+    ap.add_argument("--gen-chunks", default=None,
+                    help="save the generation chunk by chunk in this directory and resume from it")
+    ap.add_argument("--gen-time-budget", type=float, default=None,
+                    help="with --gen-chunks: start no chunk past this many seconds; exit 3 "
+                         "while chunks are missing")
     ap.add_argument("--limit-prompts", type=int, default=None,
                     help="use only the first N prompts of the file (smoke tests)")
 
 
 def load_or_make_data(args, base):
     if os.path.exists(args.data):
-        data = torch.load(args.data)
+        data = load_data(args.data)
         log(f"data: {args.data}: {len(data['seqs'])} sequences ({data['meta']})")
         return data
     ps = args.prompt_set or default_prompt_set(base)
-    data = make_data(base, ps, openers=args.openers, mt_bench=args.mt_bench,
-                     n_self=(768 if args.self_prompts is None else args.self_prompts)
-                     if ps == "mt_bench" else 0,
+    if ps == "instructions" and not args.prompts:
+        raise SystemExit("--prompt-set instructions needs --prompts FILE")
+    n_self = args.self_prompts
+    if n_self is None:
+        n_self = 768 if ps == "mt_bench" else 0
+    data = make_data(base, ps, openers=args.openers, mt_bench=args.mt_bench, prompts=args.prompts,
+                     n_self=n_self if ps != "stories" else 0,
                      max_new=args.max_new or (256 if ps == "stories" else 320),
                      batch=args.gen_batch or (128 if base.device.type == "cuda" else 64),
                      seed=args.seed, bos_samples=args.bos_samples if ps == "stories" else 0,
-                     limit=args.limit_prompts)
-    os.makedirs(os.path.dirname(os.path.abspath(args.data)), exist_ok=True)
-    torch.save(data, args.data)
+                     limit=args.limit_prompts, replies=args.replies,
+                     heldout_every=args.heldout_every, all_heldout=args.all_heldout,
+                     chunk_dir=args.gen_chunks, time_budget=args.gen_time_budget)
+    if data is None:
+        log("generation incomplete: run the same command again to resume")
+        raise SystemExit(3)
+    save_data(data, args.data)
     return data
 
 
@@ -585,12 +775,16 @@ def main():
     add_data_args(g, ("--data", "--out"))
     g.add_argument("--save-base", default=None,
                    help="also save the base as a HF directory here (faster to load later)")
+    g.add_argument("--gen-dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="the base's dtype while generating (saved with --save-base as fp32)")
     args = ap.parse_args()
     setup(args)
     base = load_base(args.base, args.device, name=args.base_name)
     if args.save_base:
         save_base_hf(base, args.save_base)
         log(f"saved base to {args.save_base}")
+    if args.gen_dtype != "fp32":
+        base.model.to(parse_dtype(args.gen_dtype))
     load_or_make_data(args, base)
 
 

@@ -47,6 +47,7 @@ generations, and save exactly what engine/spec's EAGLE loaders read.
   python3 scripts/train_eagle.py --version 3 ... --out tests/data/heads/stories260K/eagle3
 """
 import argparse
+import json
 import math
 import os
 import random
@@ -218,6 +219,38 @@ def eagle3_layers(L, override=None):
     return eagle3_capture_layers(L)
 
 
+def eagle_predict(model, base, W, steps, amp):
+    """C.evaluate's predict: the draft unrolled `steps` steps on its own features, teacher tokens
+    as inputs; step j's top-1 (target-vocabulary ids) at every position."""
+    def predict(outs, ids):
+        emb = base.embed(ids)
+        hid = torch.cat(outs["captured"], -1) if model.v3 else outs["hidden"]
+        cache, preds = [], []
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            for j in range(steps):
+                out, cache = model.step(C.shift_left(emb, j + 1), hid, cache)
+                preds.append(model.to_target(model.logits(out, W).argmax(-1)))
+                hid = out
+        return preds
+    return predict
+
+
+def load_eagle(head_dir, base):
+    """A saved head directory back into EagleDraft (strict names and shapes). Returns (model,
+    config, capture layers: [] for EAGLE-1/2)."""
+    from safetensors.torch import load_file
+    cfg = json.load(open(os.path.join(head_dir, "config.json")))
+    sd = load_file(os.path.join(head_dir, "model.safetensors"))
+    v3 = "d2t" in sd
+    used = (sd["d2t"] + torch.arange(sd["d2t"].numel())).tolist() if v3 else None
+    model = EagleDraft(base, 3 if v3 else 1, bool(cfg.get("bias", True)), used,
+                       init_from_base=False)
+    model.load_state_dict({k: (v.float() if v.is_floating_point() else v) for k, v in sd.items()},
+                          strict=True)
+    capture = [int(x) for x in cfg["eagle3_layers"]] if v3 else []
+    return model.to(base.device).eval(), cfg, capture
+
+
 def pick_draft_vocab(data, n, vocab):
     cnt = Counter()
     for s, p, held in zip(data["seqs"], data["prompt_lens"], data["heldout"]):
@@ -293,15 +326,7 @@ def main():
     def first_hidden(outs):
         return torch.cat(outs["captured"], -1) if v3 else outs["hidden"]
 
-    def predict(outs, ids):
-        emb = base.embed(ids)
-        hid, cache, preds = first_hidden(outs), [], []
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            for j in range(args.eval_steps):
-                out, cache = model.step(C.shift_left(emb, j + 1), hid, cache)
-                preds.append(model.to_target(model.logits(out, W).argmax(-1)))
-                hid = out
-        return preds
+    predict = eagle_predict(model, base, W, args.eval_steps, amp)
 
     def run_eval(tag):
         model.eval()

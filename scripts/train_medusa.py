@@ -20,6 +20,7 @@ weighted 0.8^i.
       --data /tmp/stories_data.pt --out tests/data/heads/stories260K/medusa
 """
 import argparse
+import json
 import os
 import random
 import sys
@@ -68,6 +69,28 @@ class MedusaHeads(nn.Module):
         return {k[len("heads."):]: v for k, v in self.state_dict().items()}
 
 
+def medusa_predict(model, W, n_heads, amp):
+    """C.evaluate's predict: head i's top-1 at every position."""
+    def predict(outs, ids):
+        h = outs["hidden"]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            return [model.logits(i, h, W).argmax(-1) for i in range(n_heads)]
+    return predict
+
+
+def load_medusa(head_dir, base):
+    """A saved head directory back into MedusaHeads (strict: every tensor name and shape must be
+    what the trainer writes). Returns (model, config)."""
+    from safetensors.torch import load_file
+    cfg = json.load(open(os.path.join(head_dir, "config.json")))
+    sd = load_file(os.path.join(head_dir, "medusa_lm_head.safetensors"))
+    share = f"0.{cfg['medusa_num_layers']}.weight" not in sd
+    model = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], cfg["medusa_num_heads"],
+                        cfg["medusa_num_layers"], share, base.lm_head_weight().detach().float())
+    model.load_state_dict({"heads." + k: v.float() for k, v in sd.items()}, strict=True)
+    return model.to(base.device).eval(), cfg
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,10 +131,7 @@ def main():
           f"{sum(p.numel() for p in model.parameters())} params; "
           f"{len(train_idx)} train sequences")
 
-    def predict(outs, ids):
-        h = outs["hidden"]
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            return [model.logits(i, h, W).argmax(-1) for i in range(args.heads)]
+    predict = medusa_predict(model, W, args.heads, amp)
 
     model.eval()
     ev0 = C.evaluate(base, data, predict, args.heads, batch_tokens=args.batch_tokens,
