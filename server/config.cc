@@ -1,5 +1,6 @@
 #include "server/config.h"
 
+#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -60,6 +61,7 @@ const std::map<std::string, Reader>& fields() {
       {"server.port", field(&ServeConfig::port, "an integer")},
       {"server.grpc_port", field(&ServeConfig::grpc_port, "an integer")},
       {"server.api_key", field(&ServeConfig::api_key, "a string")},
+      {"server.api_key_file", field(&ServeConfig::api_key_file, "a string")},
       {"server.max_body_bytes", field(&ServeConfig::max_body_bytes, "an integer")},
       {"server.max_prompt_tokens", field(&ServeConfig::max_prompt_tokens, "an integer")},
       {"server.max_queue", field(&ServeConfig::max_queue, "an integer")},
@@ -95,6 +97,21 @@ void walk(const YAML::Node& node, const std::string& prefix, const std::string& 
 }
 
 }  // namespace
+
+std::string read_api_key_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw_error(ErrorCode::kNotFound, "server.api_key_file: cannot open '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string key = text.str();
+  key.erase(key.find_last_not_of(" \t\r\n") + 1);  // npos + 1 == 0: all whitespace -> empty
+  if (key.empty()) invalid("server.api_key_file", "'" + path + "' holds no key");
+  return key;
+}
+
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
+}
 
 ServeConfig load_serve_config(const std::string& path, ServeConfig base) {
   YAML::Node root;
@@ -138,6 +155,8 @@ void ServeConfig::validate() const {
   if (host.empty()) invalid("server.host", "must not be empty");
   range("server.port", port, 0, 65535);
   range("server.grpc_port", grpc_port, 0, 65535);
+  if (!api_key.empty() && !api_key_file.empty())
+    invalid("server.api_key_file", "'" + api_key_file + "' given beside server.api_key; set one");
   range("server.max_body_bytes", max_body_bytes, 1024, int64_t{1} << 32);
   range("server.max_prompt_tokens", max_prompt_tokens, 0, 1 << 24);
   range("server.max_queue", max_queue, 0, 1 << 20);
@@ -179,6 +198,7 @@ std::string ServeConfig::to_yaml() const {
   e << YAML::Key << "port" << YAML::Value << port;
   e << YAML::Key << "grpc_port" << YAML::Value << grpc_port;
   e << YAML::Key << "api_key" << YAML::Value << (api_key.empty() ? "" : "<set>");
+  e << YAML::Key << "api_key_file" << YAML::Value << api_key_file;
   e << YAML::Key << "max_body_bytes" << YAML::Value << max_body_bytes;
   e << YAML::Key << "max_prompt_tokens" << YAML::Value << max_prompt_tokens;
   e << YAML::Key << "max_queue" << YAML::Value << max_queue;

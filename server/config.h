@@ -40,6 +40,7 @@ struct ServeConfig {
   int32_t port = 8000;
   int32_t grpc_port = 50051;  // 0: no gRPC
   std::string api_key;
+  std::string api_key_file;  // a file holding the key (a mounted secret); not with api_key
   int64_t max_body_bytes = 1 << 20;
   int32_t max_prompt_tokens = 0;  // 0: the context length - 1
   int32_t max_queue = 256;
@@ -53,6 +54,14 @@ struct ServeConfig {
   // The effective configuration as YAML (the API key masked).
   std::string to_yaml() const;
 };
+
+// The key in server.api_key_file: the file's text without trailing whitespace (secret files
+// usually end in a newline). Throws naming the field when the file cannot be read or is empty.
+std::string read_api_key_file(const std::string& path);
+
+// Whether `host` binds loopback only (localhost, 127.0.0.0/8, ::1): anything else is reachable
+// from other machines, which serve warns about when no API key is set.
+bool is_loopback_host(const std::string& host);
 
 // Reads a YAML file over `base` (fields absent from the file keep base's values). Unknown
 // fields and wrong types are errors naming the file and the field.

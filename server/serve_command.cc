@@ -2,6 +2,7 @@
 // OpenAI-compatible HTTP server and the gRPC server, and drains gracefully on SIGTERM / SIGINT.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -35,6 +36,11 @@ struct ServeCli {
       overrides;
 };
 
+std::string env_or_empty(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
 template <typename T>
 void flag(CLI::App* c, ServeCli* s, const std::string& name, T ServeConfig::*member,
           const std::string& help) {
@@ -54,7 +60,8 @@ void add_serve_command(CLI::App& app) {
   ServeCli* s = serve_cli();
   CLI::App* c = app.add_subcommand(
       "serve", "Serve a model over an OpenAI-compatible HTTP API and gRPC (see configs/)");
-  c->add_option("-c,--config", s->config, "YAML configuration file (flags override it)");
+  c->add_option("-c,--config", s->config,
+                "YAML configuration file (flags override it; default: $ARBOR_CONFIG)");
   flag(c, s, "-m,--model", &ServeConfig::model_path, "Model path (HF dir, .gguf, llama2.c .bin)");
   flag(c, s, "--tokenizer", &ServeConfig::tokenizer_path, "Tokenizer override");
   flag(c, s, "--name", &ServeConfig::model_name, "Model id clients pass as `model`");
@@ -83,7 +90,21 @@ void add_serve_command(CLI::App& app) {
   flag(c, s, "--host", &ServeConfig::host, "Bind address (default 127.0.0.1)");
   flag(c, s, "-p,--port", &ServeConfig::port, "HTTP port (0: any free port)");
   flag(c, s, "--grpc-port", &ServeConfig::grpc_port, "gRPC port (0: no gRPC)");
-  flag(c, s, "--api-key", &ServeConfig::api_key, "Require this bearer key");
+  // A key flag replaces the config file's key and key file (and ARBOR_API_KEY): the two flags
+  // exclude each other, and the one given clears the other field.
+  CLI::Option* key = c->add_option("--api-key", s->values.api_key,
+                                   "Require this bearer key (default: $ARBOR_API_KEY)");
+  CLI::Option* key_file = c->add_option("--api-key-file", s->values.api_key_file,
+                                        "Require the bearer key held in this file");
+  key->excludes(key_file);
+  s->overrides.emplace_back(key, [](ServeConfig& dst, const ServeConfig& src) {
+    dst.api_key = src.api_key;
+    dst.api_key_file.clear();
+  });
+  s->overrides.emplace_back(key_file, [](ServeConfig& dst, const ServeConfig& src) {
+    dst.api_key_file = src.api_key_file;
+    dst.api_key.clear();
+  });
   flag(c, s, "--max-body-bytes", &ServeConfig::max_body_bytes, "Largest request body");
   flag(c, s, "--max-prompt-tokens", &ServeConfig::max_prompt_tokens, "Longest prompt");
   flag(c, s, "--max-queue", &ServeConfig::max_queue, "Waiting requests before 429");
@@ -96,10 +117,17 @@ void add_serve_command(CLI::App& app) {
 int run_serve() {
   ServeCli* s = serve_cli();
   ServeConfig cfg;
-  if (!s->config.empty()) cfg = load_serve_config(s->config, cfg);
+  const std::string config_path = s->config.empty() ? env_or_empty("ARBOR_CONFIG") : s->config;
+  if (!config_path.empty()) cfg = load_serve_config(config_path, cfg);
+  // Precedence: the config file, then the environment's key, then flags.
+  if (const std::string env_key = env_or_empty("ARBOR_API_KEY"); !env_key.empty()) {
+    cfg.api_key = env_key;
+    cfg.api_key_file.clear();
+  }
   for (auto& [opt, apply] : s->overrides)
     if (opt->count() > 0) apply(cfg, s->values);
   cfg.validate();
+  if (!cfg.api_key_file.empty()) cfg.api_key = read_api_key_file(cfg.api_key_file);
   if (cfg.model_name.empty())
     cfg.model_name = std::filesystem::path(cfg.model_path).filename().string();
   std::fprintf(stderr, "[serve] configuration:\n%s\n", cfg.to_yaml().c_str());
@@ -209,6 +237,11 @@ int run_serve() {
 #else
   if (cfg.grpc_port > 0) spdlog::warn("built without gRPC: server.grpc_port ignored");
 #endif
+  if (!is_loopback_host(cfg.host) && cfg.api_key.empty())
+    spdlog::warn(
+        "listening on {} without an API key: anyone who reaches this address can use "
+        "the model; set server.api_key, --api-key, --api-key-file or ARBOR_API_KEY",
+        cfg.host);
   std::fflush(stdout);
 
   int sig = 0;
