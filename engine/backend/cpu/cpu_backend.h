@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <deque>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -50,6 +51,10 @@ class CpuBackend final : public Backend {
   void copy_kv(const std::vector<int64_t>& src_slots,
                const std::vector<int64_t>& dst_slots) override;
 
+  // Direct access for tests: [num_blocks * block_size * num_kv_heads * head_dim] per layer.
+  std::span<const float> k_cache(int64_t layer) const { return plane(k_cache_, layer); }
+  std::span<const float> v_cache(int64_t layer) const { return plane(v_cache_, layer); }
+
  private:
   std::deque<std::vector<float>> weights_;  // owned weight storage (stable addresses)
   std::deque<std::vector<float>> scratch_;  // per-step activations
@@ -66,6 +71,11 @@ class CpuBackend final : public Backend {
     float* data() const { return p.get(); }
   };
   std::vector<Plane> k_cache_, v_cache_;  // [layer][slot * Hkv * D]
+  std::span<const float> plane(const std::vector<Plane>& cache, int64_t layer) const {
+    return {cache.at(static_cast<size_t>(layer)).data(),
+            static_cast<size_t>(kv_shape_.num_blocks * kv_shape_.block_size *
+                                kv_shape_.num_kv_heads * kv_shape_.head_dim)};
+  }
   StepInputs step_;
 };
 
