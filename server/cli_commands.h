@@ -24,8 +24,9 @@ struct GenerateOptions {
   bool no_bos = false;
   bool echo = false;  // prompt to stdout before the text
   bool ignore_eos = false;
-  int32_t threads = 0;  // 0: BLAS default
-  int32_t kv_blocks = 256;
+  int32_t threads = 0;    // 0: BLAS default
+  int32_t kv_blocks = 0;  // 0: sized from gpu_memory_utilization
+  double gpu_memory_utilization = 0.9;
   int32_t block_size = 16;
   SamplingParams sampling;
   int64_t seed = -1;         // -1: random

@@ -44,6 +44,7 @@ const std::map<std::string, Reader>& fields() {
       {"model.threads", field(&ServeConfig::threads, "an integer")},
       {"model.cuda_graphs", field(&ServeConfig::cuda_graphs, "a boolean")},
       {"engine.kv_blocks", field(&ServeConfig::kv_blocks, "an integer")},
+      {"engine.gpu_memory_utilization", field(&ServeConfig::gpu_memory_utilization, "a number")},
       {"engine.block_size", field(&ServeConfig::block_size, "an integer")},
       {"engine.max_step_tokens", field(&ServeConfig::max_step_tokens, "an integer")},
       {"engine.max_running", field(&ServeConfig::max_running, "an integer")},
@@ -133,7 +134,10 @@ void ServeConfig::validate() const {
   if (backend != "cpu" && backend != "cuda")
     invalid("model.backend", "'" + backend + "' is not cpu or cuda");
   range("model.threads", threads, 0, 1024);
-  range("engine.kv_blocks", kv_blocks, 1, 1 << 24);
+  range("engine.kv_blocks", kv_blocks, 0, 1 << 24);
+  if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1))
+    invalid("engine.gpu_memory_utilization",
+            std::to_string(gpu_memory_utilization) + " is outside (0, 1]");
   range("engine.block_size", block_size, 1, 1024);
   range("engine.max_step_tokens", max_step_tokens, 1, 1 << 20);
   range("engine.max_running", max_running, 1, 1 << 16);
@@ -179,6 +183,7 @@ std::string ServeConfig::to_yaml() const {
   e << YAML::Key << "cuda_graphs" << YAML::Value << cuda_graphs << YAML::EndMap;
   e << YAML::Key << "engine" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kv_blocks" << YAML::Value << kv_blocks;
+  e << YAML::Key << "gpu_memory_utilization" << YAML::Value << gpu_memory_utilization;
   e << YAML::Key << "block_size" << YAML::Value << block_size;
   e << YAML::Key << "max_step_tokens" << YAML::Value << max_step_tokens;
   e << YAML::Key << "max_running" << YAML::Value << max_running;

@@ -19,7 +19,8 @@ struct ServeConfig {
   // (CudaBackendOptions::cuda_graphs, docs/kernels.md "CUDA graphs"); ignored on the CPU.
   bool cuda_graphs = true;
   // engine
-  int32_t kv_blocks = 2048;
+  int32_t kv_blocks = 0;                // 0: sized from gpu_memory_utilization (runner/kv_sizing.h)
+  double gpu_memory_utilization = 0.9;  // of device memory; of available host memory on the CPU
   int32_t block_size = 16;
   int32_t max_step_tokens = 512;
   int32_t max_running = 64;

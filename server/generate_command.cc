@@ -42,7 +42,15 @@ void add_generate_command(CLI::App& app, GenerateOptions* o) {
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past EOS");
   c->add_option("--threads", o->threads, "BLAS threads (0: default)");
   c->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
-  c->add_option("--kv-blocks", o->kv_blocks, "KV cache blocks")->check(CLI::PositiveNumber);
+  c->add_option("--kv-blocks", o->kv_blocks,
+                "KV cache blocks (0: as many as --gpu-memory-utilization of the memory holds)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                "Fraction of device memory (host memory on the CPU) for weights, activations "
+                "and the KV cache")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   c->add_option("--block-size", o->block_size, "Tokens per KV block")->check(CLI::PositiveNumber);
   SpecConfig& sc = o->spec_config;
   c->add_option("--spec", o->spec, "Speculation: off | ngram | medusa | eagle | eagle3")
@@ -140,10 +148,12 @@ int run_generate(const GenerateOptions& o) {
 
   GeneratorConfig gc;
   gc.num_blocks = o.kv_blocks;
+  gc.gpu_memory_utilization = o.gpu_memory_utilization;
   gc.block_size = o.block_size;
   gc.tree_budget.max_nodes = o.max_tree_nodes;
   if (o.typical) gc.verify.mode = VerifyMode::kTypical;
   Generator gen(*model, gc, proposer.get());
+  spdlog::info("{}", gen.engine().kv_capacity());
   // stdout gets the generated text alone (with --echo, the prompt before it); logs, progress and
   // the speed report go to stderr.
   IncrementalDecoder decoder(tok, /*skip_special=*/true,

@@ -71,7 +71,10 @@ void add_serve_command(CLI::App& app) {
   flag(c, s, "--threads", &ServeConfig::threads, "CPU backend threads (0: default)");
   flag(c, s, "--cuda-graphs", &ServeConfig::cuda_graphs,
        "Replay CUDA graphs for steady-state decode steps (cuda backend; true / false)");
-  flag(c, s, "--kv-blocks", &ServeConfig::kv_blocks, "KV cache blocks");
+  flag(c, s, "--kv-blocks", &ServeConfig::kv_blocks,
+       "KV cache blocks (0: as many as --gpu-memory-utilization of the memory holds)");
+  flag(c, s, "--gpu-memory-utilization", &ServeConfig::gpu_memory_utilization,
+       "Fraction of device memory (host memory on the CPU) for weights, activations and KV");
   flag(c, s, "--block-size", &ServeConfig::block_size, "Tokens per KV block");
   flag(c, s, "--max-step-tokens", &ServeConfig::max_step_tokens, "Tokens per engine step");
   flag(c, s, "--max-running", &ServeConfig::max_running, "Sequences running at once");
@@ -161,6 +164,7 @@ int run_serve() {
 
   EngineConfig ec;
   ec.num_blocks = cfg.kv_blocks;
+  ec.gpu_memory_utilization = cfg.gpu_memory_utilization;
   ec.block_size = cfg.block_size;
   ec.max_step_tokens = cfg.max_step_tokens;
   ec.max_running = cfg.max_running;
@@ -170,6 +174,7 @@ int run_serve() {
   ec.adaptive_trees = cfg.spec_adaptive;
   ec.set_cost_model(cfg.spec_cost_model);
   Engine engine(*model, ec, proposer.get());
+  spdlog::info("{}", engine.kv_capacity());
   if (ec.measure_cost && ec.adaptive_trees)
     spdlog::info("verify cost measured (total tokens -> ms): {}",
                  format_cost_curves(engine.scheduler().cost().config().curves));

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,29 @@ struct TransferStats {
   }
 };
 
+// Rows of a backend tensor to bring back with a tree-sampling result
+// (Backend::sample_trees_and_path_rows): node g's row of `source` is node_row[g].
+struct PathRowsRequest {
+  Tensor source;                  // [*, cols] fp32, backend memory
+  std::vector<int32_t> node_row;  // [batch nodes]
+};
+
+// The memory a backend allocates from (Backend::memory_info): device memory on the CUDA backend,
+// host memory on the CPU backend.
+struct MemoryInfo {
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;  // what an allocation may take now
+  std::string where;       // "device 0 (NVIDIA H200)", "host"
+};
+
+// "1.5 GiB", "640 KiB", "12 B": binary units, one decimal.
+std::string format_bytes(int64_t bytes);
+// Throws kResourceExhausted when a KV cache of `bytes` (the cache `shape`) does not fit in
+// `available` bytes of `memory` (free memory plus what the cache being replaced holds), naming
+// both sizes.
+void check_kv_cache_fits(const KvCacheShape& shape, int64_t bytes, int64_t available,
+                         const MemoryInfo& memory);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -110,7 +134,14 @@ class Backend {
   // [rows * cols] fp32 host -> dst. Ordered before every later op and download; src may be
   // reused as soon as it returns (which need not wait for the device).
   virtual void upload(const float* src, const Tensor& dst) = 0;
+  // Allocates the KV cache (dropping the previous one). Throws kResourceExhausted naming the
+  // size and the free memory when it does not fit.
   virtual void allocate_kv(const KvCacheShape& shape) = 0;
+  // Bytes allocate_kv(shape) takes.
+  virtual int64_t kv_cache_bytes(const KvCacheShape& shape) const = 0;
+  // The memory the KV cache and activations come from, now (the engine sizes the cache from it:
+  // runner/kv_sizing.h).
+  virtual MemoryInfo memory_info() const = 0;
   virtual const KvCacheShape& kv_shape() const = 0;
   // Per-step metadata (ids, positions, slots, tables, masks); ops below read it.
   virtual void set_step(const StepInputs& step) = 0;
@@ -167,6 +198,14 @@ class Backend {
   virtual bool has_sample_trees() const { return false; }
   virtual void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
                             TreeSampleResult* out);
+  // sample_trees, and out->path_rows: [path_nodes.size(), cols] host fp32, row j = the source
+  // row of path node j (rows.node_row[node_indptr[i] + path_nodes[j]] for j in item i's path),
+  // e.g. the target's final hidden states at the accepted paths, which a drafter reads. The CUDA
+  // backend gathers them on the device and copies them back with the ids (one wait, no [nodes,
+  // hidden] download); the default runs sample_trees, downloads the source and gathers on the
+  // host (gather_path_rows_on_host).
+  virtual void sample_trees_and_path_rows(const Tensor& logits, const TreeSampleBatch& batch,
+                                          const PathRowsRequest& rows, TreeSampleResult* out);
   // KV compaction: for every layer, cache[dst_slots[i]] = cache[src_slots[i]] (K and V). The
   // copies are done as if simultaneously (sources read before any destination is written).
   virtual void copy_kv(const std::vector<int64_t>& src_slots,
@@ -207,6 +246,10 @@ class Backend {
   // arena, metadata and plan buffers, KV cache): recordings from another epoch must not run.
   virtual uint64_t step_graph_epoch() const { return 0; }
 };
+
+// out->path_rows from host rows `source` [*, cols] (Backend::sample_trees_and_path_rows).
+void gather_path_rows_on_host(const float* source, int64_t cols, const TreeSampleBatch& batch,
+                              std::span<const int32_t> node_row, TreeSampleResult* out);
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads = 0);
 

@@ -1,5 +1,6 @@
 #include "engine/backend/tree_sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -143,6 +144,28 @@ void validate_tree_sample_batch(const TreeSampleBatch& b, int64_t vocab, int64_t
 void Backend::sample_trees(const Tensor&, const TreeSampleBatch&, TreeSampleResult*) {
   throw_error(ErrorCode::kUnsupported,
               "the " + name() + " backend does not sample trees (has_sample_trees() is false)");
+}
+
+void gather_path_rows_on_host(const float* source, int64_t cols, const TreeSampleBatch& batch,
+                              std::span<const int32_t> node_row, TreeSampleResult* out) {
+  ARBOR_CHECK(static_cast<int32_t>(node_row.size()) == batch.num_nodes(),
+              "path rows: " + std::to_string(node_row.size()) + " node rows for " +
+                  std::to_string(batch.num_nodes()) + " nodes");
+  out->path_rows.assign(out->path_nodes.size() * static_cast<size_t>(cols), 0.0f);
+  for (int32_t i = 0; i < batch.num_items(); ++i)
+    for (int32_t j = out->path_indptr[i]; j < out->path_indptr[i + 1]; ++j) {
+      const int64_t row = node_row[static_cast<size_t>(batch.node_indptr[i] + out->path_nodes[j])];
+      std::copy_n(source + row * cols, cols,
+                  out->path_rows.begin() + static_cast<int64_t>(j) * cols);
+    }
+}
+
+void Backend::sample_trees_and_path_rows(const Tensor& logits, const TreeSampleBatch& batch,
+                                         const PathRowsRequest& rows, TreeSampleResult* out) {
+  sample_trees(logits, batch, out);
+  std::vector<float> host(static_cast<size_t>(rows.source.numel()));
+  download(rows.source, host.data());
+  gather_path_rows_on_host(host.data(), rows.source.cols, batch, rows.node_row, out);
 }
 
 }  // namespace arbor

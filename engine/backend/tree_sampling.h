@@ -77,6 +77,8 @@ struct TreeSampleResult {
   std::vector<int32_t> bonus;           // [I]
   std::vector<int32_t> uniforms_used;   // [I]
   std::vector<int32_t> status;          // [I]
+  // Backend::sample_trees_and_path_rows only: [path_nodes.size(), cols] rows at the paths.
+  std::vector<float> path_rows;
 };
 
 // Largest tree (nodes per item) sample_trees accepts.

@@ -312,7 +312,9 @@ void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
     t = run_ops(step, want, out);
   }
 
-  if (want.final_hidden) {
+  const bool path_hidden = want.path_hidden && want.final_hidden && want.sample != nullptr;
+  out->hidden.clear();
+  if (want.final_hidden && !path_hidden) {
     out->hidden.resize(static_cast<size_t>(t.hidden.numel()));
     b.download(t.hidden, out->hidden.data());
   }
@@ -335,12 +337,27 @@ void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
       out->top_k = std::max<int32_t>(1, want.top_logprobs);
       b.top_k_log_softmax(t.logits, out->top_k, &out->top_ids, &out->top_values);
     }
+    // Node g's hidden row: the flat row of its logits row.
+    PathRowsRequest rows;
+    if (path_hidden) {
+      rows.source = t.hidden;
+      for (int32_t r : want.sample->logits_row) rows.node_row.push_back(step.logits_rows[r]);
+    }
     if (b.has_sample_trees()) {
-      b.sample_trees(t.logits, *want.sample, &out->sampled);
+      if (path_hidden)
+        b.sample_trees_and_path_rows(t.logits, *want.sample, rows, &out->sampled);
+      else
+        b.sample_trees(t.logits, *want.sample, &out->sampled);
     } else {  // the host reference on the downloaded logits (the CPU backend)
       std::vector<float> host(static_cast<size_t>(t.logits.numel()));
       b.download(t.logits, host.data());
       sample_trees_on_host(host, t.logits.cols, *want.sample, &out->sampled);
+      if (path_hidden) {
+        std::vector<float> hidden(static_cast<size_t>(t.hidden.numel()));
+        b.download(t.hidden, hidden.data());
+        gather_path_rows_on_host(hidden.data(), t.hidden.cols, *want.sample, rows.node_row,
+                                 &out->sampled);
+      }
     }
     if (want.top_logprobs >= 0) {
       // Emitted token d of item i is predicted by the row of path node d (the bonus token by

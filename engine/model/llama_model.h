@@ -29,6 +29,10 @@ struct ForwardRequest {
   // log-softmax entries of every logits row (ForwardOutput::top_*) and the raw log-probability
   // of every token the items emit (ForwardOutput::emitted_logprobs).
   int32_t top_logprobs = -1;
+  // With `sample` and final_hidden: instead of every row's hidden state in
+  // ForwardOutput::hidden, only the accepted paths' in ForwardOutput::sampled.path_rows
+  // (Backend::sample_trees_and_path_rows: gathered on the device, back with the ids).
+  bool path_hidden = false;
 };
 
 struct ForwardOutput {

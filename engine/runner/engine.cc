@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <span>
 #include <unordered_set>
 
@@ -10,6 +11,7 @@
 #include "engine/core/error.h"
 #include "engine/core/host_math.h"
 #include "engine/runner/batch_builder.h"
+#include "engine/runner/kv_sizing.h"
 #include "engine/verify/device_verify.h"
 
 namespace arbor {
@@ -20,7 +22,13 @@ void EngineConfig::validate() const {
       throw_error(ErrorCode::kInvalidArgument,
                   std::string(name) + " must be positive, got " + std::to_string(v));
   };
-  positive("num_blocks", num_blocks);
+  if (num_blocks < 0)
+    throw_error(
+        ErrorCode::kInvalidArgument,
+        "num_blocks must be >= 0 (0: sized from memory), got " + std::to_string(num_blocks));
+  if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1))
+    throw_error(ErrorCode::kInvalidArgument, "gpu_memory_utilization must be in (0, 1], got " +
+                                                 std::to_string(gpu_memory_utilization));
   positive("block_size", block_size);
   positive("max_step_tokens", max_step_tokens);
   positive("max_running", max_running);
@@ -128,17 +136,46 @@ struct Engine::Choice {
   const GenerationRequest& req() const { return request->req; }
 };
 
+namespace {
+
+ForwardRequest forward_request_for(const Proposer* proposer) {
+  ForwardRequest want;
+  if (proposer != nullptr) {
+    want.final_hidden = proposer->needs_hidden();
+    want.capture_layers = proposer->capture_layers();
+  }
+  return want;
+}
+
+// `config` with num_blocks 0 resolved from the backend's memory (runner/kv_sizing.h), the
+// backend's KV cache allocated; the capacity line in *capacity.
+EngineConfig sized_config(LlamaModel& model, EngineConfig config, const Proposer* proposer,
+                          std::string* capacity) {
+  config.validate();
+  std::optional<KvSizing> sized;
+  if (config.num_blocks == 0) {
+    sized =
+        size_kv_cache(model, config.gpu_memory_utilization, config.block_size,
+                      config.max_step_tokens, config.max_running, forward_request_for(proposer));
+    config.num_blocks = static_cast<int32_t>(sized->num_blocks);
+  }
+  // Before the block manager exists: a cache that does not fit is an error naming the sizes.
+  const KvCacheShape shape = model.kv_shape(config.num_blocks, config.block_size);
+  model.backend().allocate_kv(shape);
+  *capacity = describe_kv_capacity(shape, model.backend().kv_cache_bytes(shape),
+                                   model.config().max_position, sized ? &*sized : nullptr);
+  return config;
+}
+
+}  // namespace
+
 Engine::Engine(LlamaModel& model, const EngineConfig& config, Proposer* proposer)
     : model_(model),
-      config_(config),
+      config_(sized_config(model, config, proposer, &kv_capacity_)),
       proposer_(proposer),
-      kv_(kv_config(config)),
-      sched_(kv_, sched_config(config)) {
-  model_.backend().allocate_kv(model_.kv_shape(config_.num_blocks, config_.block_size));
-  if (proposer_) {
-    want_.final_hidden = proposer_->needs_hidden();
-    want_.capture_layers = proposer_->capture_layers();
-  }
+      kv_(kv_config(config_)),
+      sched_(kv_, sched_config(config_)) {
+  want_ = forward_request_for(proposer_);
   if (config_.measure_cost && config_.adaptive_trees) {
     // Before any request: the probe writes into the (still empty) KV cache.
     CostModelConfig cost = config_.cost;
@@ -254,7 +291,7 @@ TargetFeedback Engine::PendingFeedback::view() const {
 
 void Engine::feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
                   const std::vector<int32_t>& rows, int32_t first_row, int32_t next,
-                  PendingFeedback* defer) {
+                  PendingFeedback* defer, const float* path_rows) {
   if (!c.speculate) return;
   PendingFeedback now;
   PendingFeedback& p = defer != nullptr ? *defer : now;
@@ -266,8 +303,9 @@ void Engine::feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
   p.hidden.clear();
   if (want_.final_hidden) {
     p.hidden.reserve(rows.size() * hs);
-    for (int32_t r : rows) {
-      const float* src = out_.hidden.data() + (first_row + r) * hs;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const float* src = path_rows != nullptr ? path_rows + static_cast<int64_t>(i) * hs
+                                              : out_.hidden.data() + (first_row + rows[i]) * hs;
       p.hidden.insert(p.hidden.end(), src, src + hs);
     }
   }
@@ -319,6 +357,7 @@ struct Engine::StepRun {
   bool any_prefill = false, any_decode = false;
   bool argmax_only = false;     // only argmax ids came back (ForwardRequest::argmax_only)
   bool backend_sample = false;  // sampled / verified on the backend (ForwardRequest::sample)
+  bool path_hidden = false;     // hidden states of the accepted paths only (path_rows)
   TreeSampleBuilder sampling;
   std::vector<int32_t> sample_item;  // [items] index in `sampling`, -1 when not sampled there
   bool warmup = false;               // the forward warmed up a step graph (see forward())
@@ -461,9 +500,24 @@ void Engine::forward(StepRun* run) {
   ForwardRequest want;  // features only when a speculating request needs them
   for (const ScheduledItem& it : plan.items)
     if (choices_.at(it.id)->speculate) want = want_;
-  // Download argmax ids, not [M, vocab] logits, when no item needs more (mixed steps keep the
-  // logits). n > 1 choices share their request's sampling parameters, so the first decides.
-  want.argmax_only = true;
+  // Whether every item can be sampled / verified on the backend (tree_sampling_supports; the
+  // first step of n > 1 forks the other choices after the forward: they draw on the host).
+  bool can_sample = config_.backend_sampling;
+  for (const ScheduledItem& it : plan.items) {
+    const Choice& c = *choices_.at(it.id);
+    if (it.decode && !tree_sampling_supports(c.sampler.params(), config_.verify.mode))
+      can_sample = false;
+    if (!it.decode && it.last_chunk && c.index == 0 && c.request->req.n > 1 && !c.request->forked)
+      can_sample = false;
+  }
+  // A drafter reading final hidden states gets only the accepted paths' (gathered on the
+  // backend, back with the ids) in steps of decode / verify items alone; prefill chunks feed it
+  // every row, and EAGLE-3's layer features are every row's.
+  const bool path_hidden =
+      want.final_hidden && want.capture_layers.empty() && !run->any_prefill && can_sample;
+  // Else download argmax ids, not [M, vocab] logits, when no item needs more (mixed steps keep
+  // the logits). n > 1 choices share their request's sampling parameters, so the first decides.
+  want.argmax_only = !path_hidden;
   for (const ScheduledItem& it : plan.items) {
     const Choice& c = *choices_.at(it.id);
     if (!argmax_suffices(c.req(), c.sampler.params())) want.argmax_only = false;
@@ -472,16 +526,10 @@ void Engine::forward(StepRun* run) {
   // Else sample / verify on the backend when every item can: items that emit a token are added
   // to `sampling` (sample_item[k] = their index), and only ids come back.
   run->sample_item.assign(plan.items.size(), -1);
-  bool backend_sample = !run->argmax_only && config_.backend_sampling;
+  const bool backend_sample = !run->argmax_only && can_sample;
   for (size_t k = 0; k < plan.items.size() && backend_sample; ++k) {
-    const ScheduledItem& it = plan.items[k];
-    const Choice& c = *choices_.at(it.id);
+    const Choice& c = *choices_.at(plan.items[k].id);
     if (c.req().logprobs >= 0) want.top_logprobs = std::max(want.top_logprobs, c.req().logprobs);
-    if (it.decode && !tree_sampling_supports(c.sampler.params(), config_.verify.mode))
-      backend_sample = false;
-    // The first step of n > 1 forks the other choices after the forward: they draw on the host.
-    if (!it.decode && it.last_chunk && c.index == 0 && c.request->req.n > 1 && !c.request->forked)
-      backend_sample = false;
   }
   if (backend_sample) {
     for (size_t k = 0; k < plan.items.size(); ++k) {
@@ -502,8 +550,11 @@ void Engine::forward(StepRun* run) {
           c.sampler.params(), cs.subspan(0, prompt_len), cs.subspan(prompt_len), &c.rng);
     }
     want.sample = &run->sampling.batch();
+    want.path_hidden = path_hidden;
   }
   run->backend_sample = backend_sample;
+  run->path_hidden = backend_sample && path_hidden;
+  if (run->path_hidden) stats_.path_feedback_steps++;
   if (!backend_sample) want.top_logprobs = -1;
   if (!run->argmax_only && !backend_sample) stats_.logits_downloads++;
   const StepGraphStats graphs_before = model_.step_graph_stats();
@@ -687,7 +738,19 @@ void Engine::commit(StepRun* run) {
     for (int32_t node : v.accepted_nodes) rows.push_back(first_logit + node);
     if (c.speculate) {
       run->pending.emplace_back();
-      feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token, &run->pending.back());
+      const float* path_rows = nullptr;
+      if (run->path_hidden) {
+        const int32_t item = run->sample_item[k];
+        ARBOR_CHECK(
+            item >= 0 && out_.sampled.path_indptr[item + 1] - out_.sampled.path_indptr[item] ==
+                             static_cast<int32_t>(v.accepted_nodes.size()),
+            "path rows do not match the accepted path");
+        path_rows =
+            out_.sampled.path_rows.data() +
+            static_cast<int64_t>(out_.sampled.path_indptr[item]) * model_.config().hidden_size;
+      }
+      feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token, &run->pending.back(),
+           path_rows);
       run->pending.back().tree = t > 1;
     }
     emit(run, c, emitted, rows, v.num_accepted(), run->sample_item[k]);

@@ -59,10 +59,14 @@ struct EngineEvent {
 };
 
 struct EngineConfig {
-  int32_t num_blocks = 256;       // KV cache blocks
-  int32_t block_size = 16;        // tokens per block
-  int32_t max_step_tokens = 512;  // token budget of one step (prefill chunking)
-  int32_t max_running = 64;       // sequences running at once
+  // KV cache blocks; 0: as many as gpu_memory_utilization of the backend's memory holds after
+  // the weights and a profiled step (runner/kv_sizing.h), which `arbor serve` and `generate` do
+  // by default.
+  int32_t num_blocks = 256;
+  double gpu_memory_utilization = 0.9;  // with num_blocks 0; host memory on the CPU backend
+  int32_t block_size = 16;              // tokens per block
+  int32_t max_step_tokens = 512;        // token budget of one step (prefill chunking)
+  int32_t max_running = 64;             // sequences running at once
   bool prefix_caching = true;
   TreeBudget tree_budget;       // largest tree a proposer may return
   bool adaptive_trees = false;  // size trees per step from the cost model (else tree_budget)
@@ -96,6 +100,9 @@ struct EngineStats {
   int64_t decode_tokens = 0;     // tokens generated
   int64_t tree_tokens = 0;       // tokens scored in decode / verify steps (tree nodes)
   int64_t logits_downloads = 0;  // steps whose [M, vocab] logits were copied to the host
+  // Steps whose drafter got the target's hidden states at the accepted paths only
+  // (ForwardRequest::path_hidden), not every row's.
+  int64_t path_feedback_steps = 0;
   int64_t preemptions = 0;
   double prefill_seconds = 0;   // wall time of steps that carried prefill only
   double decode_seconds = 0;    // wall time of steps that carried decode only
@@ -133,6 +140,8 @@ class Engine {
   const KvCacheManager& kv() const { return kv_; }
   const EngineStats& stats() const { return stats_; }
   const LlamaModel& model() const { return model_; }
+  // The KV cache's capacity and, when it was sized from memory, how (one line for the log).
+  const std::string& kv_capacity() const { return kv_capacity_; }
   bool has_proposer() const { return proposer_ != nullptr; }
 
  private:
@@ -153,9 +162,11 @@ class Engine {
     bool tree = false;  // the step verified a tree (t > 1): its cost is a drafting cost
   };
   // Hands the proposer a request's newly committed positions (with defer: into *defer instead).
+  // Their hidden rows are out_.hidden's first_row + rows[i], or with path_rows (an item's
+  // accepted path, ForwardRequest::path_hidden) path_rows + i * hidden_size.
   void feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
             const std::vector<int32_t>& rows, int32_t first_row, int32_t next,
-            PendingFeedback* defer = nullptr);
+            PendingFeedback* defer = nullptr, const float* path_rows = nullptr);
 
   // step()'s stages, in order (README.md): plan (Scheduler::plan_step) -> draft -> reserve
   // (Scheduler::reserve_step, apply_plan) -> forward -> verify -> commit -> observe.
@@ -181,6 +192,7 @@ class Engine {
   void observe(StepRun* run);
 
   LlamaModel& model_;
+  std::string kv_capacity_;  // before config_: set while config_ is sized
   EngineConfig config_;
   Proposer* proposer_;
   KvCacheManager kv_;

@@ -150,6 +150,10 @@ class CountingBackend final : public Backend {
   void upload(const float* src, const Tensor& dst) override { inner_->upload(src, dst); }
   void allocate_kv(const KvCacheShape& shape) override { inner_->allocate_kv(shape); }
   const KvCacheShape& kv_shape() const override { return inner_->kv_shape(); }
+  int64_t kv_cache_bytes(const KvCacheShape& shape) const override {
+    return inner_->kv_cache_bytes(shape);
+  }
+  MemoryInfo memory_info() const override { return inner_->memory_info(); }
   void set_step(const StepInputs& step) override { inner_->set_step(step); }
   void embedding(const Tensor& table, const Tensor& out) override { inner_->embedding(table, out); }
   void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) override {

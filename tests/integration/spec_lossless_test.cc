@@ -187,6 +187,59 @@ TEST_P(SpecLossless, GreedyEqualsPlainGreedy) {
   EXPECT_GE(total.mean_emitted_per_step(), 1.0);
 }
 
+// A drafter reading the target's final hidden states gets, in decode / verify steps, only the
+// rows of the accepted paths (ForwardRequest::path_hidden, gathered where the sampling runs)
+// instead of every tree row's: the same rows, so the same drafts. The trained stories260K heads
+// (long accepted paths) draft from them; with backend sampling off every row's hidden state is
+// downloaded and the feedback picks the path's rows itself. Same tokens, same acceptance per
+// request (a wrong row would change the drafts, so what they accept).
+TEST(SpecFeedback, PathHiddenRowsFeedTheSameDrafts) {
+  const ModelWeights& w = weights_of("stories260K");
+  for (const auto& [method, heads] : std::vector<std::pair<std::string, std::string>>{
+           {"medusa", "heads/stories260K/medusa"}, {"eagle", "heads/stories260K/eagle"}}) {
+    SpecConfig sc;
+    sc.method = parse_spec_method(method);
+    sc.head_path = std::string(ARBOR_TEST_DATA_DIR) + "/" + heads;
+    std::vector<GenerationRequest> reqs;
+    for (int32_t i = 0; i < 4; ++i) {
+      GenerationRequest r;
+      r.prompt = {1, 403 + i, 407, 261 + 3 * i};
+      r.max_tokens = 64;
+      r.ignore_eos = true;
+      r.speculate = true;
+      r.sampling.temperature = i == 3 ? 0.8f : 0.0f;  // one sampled request, seeded
+      r.sampling.seed = 7;
+      reqs.push_back(r);
+    }
+    std::vector<std::vector<GenerationResult>> runs;
+    std::vector<int64_t> path_steps;
+    for (bool backend_sampling : {true, false}) {
+      auto proposer = make_proposer(sc, w);
+      auto backend = make_cpu_backend(1);
+      LlamaModel model(*backend, w);
+      GeneratorConfig gc;
+      gc.num_blocks = 256;
+      gc.backend_sampling = backend_sampling;
+      Generator gen(model, gc, proposer.get());
+      runs.push_back(gen.run(reqs));
+      path_steps.push_back(gen.stats().path_feedback_steps);
+    }
+    EXPECT_GT(path_steps[0], 10) << method;
+    EXPECT_EQ(path_steps[1], 0) << method;
+    double emitted = 0, steps = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(runs[0][i].tokens, runs[1][i].tokens) << method << " request " << i;
+      EXPECT_EQ(runs[0][i].acceptance.steps, runs[1][i].acceptance.steps) << method << " " << i;
+      EXPECT_EQ(runs[0][i].acceptance.emitted, runs[1][i].acceptance.emitted) << method << " " << i;
+      emitted += static_cast<double>(runs[0][i].acceptance.emitted);
+      steps += static_cast<double>(runs[0][i].acceptance.steps);
+    }
+    std::printf("%s: %.2f tokens per verify step from path rows\n", method.c_str(),
+                emitted / steps);
+    EXPECT_GT(emitted / steps, 1.5) << method;  // the trained heads draft from real features
+  }
+}
+
 std::vector<SpecCase> cases() {
   std::vector<SpecCase> v;
   for (const std::string model : {"stories260K", "llama_gqa"}) {

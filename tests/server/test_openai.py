@@ -424,6 +424,33 @@ class Operations(unittest.TestCase):
             self.assertNotEqual(p.returncode, 0)
             self.assertIn(needle, p.stderr)
 
+    def test_kv_cache_sized_from_memory_and_too_large_is_a_clear_error(self):
+        """Without --kv-blocks the cache is sized from the memory there is (on the CPU capped at
+        max_running full contexts: 4 x 512 / 16 = 128 blocks for stories260K), logged at
+        start-up and exported; a cache larger than the memory is an error naming the sizes."""
+        import re
+        import subprocess
+        from arbor_server import ARBOR_BIN
+        with ArborServer(["--max-running", "4"], grpc=False) as srv:
+            self.assertEqual(srv.metrics()["arbor_kv_blocks_total"], 128)
+            line = re.search(r"KV cache: .*", srv.output())
+            self.assertIsNotNone(line, srv.output())
+            self.assertIn("128 blocks x 16 tokens = 2048 tokens", line.group(0))
+            self.assertIn("4.0 requests of the full 512-token context", line.group(0))
+            self.assertIn("gpu_memory_utilization: 0.9", srv.output())  # echoed configuration
+        p = subprocess.run([ARBOR_BIN, "serve", "--model", STORIES, "--port", "0",
+                            "--grpc-port", "0", "--kv-blocks", "16000000", "--block-size", "1024"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("a KV cache of 16000000 blocks of 1024 tokens needs 19.1 TiB", p.stderr)
+        self.assertIn("of host memory is free", p.stderr)
+        self.assertNotIn("bad_alloc", p.stderr)
+        p = subprocess.run([ARBOR_BIN, "serve", "--model", STORIES, "--port", "0",
+                            "--gpu-memory-utilization", "1.5"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("engine.gpu_memory_utilization", p.stderr)
+
 
 class SmolLM2Chat(unittest.TestCase):
     """The default model with the chat template from its GGUF, against Python jinja2."""

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -51,11 +53,14 @@ Tensor CpuBackend::upload_weight(const HostTensor& w) {
 
 Tensor CpuBackend::scratch(int64_t rows, int64_t cols) {
   scratch_.emplace_back(static_cast<size_t>(rows * cols));
+  scratch_bytes_ += rows * cols * static_cast<int64_t>(sizeof(float));
+  scratch_peak_ = std::max(scratch_peak_, scratch_bytes_);
   return Tensor{scratch_.back().data(), DType::kF32, rows, cols};
 }
 
 void CpuBackend::reset_scratch() {
   scratch_.clear();
+  scratch_bytes_ = 0;
 }
 
 void CpuBackend::download(const Tensor& src, float* dst) {
@@ -66,12 +71,78 @@ void CpuBackend::upload(const float* src, const Tensor& dst) {
   std::memcpy(f32(dst), src, sizeof(float) * dst.numel());
 }
 
+namespace {
+
+// A number from a one-line file (cgroup v2 memory.max / memory.current), -1 for "max" or none.
+int64_t read_cgroup_number(const char* path) {
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return -1;
+  long long v = -1;
+  if (std::fscanf(f, "%lld", &v) != 1) v = -1;
+  std::fclose(f);
+  return v;
+}
+
+}  // namespace
+
+int64_t CpuBackend::kv_cache_bytes(const KvCacheShape& shape) const {
+  const long double bytes = 2.0L * shape.num_layers * shape.num_blocks * shape.block_size *
+                            shape.num_kv_heads * shape.head_dim * sizeof(float);
+  return bytes >= 9.0e18L ? INT64_MAX : static_cast<int64_t>(bytes);
+}
+
+MemoryInfo CpuBackend::memory_info() const {
+  MemoryInfo m;
+  m.where = "host";
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char key[64];
+    long long kib = 0;
+    while (std::fscanf(f, "%63s %lld kB", key, &kib) == 2) {
+      if (std::strcmp(key, "MemTotal:") == 0) m.total_bytes = kib * 1024;
+      if (std::strcmp(key, "MemAvailable:") == 0) m.free_bytes = kib * 1024;
+    }
+    std::fclose(f);
+  }
+  const int64_t limit = read_cgroup_number("/sys/fs/cgroup/memory.max");
+  const int64_t used = read_cgroup_number("/sys/fs/cgroup/memory.current");
+  if (limit > 0 && used >= 0) {
+    m.total_bytes = m.total_bytes > 0 ? std::min(m.total_bytes, limit) : limit;
+    m.free_bytes = std::min(m.free_bytes, std::max<int64_t>(limit - used, 0));
+  }
+  m.free_bytes = std::max<int64_t>(m.free_bytes - (scratch_peak_ - scratch_bytes_), 0);
+  return m;
+}
+
 void CpuBackend::allocate_kv(const KvCacheShape& shape) {
-  kv_shape_ = shape;
+  if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
+      shape.num_kv_heads <= 0 || shape.head_dim <= 0)
+    throw_error(ErrorCode::kInvalidArgument,
+                "allocate_kv: every dimension must be positive (layers " +
+                    std::to_string(shape.num_layers) + ", blocks " +
+                    std::to_string(shape.num_blocks) + ", block_size " +
+                    std::to_string(shape.block_size) + ", kv heads " +
+                    std::to_string(shape.num_kv_heads) + ", head_dim " +
+                    std::to_string(shape.head_dim) + ")");
+  const MemoryInfo memory = memory_info();
+  check_kv_cache_fits(
+      shape, kv_cache_bytes(shape),
+      memory.free_bytes + (kv_shape_.num_blocks > 0 ? kv_cache_bytes(kv_shape_) : 0), memory);
+  k_cache_.clear();
+  v_cache_.clear();
+  kv_shape_ = KvCacheShape{};
   const size_t n = static_cast<size_t>(shape.num_blocks * shape.block_size * shape.num_kv_heads *
                                        shape.head_dim);
-  k_cache_.assign(shape.num_layers, std::vector<float>(n, 0.f));
-  v_cache_.assign(shape.num_layers, std::vector<float>(n, 0.f));
+  for (auto* cache : {&k_cache_, &v_cache_})
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+      Plane plane{std::unique_ptr<float[], FreeDeleter>(
+          static_cast<float*>(std::calloc(std::max<size_t>(n, 1), sizeof(float))))};
+      if (plane.data() == nullptr)
+        throw_error(ErrorCode::kResourceExhausted,
+                    "allocate_kv: " + format_bytes(kv_cache_bytes(shape)) +
+                        " of host memory could not be allocated");
+      cache->push_back(std::move(plane));
+    }
+  kv_shape_ = shape;
 }
 
 void CpuBackend::set_step(const StepInputs& step) {

@@ -3,8 +3,10 @@
 // is tested against this one.
 #pragma once
 
+#include <cstdlib>
 #include <deque>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -23,6 +25,11 @@ class CpuBackend final : public Backend {
   void upload(const float* src, const Tensor& dst) override;
   void allocate_kv(const KvCacheShape& shape) override;
   const KvCacheShape& kv_shape() const override { return kv_shape_; }
+  int64_t kv_cache_bytes(const KvCacheShape& shape) const override;
+  // Host memory: MemAvailable (/proc/meminfo), lowered to the cgroup's limit (memory.max -
+  // memory.current) inside a container, less the activations' peak so far that the scratch
+  // does not hold now (the CPU backend frees its scratch every step).
+  MemoryInfo memory_info() const override;
   void set_step(const StepInputs& step) override;
 
   void embedding(const Tensor& table, const Tensor& out) override;
@@ -44,15 +51,31 @@ class CpuBackend final : public Backend {
   void copy_kv(const std::vector<int64_t>& src_slots,
                const std::vector<int64_t>& dst_slots) override;
 
-  // Direct access for tests: [num_blocks * block_size, num_kv_heads * head_dim] per layer.
-  const std::vector<float>& k_cache(int64_t layer) const { return k_cache_.at(layer); }
-  const std::vector<float>& v_cache(int64_t layer) const { return v_cache_.at(layer); }
+  // Direct access for tests: [num_blocks * block_size * num_kv_heads * head_dim] per layer.
+  std::span<const float> k_cache(int64_t layer) const { return plane(k_cache_, layer); }
+  std::span<const float> v_cache(int64_t layer) const { return plane(v_cache_, layer); }
 
  private:
   std::deque<std::vector<float>> weights_;  // owned weight storage (stable addresses)
   std::deque<std::vector<float>> scratch_;  // per-step activations
+  int64_t scratch_bytes_ = 0;               // held in scratch_ now
+  int64_t scratch_peak_ = 0;                // the most scratch_ ever held
   KvCacheShape kv_shape_;
-  std::vector<std::vector<float>> k_cache_, v_cache_;  // [layer][slot * Hkv * D]
+  // A cache plane from calloc: the pages of blocks never written are never touched, so a cache
+  // sized for the memory there is costs resident memory only as it fills.
+  struct FreeDeleter {
+    void operator()(float* p) const { std::free(p); }
+  };
+  struct Plane {
+    std::unique_ptr<float[], FreeDeleter> p;
+    float* data() const { return p.get(); }
+  };
+  std::vector<Plane> k_cache_, v_cache_;  // [layer][slot * Hkv * D]
+  std::span<const float> plane(const std::vector<Plane>& cache, int64_t layer) const {
+    return {cache.at(static_cast<size_t>(layer)).data(),
+            static_cast<size_t>(kv_shape_.num_blocks * kv_shape_.block_size *
+                                kv_shape_.num_kv_heads * kv_shape_.head_dim)};
+  }
   StepInputs step_;
 };
 

@@ -32,6 +32,7 @@
 #include "kernels/kv/kv_cache_ops.h"
 #include "kernels/norm_rope/norm_rope.h"
 #include "kernels/sampling/argmax_rows.h"
+#include "kernels/sampling/gather_path_rows.h"
 #include "kernels/sampling/top_k_rows.h"
 #include "kernels/sampling/tree_sampling.h"
 
@@ -211,6 +212,7 @@ struct CudaBackend::State {
   }
   cublasHandle_t cublas = nullptr;
   int num_sms = 0;
+  std::string device_name;  // "device 0 (NVIDIA H200)" (MemoryInfo::where)
 
   std::vector<void*> weights;  // owned weight allocations
   uint64_t random_weight_seed = 1;
@@ -397,6 +399,7 @@ struct CudaBackend::State {
   DeviceBuffer gather_buf;      // gather_values' indices and values
   StagedUpload sample_meta;     // sample_trees' batch
   DeviceBuffer sample_scratch;  // sample_trees' per-row / per-item scratch and outputs
+  DeviceBuffer path_rows;       // sample_trees_and_path_rows' gathered rows
   StagedUpload copy_slots;      // copy_kv's slot lists
   PinnedRing uploads;           // upload()'s staging
   DeviceBuffer copy_staging;
@@ -480,6 +483,9 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
   cuda_check(cudaSetDevice(options.device), "cudaSetDevice");
   cuda_check(cudaDeviceGetAttribute(&s_->num_sms, cudaDevAttrMultiProcessorCount, options.device),
              "cudaDeviceGetAttribute");
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
+  s_->device_name = "device " + std::to_string(options.device) + " (" + prop.name + ")";
   cuda_check(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   kernels::set_pdl_allowed(options.pdl);
   kernels::pdl_enabled();  // its one-time probe now, never inside a step-graph capture
@@ -1023,6 +1029,18 @@ void CudaBackend::upload(const float* src, const Tensor& dst) {
   if (!staged) s.wait("upload");
 }
 
+int64_t CudaBackend::kv_cache_bytes(const KvCacheShape& shape) const {
+  const long double bytes = 2.0L * shape.num_layers * shape.num_blocks * shape.block_size *
+                            shape.num_kv_heads * shape.head_dim * 2;  // bf16 / f16
+  return bytes >= 9.0e18L ? INT64_MAX : static_cast<int64_t>(bytes);
+}
+
+MemoryInfo CudaBackend::memory_info() const {
+  size_t free = 0, total = 0;
+  cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return {static_cast<int64_t>(total), static_cast<int64_t>(free), s_->device_name};
+}
+
 void CudaBackend::allocate_kv(const KvCacheShape& shape) {
   s_->flush();
   if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
@@ -1041,6 +1059,9 @@ void CudaBackend::allocate_kv(const KvCacheShape& shape) {
                     std::to_string(kernels::kAttnMaxGenericHeadDim) + ")");
   State& s = *s_;
   s.wait("allocate_kv");
+  // The cache being replaced is freed first when the new one is larger (DeviceBuffer::ensure).
+  check_kv_cache_fits(shape, kv_cache_bytes(shape),
+                      memory_info().free_bytes + static_cast<int64_t>(s.kv.bytes), memory_info());
   kv_shape_ = shape;
   ++s.epoch;  // the cache planes move
   s.num_slots = shape.num_blocks * shape.block_size;
@@ -1867,6 +1888,28 @@ static_assert(sizeof(TreeSampleParams) == sizeof(kernels::TreeSampleItemParams) 
 
 void CudaBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
                                TreeSampleResult* out) {
+  sample_trees_impl(logits, batch, nullptr, out);
+}
+
+void CudaBackend::sample_trees_and_path_rows(const Tensor& logits, const TreeSampleBatch& batch,
+                                             const PathRowsRequest& rows, TreeSampleResult* out) {
+  if (rows.source.dtype != DType::kF32 || rows.source.cols <= 0 ||
+      static_cast<int32_t>(rows.node_row.size()) != batch.num_nodes())
+    throw_error(ErrorCode::kInvalidArgument,
+                "sample_trees_and_path_rows: source " + shape(rows.source) + " " +
+                    dtype_name(rows.source.dtype) + " with " +
+                    std::to_string(rows.node_row.size()) + " node rows for " +
+                    std::to_string(batch.num_nodes()) + " nodes");
+  for (int32_t r : rows.node_row)
+    if (r < 0 || r >= rows.source.rows)
+      throw_error(ErrorCode::kInvalidArgument, "sample_trees_and_path_rows: node row " +
+                                                   std::to_string(r) + " outside [0, " +
+                                                   std::to_string(rows.source.rows) + ")");
+  sample_trees_impl(logits, batch, &rows, out);
+}
+
+void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch& batch,
+                                    const PathRowsRequest* rows, TreeSampleResult* out) {
   s_->flush();
   State& s = *s_;
   if (logits.dtype != DType::kF32 || logits.cols <= 0 || logits.cols >= (int64_t{1} << 31) - 1)
@@ -1901,6 +1944,26 @@ void CudaBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batc
                o_bias_tok = pk.add(batch.bias_token), o_bias_val = pk.add(batch.bias_value),
                o_uptr = pk.add(batch.uniform_indptr), o_u = pk.add(batch.uniforms),
                o_tnode = pk.add(task_node), o_titem = pk.add(task_item);
+  // Path rows: item i's at most (its tree's depth + 1) rows from out_offset[i] on.
+  std::vector<int32_t> out_offset;
+  int32_t max_rows = 0;
+  size_t o_noderow = 0, o_outoff = 0;
+  if (rows != nullptr) {
+    out_offset.push_back(0);
+    std::vector<int32_t> depth(static_cast<size_t>(nodes), 0);
+    for (int32_t i = 0; i < items; ++i) {
+      int32_t deepest = 0;
+      const int32_t first = batch.node_indptr[i];
+      for (int32_t g = first + 1; g < batch.node_indptr[i + 1]; ++g) {
+        depth[static_cast<size_t>(g)] = depth[static_cast<size_t>(first + batch.parent[g])] + 1;
+        deepest = std::max(deepest, depth[static_cast<size_t>(g)]);
+      }
+      max_rows = std::max(max_rows, deepest + 1);
+      out_offset.push_back(out_offset.back() + deepest + 1);
+    }
+    o_noderow = pk.add(rows->node_row);
+    o_outoff = pk.add(out_offset);
+  }
   uint8_t* host = s.sample_meta.begin(pk.size(), "sample_trees");
   pk.write(host);
   s.sample_meta.commit(pk.size(), s.stream, "sample_trees");
@@ -1950,6 +2013,26 @@ void CudaBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batc
   p.row_status = p.row_argmax + logits.rows;
   p.work = reinterpret_cast<float*>(scratch + o_work);
   cuda_check(kernels::launch_tree_sample(p, s.stream), "sample_trees");
+  std::vector<float> padded_rows;
+  if (rows != nullptr) {
+    const int64_t cols = rows->source.cols;
+    const size_t bytes = static_cast<size_t>(out_offset.back()) * static_cast<size_t>(cols) * 4;
+    s.path_rows.ensure(std::max<size_t>(bytes, 16), "sample_trees path rows");
+    kernels::GatherPathRowsParams g;
+    g.x = static_cast<const float*>(rows->source.data);
+    g.cols = cols;
+    g.node_indptr = p.node_indptr;
+    g.path = p.out_path;
+    g.len = p.out_len;
+    g.node_row = reinterpret_cast<const int32_t*>(meta + o_noderow);
+    g.out_offset = reinterpret_cast<const int32_t*>(meta + o_outoff);
+    g.out = static_cast<float*>(s.path_rows.ptr);
+    g.num_items = items;
+    g.max_rows_per_item = max_rows;
+    cuda_check(kernels::launch_gather_path_rows(g, s.stream), "sample_trees path rows");
+    padded_rows.resize(static_cast<size_t>(out_offset.back()) * static_cast<size_t>(cols));
+    s.d2h(padded_rows.data(), s.path_rows.ptr, bytes, "sample_trees path rows download");
+  }
   std::vector<int32_t> h(out_ints);
   s.d2h(h.data(), outs, out_ints * 4, "sample_trees download");
   s.wait("sample_trees");
@@ -1966,6 +2049,14 @@ void CudaBackend::sample_trees(const Tensor& logits, const TreeSampleBatch& batc
   out->bonus.assign(len + items, len + 2 * items);
   out->uniforms_used.assign(len + 2 * items, len + 3 * items);
   out->status.assign(len + 3 * items, len + 4 * items);
+  if (rows != nullptr) {  // item i's len[i] <= depth + 1 rows, compacted into path order
+    const int64_t cols = rows->source.cols;
+    out->path_rows.resize(out->path_nodes.size() * static_cast<size_t>(cols));
+    for (int32_t i = 0; i < items; ++i)
+      std::copy_n(padded_rows.begin() + static_cast<int64_t>(out_offset[i]) * cols,
+                  static_cast<int64_t>(len[i]) * cols,
+                  out->path_rows.begin() + static_cast<int64_t>(out->path_indptr[i]) * cols);
+  }
 }
 
 void CudaBackend::copy_kv(const std::vector<int64_t>& src_slots,

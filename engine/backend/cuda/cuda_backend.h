@@ -128,6 +128,10 @@ class CudaBackend final : public Backend {
   void upload(const float* src, const Tensor& dst) override;
   void allocate_kv(const KvCacheShape& shape) override;
   const KvCacheShape& kv_shape() const override { return kv_shape_; }
+  int64_t kv_cache_bytes(const KvCacheShape& shape) const override;
+  // Device memory (cudaMemGetInfo): the scratch arena keeps the largest step's activations, so
+  // after a step the free memory already holds them back.
+  MemoryInfo memory_info() const override;
   void set_step(const StepInputs& step) override;
 
   void embedding(const Tensor& table, const Tensor& out) override;
@@ -149,6 +153,8 @@ class CudaBackend final : public Backend {
                          std::vector<float>* values) override;
   bool has_sample_trees() const override { return true; }
   TransferStats transfer_stats() const override;
+  void sample_trees_and_path_rows(const Tensor& logits, const TreeSampleBatch& batch,
+                                  const PathRowsRequest& rows, TreeSampleResult* out) override;
   void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
                     TreeSampleResult* out) override;
   void copy_kv(const std::vector<int64_t>& src_slots,
@@ -195,6 +201,9 @@ class CudaBackend final : public Backend {
   void* stream_handle() const;
 
  private:
+  // sample_trees, and with rows the path rows (sample_trees_and_path_rows).
+  void sample_trees_impl(const Tensor& logits, const TreeSampleBatch& batch,
+                         const PathRowsRequest* rows, TreeSampleResult* out);
   struct State;
   std::unique_ptr<State> s_;
   KvCacheShape kv_shape_;

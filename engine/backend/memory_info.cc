@@ -1,0 +1,36 @@
+#include <cstdio>
+
+#include "engine/backend/backend.h"
+#include "engine/core/error.h"
+
+namespace arbor {
+
+std::string format_bytes(int64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while ((v >= 1024.0 || v <= -1024.0) && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+void check_kv_cache_fits(const KvCacheShape& shape, int64_t bytes, int64_t available,
+                         const MemoryInfo& memory) {
+  if (bytes <= available) return;
+  throw_error(ErrorCode::kResourceExhausted,
+              "a KV cache of " + std::to_string(shape.num_blocks) + " blocks of " +
+                  std::to_string(shape.block_size) + " tokens needs " + format_bytes(bytes) +
+                  ", but " + format_bytes(available) + " of " + memory.where + " memory is free (" +
+                  format_bytes(memory.total_bytes) +
+                  " in all); lower kv_blocks, or leave it unset (0) to size the cache from the "
+                  "free memory");
+}
+
+}  // namespace arbor
