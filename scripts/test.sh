@@ -29,4 +29,11 @@ else
 fi
 cmake --build "$BUILD" -j "$JOBS"
 cd "$BUILD"
-ctest --output-on-failure -j "$JOBS" --timeout 900
+EXCLUDE=()
+if [ "${ARBOR_SANITIZE:-0}" = 1 ]; then
+  # The statistical tests (thousands of sampled trees and generations compared by chi-square,
+  # several minutes under ASan) and the serving benchmark's load run exercise the code paths
+  # the rest of the suite runs under ASan too; they run in the release build's pass.
+  EXCLUDE=(-E "^(SpecSampling|VerifierStatistical)\\.|^server_bench_serve$")
+fi
+ctest --output-on-failure -j "$JOBS" --timeout 900 "${EXCLUDE[@]}"
