@@ -150,6 +150,19 @@ StepGraphStats LlamaModel::step_graph_stats() const {
   return s;
 }
 
+int64_t LlamaModel::activation_bytes(int64_t n, int64_t m, const ForwardRequest& want) const {
+  const int64_t hidden = config_.hidden_size, inter = config_.intermediate_size;
+  const int64_t q_width = config_.num_heads * config_.head_dim;
+  const int64_t kv_width = config_.num_kv_heads * config_.head_dim;
+  // x, normed, q, k, v, attn, proj, gate, up (run_ops' order), the fused outputs, the final
+  // hidden states; then the logits rows, their norm, the logits and the logits copy.
+  int64_t floats = n * (3 * hidden + 2 * q_width + 2 * kv_width + 2 * inter);
+  if (fused_) floats += n * (q_width + 2 * kv_width + 2 * inter);
+  if (want.final_hidden) floats += n * hidden;
+  floats += m * (2 * hidden + 2 * config_.vocab_size);
+  return floats * 4;
+}
+
 StepGraphKey LlamaModel::graph_key(const StepInputs& step, const ForwardRequest& want) {
   StepGraphKey key;
   if (!graphs_ || !graph_eligible(step, want)) return key;

@@ -69,6 +69,11 @@ class LlamaModel {
   // steady (step graphs: StepGraphCache) where the backend supports it; results are the same.
   void forward(const StepInputs& step, ForwardOutput* out, const ForwardRequest& want = {});
 
+  // Bytes of scratch one step of `tokens` rows with `logits_rows` logits rows allocates (what
+  // run_ops asks Backend::scratch for, the logits copy of a logprobs step included): the
+  // activation peak the KV sizing holds back on a backend that frees its scratch every step.
+  int64_t activation_bytes(int64_t tokens, int64_t logits_rows, const ForwardRequest& want) const;
+
   // Step graphs: on by default where the backend has them on (Backend::step_graphs_enabled);
   // turning them off drops every recording. Counters of what forward() did.
   void set_step_graphs(bool enabled);

@@ -48,16 +48,25 @@ KvSizing size_kv_cache(LlamaModel& model, double utilization, int32_t block_size
   const int32_t tokens = static_cast<int32_t>(
       std::min<int64_t>(max_step_tokens, std::max<int64_t>(c.max_position, 1)));
   const int32_t probe_blocks = (tokens + block_size - 1) / block_size;
-  b.allocate_kv(model.kv_shape(probe_blocks, block_size));
-  ForwardRequest profile = want;
-  profile.argmax_only = true;
-  profile.sample = nullptr;
-  ForwardOutput out;
-  model.forward(profile_step(tokens, block_size, c.vocab_size), &out, profile);
-  k.memory = b.memory_info();
+  int64_t probe_cache = 0;
+  if (host) {
+    // The CPU backend frees its activations after every step: the peak is what one step of
+    // `tokens` rows with every row's logits allocates, held back without running that step (a
+    // start-up forward of max_step_tokens tokens costs seconds on a CPU).
+    k.memory = before;
+    k.memory.free_bytes -= model.activation_bytes(tokens, tokens, want);
+  } else {
+    b.allocate_kv(model.kv_shape(probe_blocks, block_size));
+    probe_cache = b.kv_cache_bytes(model.kv_shape(probe_blocks, block_size));
+    ForwardRequest profile = want;
+    profile.argmax_only = true;
+    profile.sample = nullptr;
+    ForwardOutput out;
+    model.forward(profile_step(tokens, block_size, c.vocab_size), &out, profile);
+    k.memory = b.memory_info();
+  }
 
   k.reserve_bytes = (int64_t{tokens} + max_running) * c.vocab_size * 4 + (int64_t{256} << 20);
-  const int64_t probe_cache = b.kv_cache_bytes(model.kv_shape(probe_blocks, block_size));
   int64_t budget;
   if (host) {
     // The activations' peak is already out of k.memory.free_bytes; the profiling cache is

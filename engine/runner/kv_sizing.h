@@ -1,7 +1,8 @@
 // The KV cache sized from the memory there is (EngineConfig::num_blocks = 0), as vLLM's
 // gpu_memory_utilization: after the weights are loaded, one profiling step of the largest size
 // the engine runs (max_step_tokens tokens, logits for every row) leaves the activations' peak
-// held (the CUDA scratch arena keeps it; the CPU backend reports it), and the cache takes
+// held (the CUDA scratch arena keeps it; on the CPU backend, which frees its scratch every step,
+// the peak is LlamaModel::activation_bytes of that step, not run), and the cache takes
 //
 //   total * gpu_memory_utilization - (total - free) - reserve
 //
