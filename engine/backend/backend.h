@@ -112,6 +112,8 @@ struct MemoryInfo {
 
 // "1.5 GiB", "640 KiB", "12 B": binary units, one decimal.
 std::string format_bytes(int64_t bytes);
+// Throws kInvalidArgument naming every dimension unless all of them are positive.
+void check_kv_cache_shape(const KvCacheShape& shape);
 // Throws kResourceExhausted when a KV cache of `bytes` (the cache `shape`) does not fit in
 // `available` bytes of `memory` (free memory plus what the cache being replaced holds), naming
 // both sizes.

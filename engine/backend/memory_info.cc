@@ -21,6 +21,18 @@ std::string format_bytes(int64_t bytes) {
   return buf;
 }
 
+void check_kv_cache_shape(const KvCacheShape& shape) {
+  if (shape.num_layers > 0 && shape.num_blocks > 0 && shape.block_size > 0 &&
+      shape.num_kv_heads > 0 && shape.head_dim > 0)
+    return;
+  throw_error(
+      ErrorCode::kInvalidArgument,
+      "allocate_kv: every dimension must be positive (layers " + std::to_string(shape.num_layers) +
+          ", blocks " + std::to_string(shape.num_blocks) + ", block_size " +
+          std::to_string(shape.block_size) + ", kv heads " + std::to_string(shape.num_kv_heads) +
+          ", head_dim " + std::to_string(shape.head_dim) + ")");
+}
+
 void check_kv_cache_fits(const KvCacheShape& shape, int64_t bytes, int64_t available,
                          const MemoryInfo& memory) {
   if (bytes <= available) return;

@@ -68,14 +68,10 @@ KvSizing size_kv_cache(LlamaModel& model, double utilization, int32_t block_size
 
   k.reserve_bytes = (int64_t{tokens} + max_running) * c.vocab_size * 4 + (int64_t{256} << 20);
   int64_t budget;
-  if (host) {
-    // The activations' peak is already out of k.memory.free_bytes; the profiling cache is
-    // given back with the replacement.
-    const int64_t total = before.free_bytes;
-    const int64_t used_since = std::max<int64_t>(before.free_bytes - k.memory.free_bytes, 0);
-    budget = static_cast<int64_t>(static_cast<double>(total) * utilization) - used_since +
-             probe_cache - k.reserve_bytes;
-  } else {
+  if (host) {  // the activations' peak is out of k.memory.free_bytes already
+    budget = static_cast<int64_t>(static_cast<double>(before.free_bytes) * utilization) -
+             (before.free_bytes - k.memory.free_bytes) - k.reserve_bytes;
+  } else {  // the profiling cache is given back with the replacement
     const int64_t used = k.memory.total_bytes - k.memory.free_bytes;
     budget = static_cast<int64_t>(static_cast<double>(k.memory.total_bytes) * utilization) - used +
              probe_cache - k.reserve_bytes;

@@ -19,7 +19,7 @@ import urllib.request
 import openai
 
 sys.path.insert(0, os.path.dirname(__file__))
-from arbor_server import ArborServer, STORIES, tok512_pieces  # noqa: E402
+from arbor_server import ArborServer, STORIES, raw, tok512_pieces  # noqa: E402
 
 REPO = os.environ.get("ARBOR_REPO", os.path.join(os.path.dirname(__file__), "..", ".."))
 SMOLLM2 = os.path.join(REPO, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -41,19 +41,6 @@ def tok512_decode(ids):
         out += piece
         prev = t
     return out.decode("utf-8", errors="replace")
-
-
-def raw(port, method, path, body=None, headers=None, timeout=60):
-    """(status, parsed JSON or text) over a fresh connection."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    conn.request(method, path, body=body, headers=headers or {})
-    r = conn.getresponse()
-    data = r.read().decode("utf-8", errors="replace")
-    conn.close()
-    try:
-        return r.status, json.loads(data)
-    except ValueError:
-        return r.status, data
 
 
 class StoriesServer(unittest.TestCase):

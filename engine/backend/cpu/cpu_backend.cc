@@ -53,14 +53,11 @@ Tensor CpuBackend::upload_weight(const HostTensor& w) {
 
 Tensor CpuBackend::scratch(int64_t rows, int64_t cols) {
   scratch_.emplace_back(static_cast<size_t>(rows * cols));
-  scratch_bytes_ += rows * cols * static_cast<int64_t>(sizeof(float));
-  scratch_peak_ = std::max(scratch_peak_, scratch_bytes_);
   return Tensor{scratch_.back().data(), DType::kF32, rows, cols};
 }
 
 void CpuBackend::reset_scratch() {
   scratch_.clear();
-  scratch_bytes_ = 0;
 }
 
 void CpuBackend::download(const Tensor& src, float* dst) {
@@ -109,20 +106,11 @@ MemoryInfo CpuBackend::memory_info() const {
     m.total_bytes = m.total_bytes > 0 ? std::min(m.total_bytes, limit) : limit;
     m.free_bytes = std::min(m.free_bytes, std::max<int64_t>(limit - used, 0));
   }
-  m.free_bytes = std::max<int64_t>(m.free_bytes - (scratch_peak_ - scratch_bytes_), 0);
   return m;
 }
 
 void CpuBackend::allocate_kv(const KvCacheShape& shape) {
-  if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
-      shape.num_kv_heads <= 0 || shape.head_dim <= 0)
-    throw_error(ErrorCode::kInvalidArgument,
-                "allocate_kv: every dimension must be positive (layers " +
-                    std::to_string(shape.num_layers) + ", blocks " +
-                    std::to_string(shape.num_blocks) + ", block_size " +
-                    std::to_string(shape.block_size) + ", kv heads " +
-                    std::to_string(shape.num_kv_heads) + ", head_dim " +
-                    std::to_string(shape.head_dim) + ")");
+  check_kv_cache_shape(shape);
   const MemoryInfo memory = memory_info();
   check_kv_cache_fits(
       shape, kv_cache_bytes(shape),

@@ -27,8 +27,7 @@ class CpuBackend final : public Backend {
   const KvCacheShape& kv_shape() const override { return kv_shape_; }
   int64_t kv_cache_bytes(const KvCacheShape& shape) const override;
   // Host memory: MemAvailable (/proc/meminfo), lowered to the cgroup's limit (memory.max -
-  // memory.current) inside a container, less the activations' peak so far that the scratch
-  // does not hold now (the CPU backend frees its scratch every step).
+  // memory.current) inside a container.
   MemoryInfo memory_info() const override;
   void set_step(const StepInputs& step) override;
 
@@ -58,8 +57,6 @@ class CpuBackend final : public Backend {
  private:
   std::deque<std::vector<float>> weights_;  // owned weight storage (stable addresses)
   std::deque<std::vector<float>> scratch_;  // per-step activations
-  int64_t scratch_bytes_ = 0;               // held in scratch_ now
-  int64_t scratch_peak_ = 0;                // the most scratch_ ever held
   KvCacheShape kv_shape_;
   // A cache plane from calloc: the pages of blocks never written are never touched, so a cache
   // sized for the memory there is costs resident memory only as it fills.

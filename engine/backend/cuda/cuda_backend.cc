@@ -1043,15 +1043,7 @@ MemoryInfo CudaBackend::memory_info() const {
 
 void CudaBackend::allocate_kv(const KvCacheShape& shape) {
   s_->flush();
-  if (shape.num_layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
-      shape.num_kv_heads <= 0 || shape.head_dim <= 0)
-    throw_error(ErrorCode::kInvalidArgument,
-                "allocate_kv: every dimension must be positive (layers " +
-                    std::to_string(shape.num_layers) + ", blocks " +
-                    std::to_string(shape.num_blocks) + ", block_size " +
-                    std::to_string(shape.block_size) + ", kv heads " +
-                    std::to_string(shape.num_kv_heads) + ", head_dim " +
-                    std::to_string(shape.head_dim) + ")");
+  check_kv_cache_shape(shape);
   if (shape.head_dim % 2 != 0 || shape.head_dim > kernels::kAttnMaxGenericHeadDim)
     throw_error(ErrorCode::kUnsupported,
                 "allocate_kv: head_dim " + std::to_string(shape.head_dim) +
