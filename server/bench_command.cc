@@ -27,6 +27,9 @@ void add_bench_command(CLI::App& app, BenchOptions* o) {
   c->add_option("--repeats", o->repeats, "Rounds per point (median reported)")
       ->check(CLI::PositiveNumber);
   c->add_option("--threads", o->threads, "BLAS threads (0: default)");
+  c->add_option("--tensor-parallel", o->tensor_parallel,
+                "Tensor-parallel ranks: GPUs 0..N-1 over NCCL (cuda), threads (cpu)")
+      ->capture_default_str();
   c->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
   c->add_option("--block-size", o->block_size, "Tokens per KV block")->check(CLI::PositiveNumber);
 }
@@ -45,7 +48,8 @@ int run_bench(const BenchOptions& o) {
   }
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
-  auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, &bundle, &backend);
+  auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, o.tensor_parallel, &bundle,
+                            &backend);
   const int64_t vocab = model->config().vocab_size;
   std::printf("| model | batch | prompt | generated | prefill tok/s | decode tok/s |\n");
   std::printf("| --- | --- | --- | --- | --- | --- |\n");

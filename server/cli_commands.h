@@ -24,7 +24,8 @@ struct GenerateOptions {
   bool no_bos = false;
   bool echo = false;  // prompt to stdout before the text
   bool ignore_eos = false;
-  int32_t threads = 0;    // 0: BLAS default
+  int32_t threads = 0;  // 0: BLAS default
+  int32_t tensor_parallel = 1;
   int32_t kv_blocks = 0;  // 0: sized from gpu_memory_utilization
   double gpu_memory_utilization = 0.9;
   int32_t block_size = 16;
@@ -45,6 +46,7 @@ struct BenchOptions {
   std::string batches = "1";  // comma-separated batch sizes
   int32_t repeats = 3;
   int32_t threads = 0;
+  int32_t tensor_parallel = 1;
   int32_t block_size = 16;
   std::string backend = "cpu";  // cpu | cuda
 };
@@ -59,6 +61,7 @@ struct SpecBenchOptions {
   int64_t seed = 1;
   int32_t batch = 1;
   int32_t threads = 0;
+  int32_t tensor_parallel = 1;
   bool no_bos = false;
   bool skip_plain = false;      // acceptance only: no plain-decoding baseline run
   int32_t warmup_tokens = 16;   // untimed runs of both modes first (GEMM tuning, step graphs)
@@ -83,9 +86,11 @@ std::unique_ptr<LlamaModel> load_for_cli(
 // A backend of the named kind for a proposer's draft model (EAGLE): a CUDA backend for "cuda",
 // nullptr (the proposer's own CPU backend) otherwise.
 std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind);
+// tensor_parallel > 1: a group of that many ranks (LlamaModel owns ranks 1..; *backend is rank 0).
 std::unique_ptr<LlamaModel> load_for_cli(
     const std::string& path, const std::string& tokenizer, const std::string& backend_kind,
-    int32_t threads, ModelBundle* bundle, std::unique_ptr<Backend>* backend,
+    int32_t threads, int32_t tensor_parallel, ModelBundle* bundle,
+    std::unique_ptr<Backend>* backend,
     const std::function<void(const ModelWeights&)>& before_release = {});
 
 void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o);

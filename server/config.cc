@@ -42,6 +42,7 @@ const std::map<std::string, Reader>& fields() {
       {"model.chat_template", field(&ServeConfig::chat_template, "a string")},
       {"model.backend", field(&ServeConfig::backend, "a string")},
       {"model.threads", field(&ServeConfig::threads, "an integer")},
+      {"model.tensor_parallel", field(&ServeConfig::tensor_parallel, "an integer")},
       {"model.cuda_graphs", field(&ServeConfig::cuda_graphs, "a boolean")},
       {"engine.kv_blocks", field(&ServeConfig::kv_blocks, "an integer")},
       {"engine.gpu_memory_utilization", field(&ServeConfig::gpu_memory_utilization, "a number")},
@@ -134,6 +135,7 @@ void ServeConfig::validate() const {
   if (backend != "cpu" && backend != "cuda")
     invalid("model.backend", "'" + backend + "' is not cpu or cuda");
   range("model.threads", threads, 0, 1024);
+  range("model.tensor_parallel", tensor_parallel, 1, 64);
   range("engine.kv_blocks", kv_blocks, 0, 1 << 24);
   if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1))
     invalid("engine.gpu_memory_utilization",
@@ -180,6 +182,7 @@ std::string ServeConfig::to_yaml() const {
   e << YAML::Key << "chat_template" << YAML::Value << chat_template;
   e << YAML::Key << "backend" << YAML::Value << backend;
   e << YAML::Key << "threads" << YAML::Value << threads;
+  e << YAML::Key << "tensor_parallel" << YAML::Value << tensor_parallel;
   e << YAML::Key << "cuda_graphs" << YAML::Value << cuda_graphs << YAML::EndMap;
   e << YAML::Key << "engine" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kv_blocks" << YAML::Value << kv_blocks;

@@ -15,6 +15,9 @@ struct ServeConfig {
   std::string chat_template;  // Jinja file overriding the tokenizer's template
   std::string backend = "cpu";
   int32_t threads = 0;
+  // Ranks of a tensor-parallel group (GPUs 0..N-1 over NCCL on the CUDA backend; threads on the
+  // CPU backend), docs/tensor_parallel.md.
+  int32_t tensor_parallel = 1;
   // CUDA backend: replay recorded CUDA graphs for steady-state decode / verify steps
   // (CudaBackendOptions::cuda_graphs, docs/kernels.md "CUDA graphs"); ignored on the CPU.
   bool cuda_graphs = true;

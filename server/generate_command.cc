@@ -41,6 +41,9 @@ void add_generate_command(CLI::App& app, GenerateOptions* o) {
   c->add_flag("--echo", o->echo, "Write the prompt to stdout before the generated text");
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past EOS");
   c->add_option("--threads", o->threads, "BLAS threads (0: default)");
+  c->add_option("--tensor-parallel", o->tensor_parallel,
+                "Tensor-parallel ranks: GPUs 0..N-1 over NCCL (cuda), threads (cpu)")
+      ->capture_default_str();
   c->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
   c->add_option("--kv-blocks", o->kv_blocks,
                 "KV cache blocks (0: as many as --gpu-memory-utilization of the memory holds)")
@@ -83,12 +86,13 @@ std::unique_ptr<LlamaModel> load_for_cli(
     const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
     std::unique_ptr<Backend>* backend,
     const std::function<void(const ModelWeights&)>& before_release) {
-  return load_for_cli(path, tokenizer, "cpu", threads, bundle, backend, before_release);
+  return load_for_cli(path, tokenizer, "cpu", threads, 1, bundle, backend, before_release);
 }
 
 std::unique_ptr<LlamaModel> load_for_cli(
     const std::string& path, const std::string& tokenizer, const std::string& backend_kind,
-    int32_t threads, ModelBundle* bundle, std::unique_ptr<Backend>* backend,
+    int32_t threads, int32_t tensor_parallel, ModelBundle* bundle,
+    std::unique_ptr<Backend>* backend,
     const std::function<void(const ModelWeights&)>& before_release) {
   if (backend_kind != "cpu" && backend_kind != "cuda")
     throw_error(ErrorCode::kInvalidArgument,
@@ -108,13 +112,19 @@ std::unique_ptr<LlamaModel> load_for_cli(
       last_pct = pct;
     }
   });
+  if (tensor_parallel < 1)
+    throw_error(ErrorCode::kInvalidArgument,
+                "--tensor-parallel: " + std::to_string(tensor_parallel) + " (expected >= 1)");
+  std::vector<std::unique_ptr<Backend>> ranks;
 #ifdef ARBOR_CUDA
   if (backend_kind == "cuda")
-    *backend = make_cuda_backend();
+    ranks = make_cuda_tp_backends(CudaBackendOptions{}, tensor_parallel);
   else
 #endif
-    *backend = make_cpu_backend(threads);
-  auto model = std::make_unique<LlamaModel>(**backend, bundle->weights);
+    ranks = make_cpu_tp_backends(tensor_parallel, threads);
+  *backend = std::move(ranks[0]);
+  ranks.erase(ranks.begin());
+  auto model = std::make_unique<LlamaModel>(**backend, bundle->weights, std::move(ranks));
   if (before_release) before_release(bundle->weights);
   bundle->weights = ModelWeights{};  // the backend holds its own copy
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -132,8 +142,8 @@ int run_generate(const GenerateOptions& o) {
   sc.method = parse_spec_method(o.spec);
   sc.validate();
   std::unique_ptr<Proposer> proposer;
-  auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, &bundle, &backend,
-                            [&](const ModelWeights& w) {
+  auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, o.tensor_parallel, &bundle,
+                            &backend, [&](const ModelWeights& w) {
                               proposer = make_proposer(sc, w, make_draft_backend(o.backend));
                             });
   const Tokenizer& tok = *bundle.tokenizer;

@@ -69,6 +69,8 @@ void add_serve_command(CLI::App& app) {
        "Jinja chat template file (overrides the tokenizer's)");
   flag(c, s, "--backend", &ServeConfig::backend, "cpu or cuda");
   flag(c, s, "--threads", &ServeConfig::threads, "CPU backend threads (0: default)");
+  flag(c, s, "--tensor-parallel", &ServeConfig::tensor_parallel,
+       "Tensor-parallel ranks: GPUs 0..N-1 over NCCL (cuda), threads (cpu)");
   flag(c, s, "--cuda-graphs", &ServeConfig::cuda_graphs,
        "Replay CUDA graphs for steady-state decode steps (cuda backend; true / false)");
   flag(c, s, "--kv-blocks", &ServeConfig::kv_blocks,
@@ -155,8 +157,8 @@ int run_serve() {
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;
-  auto model = load_for_cli(cfg.model_path, cfg.tokenizer_path, cfg.backend, cfg.threads, &bundle,
-                            &backend, [&](const ModelWeights& w) {
+  auto model = load_for_cli(cfg.model_path, cfg.tokenizer_path, cfg.backend, cfg.threads,
+                            cfg.tensor_parallel, &bundle, &backend, [&](const ModelWeights& w) {
                               proposer = make_proposer(sc, w, make_draft_backend(cfg.backend));
                             });
   model->set_step_graphs(cfg.cuda_graphs);

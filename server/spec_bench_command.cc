@@ -40,6 +40,9 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   c->add_option("--seed", o->seed, "Base seed (prompt i uses seed + i)");
   c->add_option("--batch", o->batch, "Requests decoding at once")->check(CLI::PositiveNumber);
   c->add_option("--threads", o->threads, "BLAS threads (0: default)");
+  c->add_option("--tensor-parallel", o->tensor_parallel,
+                "Tensor-parallel ranks: GPUs 0..N-1 over NCCL (cuda), threads (cpu)")
+      ->capture_default_str();
   c->add_option("--backend", o->backend, "cpu | cuda")->capture_default_str();
   c->add_option("--spec", o->spec, "ngram | medusa | eagle | eagle3")->required();
   c->add_option("--spec-heads", o->spec_config.head_path, "Head checkpoint directory");
@@ -104,7 +107,8 @@ int run_spec_bench(const SpecBenchOptions& o) {
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;
-  auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, &bundle, &backend,
+  auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, o.tensor_parallel, &bundle,
+                            &backend,
                             [&](const ModelWeights& w) {
                               proposer = make_proposer(sc, w, make_draft_backend(o.backend));
                             });
@@ -167,7 +171,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
     if (!o.skip_plain) Generator(*model, gc, nullptr).run(warm);
   }
   if (measure_cost) {  // once, after the warm-up tuned the GEMMs; every run plans with it
-    model->backend().allocate_kv(model->kv_shape(gc.num_blocks, gc.block_size));
+    model->allocate_kv(model->kv_shape(gc.num_blocks, gc.block_size));
     const auto t0 = std::chrono::steady_clock::now();
     gc.cost.curves =
         measure_verify_cost(*model, proposer.get(), CostProbeOptions{}, gc.max_step_tokens,

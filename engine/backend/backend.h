@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backend/tree_sampling.h"
@@ -120,6 +121,21 @@ void check_kv_cache_shape(const KvCacheShape& shape);
 void check_kv_cache_fits(const KvCacheShape& shape, int64_t bytes, int64_t available,
                          const MemoryInfo& memory);
 
+// A tensor-parallel rank's part of a weight (Backend::upload_weight_shard): the rows of each
+// (begin, count) in row_ranges of the unsharded weight, concatenated in order, then pad_rows
+// rows of zeros; or, with col_count >= 0, columns [col_begin, col_begin + col_count) of every
+// row. Vectors ([n]) are sliced by row_ranges.
+struct WeightShard {
+  std::vector<std::pair<int64_t, int64_t>> row_ranges;
+  int64_t pad_rows = 0;
+  int64_t col_begin = 0;
+  int64_t col_count = -1;
+};
+// The shard's shape, and the shard of `full` as its own host tensor (shape-only when `full`
+// is). kInvalidArgument for a range outside the weight.
+std::vector<int64_t> weight_shard_shape(const std::vector<int64_t>& full, const WeightShard& s);
+HostTensor slice_weight(const HostTensor& full, const WeightShard& s);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -215,6 +231,30 @@ class Backend {
   // Host <-> device traffic and host waits so far (the probe of spec-bench and the GPU tests).
   virtual TransferStats transfer_stats() const { return {}; }
 
+  // --- tensor parallelism (docs/tensor_parallel.md) -------------------------------------------
+  // A backend made as one rank of a group (make_cpu_tp_backends, make_cuda_tp_backends) holds
+  // its rank's shard of the weights and KV heads; the collectives below combine the ranks. Every
+  // rank issues the same collectives in the same order, each from the thread that drives it.
+  virtual int tp_rank() const { return 0; }
+  virtual int tp_size() const { return 1; }
+  // Uploads `shard` of the unsharded weight `full`. The default slices on the host
+  // (slice_weight) and uploads the slice; the CUDA backend fills a shape-only (dummy) weight's
+  // shard with the values the unsharded dummy weight holds at those elements.
+  virtual Tensor upload_weight_shard(const HostTensor& full, const WeightShard& shard);
+  // out[N, hidden] = table[token_ids[n] - first_id] for ids in [first_id, first_id +
+  // table.rows), zeros for every other id: the rank's vocabulary shard of the embedding (the
+  // caller checks the ids against the whole vocabulary). The default throws kUnsupported.
+  virtual void embedding_shard(const Tensor& table, int64_t first_id, const Tensor& out);
+  // x = the elementwise sum of x over the group's ranks, the same bits on every rank (a no-op
+  // without a group).
+  virtual void all_reduce_sum(const Tensor& x);
+  // out[rows, W] = the ranks' local[rows, c] side by side, rank r's at columns [r * c, (r + 1) *
+  // c), cut at W (the vocabulary shards of the logits). Without a group: a copy of local.
+  virtual void all_gather_cols(const Tensor& local, const Tensor& out);
+  // Makes the calling thread drive this backend (its GPU current); a rank's worker thread calls
+  // it before anything else.
+  virtual void bind_thread() {}
+
   // --- step graphs (engine/backend/step_graphs.h; CUDA graphs on the CUDA backend) -----------
   // A backend that can record the device work of a step's ops and replay it implements these;
   // the defaults say it cannot. The ops between begin_step_capture() and end_step_capture()
@@ -254,5 +294,8 @@ void gather_path_rows_on_host(const float* source, int64_t cols, const TreeSampl
                               std::span<const int32_t> node_row, TreeSampleResult* out);
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads = 0);
+// `size` CPU backends forming one tensor-parallel group (collectives in host memory between the
+// rank threads): the reference the CUDA group (NCCL) is tested against.
+std::vector<std::unique_ptr<Backend>> make_cpu_tp_backends(int size, int num_threads = 0);
 
 }  // namespace arbor

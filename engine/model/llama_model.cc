@@ -38,8 +38,11 @@ HostTensor stack_rows(const std::vector<const HostTensor*>& parts,
 
 }  // namespace
 
-LlamaModel::LlamaModel(Backend& backend, const ModelWeights& w)
-    : backend_(backend), config_(w.config) {
+LlamaModel::LlamaModel(Backend& backend, const ModelWeights& w) : LlamaModel(backend, w, {}) {}
+
+LlamaModel::LlamaModel(Backend& backend, const ModelWeights& w,
+                       std::vector<std::unique_ptr<Backend>> more_ranks)
+    : config_(w.config), owned_ranks_(std::move(more_ranks)) {
   config_.validate("model");
   rope_.head_dim = config_.head_dim;
   rope_.theta = config_.rope_theta;
@@ -49,43 +52,135 @@ LlamaModel::LlamaModel(Backend& backend, const ModelWeights& w)
   rope_.high_freq_factor = config_.rope_scaling.high_freq_factor;
   rope_.original_max_position = config_.rope_scaling.original_max_position;
 
-  fused_ = backend_.fuse_projections();
-  embed_ = backend_.upload_weight(w.embed);
-  final_norm_ = backend_.upload_weight(w.final_norm);
-  lm_head_ = config_.tie_embeddings ? embed_ : backend_.upload_weight(w.lm_head);
-  auto opt = [&](const HostTensor& t) { return t.empty() ? Tensor{} : backend_.upload_weight(t); };
+  std::vector<Backend*> backends{&backend};
+  for (auto& b : owned_ranks_) backends.push_back(b.get());
+  const int64_t n = static_cast<int64_t>(backends.size());
+  for (int64_t r = 0; r < n; ++r) {
+    Backend& b = *backends[static_cast<size_t>(r)];
+    if (b.tp_size() != n || b.tp_rank() != r)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "tensor parallelism: backend " + std::to_string(r) + " is rank " +
+                      std::to_string(b.tp_rank()) + " of " + std::to_string(b.tp_size()) +
+                      ", given as rank " + std::to_string(r) + " of " + std::to_string(n));
+  }
+  const ModelConfig& c = config_;
+  auto refuse = [&](const std::string& what) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "tensor parallel size " + std::to_string(n) + ": " + what);
+  };
+  if (c.num_heads % n != 0)
+    refuse("num_heads " + std::to_string(c.num_heads) + " is not divisible by " +
+           std::to_string(n));
+  if (c.num_kv_heads % n != 0 && n % c.num_kv_heads != 0)
+    refuse("num_kv_heads " + std::to_string(c.num_kv_heads) +
+           " neither divides nor is divisible by " + std::to_string(n));
+  if (c.intermediate_size % n != 0)
+    refuse("intermediate_size " + std::to_string(c.intermediate_size) + " is not divisible by " +
+           std::to_string(n));
+  if (c.vocab_size < n) refuse("vocab_size " + std::to_string(c.vocab_size));
+  const int64_t vocab_shard = (c.vocab_size + n - 1) / n;
+  for (int64_t r = 0; r < n; ++r) {
+    Rank rank;
+    rank.backend = backends[static_cast<size_t>(r)];
+    rank.heads = c.num_heads / n;
+    if (c.num_kv_heads >= n) {
+      rank.kv_heads = c.num_kv_heads / n;
+      rank.kv_first = r * rank.kv_heads;
+    } else {  // replicated: the KV head of this rank's query heads
+      rank.kv_heads = 1;
+      rank.kv_first = r / (n / c.num_kv_heads);
+    }
+    rank.intermediate = c.intermediate_size / n;
+    rank.vocab_first = r * vocab_shard;
+    rank.vocab_rows = vocab_shard;
+    ranks_.push_back(std::move(rank));
+  }
+  fused_ = backend.fuse_projections();
+  if (n > 1) threads_ = std::make_unique<RankThreads>(backends);
+  on_ranks([&](int r) { upload_rank(ranks_[static_cast<size_t>(r)], w); });
+  set_step_graphs(true);
+}
+
+LlamaModel::~LlamaModel() {
+  threads_.reset();
+  ranks_.clear();  // recordings before their backends
+}
+
+void LlamaModel::on_ranks(const std::function<void(int)>& fn) {
+  if (threads_)
+    threads_->run(fn);
+  else
+    fn(0);
+}
+
+void LlamaModel::upload_rank(Rank& r, const ModelWeights& w) {
+  Backend& b = *r.backend;
+  const ModelConfig& c = config_;
+  const bool sharded = ranks_.size() > 1;
+  const int64_t d = c.head_dim;
+  const int64_t q_rows = c.num_heads * d, kv_rows = c.num_kv_heads * d;
+  const int64_t q_first = (r.backend->tp_rank() * r.heads) * d, q_count = r.heads * d;
+  const int64_t kv_first = r.kv_first * d, kv_count = r.kv_heads * d;
+  const int64_t f_first = r.backend->tp_rank() * r.intermediate, f_count = r.intermediate;
+  // Whole weights on one backend; on a rank the shard (Backend::upload_weight_shard).
+  auto rows = [&](const HostTensor& t, std::vector<std::pair<int64_t, int64_t>> ranges,
+                  int64_t pad = 0) {
+    if (!sharded) return b.upload_weight(t);
+    WeightShard s;
+    s.row_ranges = std::move(ranges);
+    s.pad_rows = pad;
+    return b.upload_weight_shard(t, s);
+  };
+  auto cols = [&](const HostTensor& t, int64_t first, int64_t count) {
+    if (!sharded) return b.upload_weight(t);
+    WeightShard s;
+    s.col_begin = first;
+    s.col_count = count;
+    return b.upload_weight_shard(t, s);
+  };
+  const int64_t vocab_real = std::min(r.vocab_rows, c.vocab_size - r.vocab_first);
+  auto vocab = [&](const HostTensor& t) {
+    return rows(t, {{r.vocab_first, vocab_real}}, r.vocab_rows - vocab_real);
+  };
+  auto opt_rows = [&](const HostTensor& t, int64_t first, int64_t count) {
+    return t.empty() ? Tensor{} : rows(t, {{first, count}});
+  };
+  r.embed = vocab(w.embed);
+  r.final_norm = b.upload_weight(w.final_norm);
+  r.lm_head = c.tie_embeddings ? r.embed : vocab(w.lm_head);
   for (const LayerWeights& lw : w.layers) {
     Layer l;
     // Upload order matters for dummy weights (each upload advances the backend's seed):
     // model_bench mirrors it.
-    l.attn_norm = backend_.upload_weight(lw.attn_norm);
+    l.attn_norm = b.upload_weight(lw.attn_norm);
     if (fused_) {
-      const int64_t q_rows = config_.num_heads * config_.head_dim;
-      const int64_t kv_rows = config_.num_kv_heads * config_.head_dim;
-      l.wqkv = backend_.upload_weight(stack_rows({&lw.wq, &lw.wk, &lw.wv}));
+      const std::vector<std::pair<int64_t, int64_t>> qkv = {
+          {q_first, q_count},
+          {q_rows + kv_first, kv_count},
+          {q_rows + kv_rows + kv_first, kv_count}};
+      l.wqkv = rows(stack_rows({&lw.wq, &lw.wk, &lw.wv}), qkv);
       if (!lw.bq.empty() || !lw.bk.empty() || !lw.bv.empty())
-        l.bqkv = backend_.upload_weight(
-            stack_rows({&lw.bq, &lw.bk, &lw.bv}, {q_rows, kv_rows, kv_rows}));
+        l.bqkv = rows(stack_rows({&lw.bq, &lw.bk, &lw.bv}, {q_rows, kv_rows, kv_rows}), qkv);
     } else {
-      l.wq = backend_.upload_weight(lw.wq);
-      l.wk = backend_.upload_weight(lw.wk);
-      l.wv = backend_.upload_weight(lw.wv);
-      l.bq = opt(lw.bq);
-      l.bk = opt(lw.bk);
-      l.bv = opt(lw.bv);
+      l.wq = rows(lw.wq, {{q_first, q_count}});
+      l.wk = rows(lw.wk, {{kv_first, kv_count}});
+      l.wv = rows(lw.wv, {{kv_first, kv_count}});
+      l.bq = opt_rows(lw.bq, q_first, q_count);
+      l.bk = opt_rows(lw.bk, kv_first, kv_count);
+      l.bv = opt_rows(lw.bv, kv_first, kv_count);
     }
-    l.wo = backend_.upload_weight(lw.wo);
-    l.ffn_norm = backend_.upload_weight(lw.ffn_norm);
+    l.wo = cols(lw.wo, q_first, q_count);
+    l.ffn_norm = b.upload_weight(lw.ffn_norm);
     if (fused_) {
-      l.w_gate_up = backend_.upload_weight(stack_rows({&lw.w_gate, &lw.w_up}));
+      l.w_gate_up = rows(stack_rows({&lw.w_gate, &lw.w_up}),
+                         {{f_first, f_count}, {c.intermediate_size + f_first, f_count}});
     } else {
-      l.w_gate = backend_.upload_weight(lw.w_gate);
-      l.w_up = backend_.upload_weight(lw.w_up);
+      l.w_gate = rows(lw.w_gate, {{f_first, f_count}});
+      l.w_up = rows(lw.w_up, {{f_first, f_count}});
     }
-    l.w_down = backend_.upload_weight(lw.w_down);
-    layers_.push_back(l);
+    l.w_down = cols(lw.w_down, f_first, f_count);
+    r.layers.push_back(l);
   }
-  set_step_graphs(true);
 }
 
 KvCacheShape LlamaModel::kv_shape(int64_t num_blocks, int64_t block_size) const {
@@ -93,9 +188,18 @@ KvCacheShape LlamaModel::kv_shape(int64_t num_blocks, int64_t block_size) const 
   s.num_layers = config_.num_layers;
   s.num_blocks = num_blocks;
   s.block_size = block_size;
-  s.num_kv_heads = config_.num_kv_heads;
+  s.num_kv_heads = ranks_[0].kv_heads;
   s.head_dim = config_.head_dim;
   return s;
+}
+
+void LlamaModel::allocate_kv(const KvCacheShape& shape) {
+  on_ranks([&](int r) { ranks_[static_cast<size_t>(r)].backend->allocate_kv(shape); });
+}
+
+void LlamaModel::copy_kv(const std::vector<int64_t>& src_slots,
+                         const std::vector<int64_t>& dst_slots) {
+  on_ranks([&](int r) { ranks_[static_cast<size_t>(r)].backend->copy_kv(src_slots, dst_slots); });
 }
 
 namespace {
@@ -117,29 +221,31 @@ bool graph_eligible(const StepInputs& step, const ForwardRequest& want) {
 }  // namespace
 
 void LlamaModel::set_step_graphs(bool enabled) {
-  if (!enabled || !backend_.step_graphs_enabled()) {
-    if (graphs_) {
-      const StepGraphStats& s = graphs_->stats();
-      stats_of_dropped_.eager += s.eager;
-      stats_of_dropped_.captures += s.captures;
-      stats_of_dropped_.replays += s.replays;
-      stats_of_dropped_.capture_failures += s.capture_failures;
-      stats_of_dropped_.evictions += s.evictions;
-      stats_of_dropped_.invalidations += s.invalidations;
+  for (Rank& r : ranks_) {
+    if (!enabled || !r.backend->step_graphs_enabled()) {
+      if (r.graphs && &r == &ranks_[0]) {
+        const StepGraphStats& s = r.graphs->stats();
+        stats_of_dropped_.eager += s.eager;
+        stats_of_dropped_.captures += s.captures;
+        stats_of_dropped_.replays += s.replays;
+        stats_of_dropped_.capture_failures += s.capture_failures;
+        stats_of_dropped_.evictions += s.evictions;
+        stats_of_dropped_.invalidations += s.invalidations;
+      }
+      r.graphs.reset();
+      continue;
     }
-    graphs_.reset();
-    return;
+    if (r.graphs) continue;
+    Backend* b = r.backend;
+    r.graphs = std::make_unique<StepGraphCache>(StepGraphCache::Options{},
+                                                [b](int64_t g) { b->release_step_graph(g); });
   }
-  if (graphs_) return;
-  Backend* b = &backend_;
-  graphs_ = std::make_unique<StepGraphCache>(StepGraphCache::Options{},
-                                             [b](int64_t g) { b->release_step_graph(g); });
 }
 
 StepGraphStats LlamaModel::step_graph_stats() const {
   StepGraphStats s = stats_of_dropped_;
-  if (graphs_) {
-    const StepGraphStats& g = graphs_->stats();
+  if (ranks_[0].graphs) {
+    const StepGraphStats& g = ranks_[0].graphs->stats();
     s.eager += g.eager;
     s.captures += g.captures;
     s.replays += g.replays;
@@ -151,21 +257,24 @@ StepGraphStats LlamaModel::step_graph_stats() const {
 }
 
 int64_t LlamaModel::activation_bytes(int64_t n, int64_t m, const ForwardRequest& want) const {
-  const int64_t hidden = config_.hidden_size, inter = config_.intermediate_size;
-  const int64_t q_width = config_.num_heads * config_.head_dim;
-  const int64_t kv_width = config_.num_kv_heads * config_.head_dim;
+  const Rank& r = ranks_[0];
+  const int64_t hidden = config_.hidden_size, inter = r.intermediate;
+  const int64_t q_width = r.heads * config_.head_dim;
+  const int64_t kv_width = r.kv_heads * config_.head_dim;
   // x, normed, q, k, v, attn, proj, gate, up (run_ops' order), the fused outputs, the final
   // hidden states; then the logits rows, their norm, the logits and the logits copy.
   int64_t floats = n * (3 * hidden + 2 * q_width + 2 * kv_width + 2 * inter);
   if (fused_) floats += n * (q_width + 2 * kv_width + 2 * inter);
   if (want.final_hidden) floats += n * hidden;
   floats += m * (2 * hidden + 2 * config_.vocab_size);
+  if (ranks_.size() > 1)  // the rank's logits shard and the gathered shards
+    floats += m * r.vocab_rows * (1 + static_cast<int64_t>(ranks_.size()));
   return floats * 4;
 }
 
-StepGraphKey LlamaModel::graph_key(const StepInputs& step, const ForwardRequest& want) {
+StepGraphKey LlamaModel::graph_key(Rank& rank, const StepInputs& step, const ForwardRequest& want) {
   StepGraphKey key;
-  if (!graphs_ || !graph_eligible(step, want)) return key;
+  if (!rank.graphs || !graph_eligible(step, want)) return key;
   const int32_t r_count = step.num_requests();
   // Layout: tag, N, the request capacity (graph_request_capacity(R)), M, block-table width,
   // final_hidden, raw logits copy, then the backend's part. How the N tokens split into the R
@@ -182,35 +291,43 @@ StepGraphKey LlamaModel::graph_key(const StepInputs& step, const ForwardRequest&
          step.max_blocks_per_request,
          want.final_hidden ? 1 : 0,
          want.sample && want.top_logprobs >= 0 ? 1 : 0};
-  if (!backend_.prepare_step_graph(config_.num_heads, &key)) return {};
+  if (!rank.backend->prepare_step_graph(rank.heads, &key)) return {};
   return key;
 }
 
-LlamaModel::StepTensors LlamaModel::run_ops(const StepInputs& step, const ForwardRequest& want,
-                                            ForwardOutput* out) {
-  Backend& b = backend_;
+LlamaModel::StepTensors LlamaModel::run_ops(Rank& rank, const StepInputs& step,
+                                            const ForwardRequest& want, ForwardOutput* out) {
+  Backend& b = *rank.backend;
+  const bool sharded = ranks_.size() > 1;
+  const bool primary = &rank == &ranks_[0];
   const int64_t n = step.num_tokens();
   const int64_t hidden = config_.hidden_size;
-  const int64_t q_width = config_.num_heads * config_.head_dim;
-  const int64_t kv_width = config_.num_kv_heads * config_.head_dim;
+  const int64_t q_width = rank.heads * config_.head_dim;
+  const int64_t kv_width = rank.kv_heads * config_.head_dim;
+  const int64_t inter = rank.intermediate;
   const double eps = config_.rms_norm_eps;
 
   Tensor x = b.scratch(n, hidden);  // [N, hidden] residual stream
-  b.embedding(embed_, x);
+  if (sharded) {                    // each rank looks up its vocabulary rows; the sum is every row
+    b.embedding_shard(rank.embed, rank.vocab_first, x);
+    b.all_reduce_sum(x);
+  } else {
+    b.embedding(rank.embed, x);
+  }
   Tensor normed = b.scratch(n, hidden);
   Tensor q = b.scratch(n, q_width);
   Tensor k = b.scratch(n, kv_width);
   Tensor v = b.scratch(n, kv_width);
   Tensor attn = b.scratch(n, q_width);
   Tensor proj = b.scratch(n, hidden);
-  Tensor gate = b.scratch(n, config_.intermediate_size);
-  Tensor up = b.scratch(n, config_.intermediate_size);
+  Tensor gate = b.scratch(n, inter);
+  Tensor up = b.scratch(n, inter);
   // Fused projections: one output for q|k|v and one for gate|up; at one token the parts are
   // contiguous views of it, else split_cols copies them out.
   Tensor qkv, gate_up;
   if (fused_) {
     qkv = b.scratch(n, q_width + 2 * kv_width);
-    gate_up = b.scratch(n, 2 * config_.intermediate_size);
+    gate_up = b.scratch(n, 2 * inter);
     if (n == 1) {
       auto view = [](const Tensor& t, int64_t col, int64_t cols) {
         return Tensor{static_cast<float*>(t.data) + col, t.dtype, 1, cols};
@@ -218,20 +335,20 @@ LlamaModel::StepTensors LlamaModel::run_ops(const StepInputs& step, const Forwar
       q = view(qkv, 0, q_width);
       k = view(qkv, q_width, kv_width);
       v = view(qkv, q_width + kv_width, kv_width);
-      gate = view(gate_up, 0, config_.intermediate_size);
-      up = view(gate_up, config_.intermediate_size, config_.intermediate_size);
+      gate = view(gate_up, 0, inter);
+      up = view(gate_up, inter, inter);
     }
   }
   auto capture = [&](size_t layer_input) {
     for (size_t c = 0; c < want.capture_layers.size(); ++c) {
-      if (want.capture_layers[c] != static_cast<int32_t>(layer_input)) continue;
+      if (want.capture_layers[c] != static_cast<int32_t>(layer_input) || !primary) continue;
       out->captured[c].resize(static_cast<size_t>(n * hidden));
       b.download(x, out->captured[c].data());
     }
   };
-  for (size_t li = 0; li < layers_.size(); ++li) {
+  for (size_t li = 0; li < rank.layers.size(); ++li) {
     capture(li);
-    const Layer& l = layers_[li];
+    const Layer& l = rank.layers[li];
     b.rms_norm(x, l.attn_norm, eps, normed);
     if (fused_) {
       b.linear(normed, l.wqkv, l.bqkv, qkv);
@@ -243,8 +360,9 @@ LlamaModel::StepTensors LlamaModel::run_ops(const StepInputs& step, const Forwar
     }
     b.rope(q, k, rope_);
     b.write_kv(static_cast<int64_t>(li), k, v);
-    b.paged_tree_attention(static_cast<int64_t>(li), q, config_.num_heads, attn);
+    b.paged_tree_attention(static_cast<int64_t>(li), q, rank.heads, attn);
     b.linear(attn, l.wo, Tensor{}, proj);
+    if (sharded) b.all_reduce_sum(proj);  // the ranks' heads' partial sums
     b.add(x, proj, x);
     b.rms_norm(x, l.ffn_norm, eps, normed);
     if (fused_) {
@@ -256,22 +374,30 @@ LlamaModel::StepTensors LlamaModel::run_ops(const StepInputs& step, const Forwar
     }
     b.silu_mul(gate, up, gate);
     b.linear(gate, l.w_down, Tensor{}, proj);
+    if (sharded) b.all_reduce_sum(proj);
     b.add(x, proj, x);
   }
-  capture(layers_.size());
+  capture(rank.layers.size());
   StepTensors t;
   if (want.final_hidden) {
     t.hidden = b.scratch(n, hidden);
-    b.rms_norm(x, final_norm_, eps, t.hidden);
+    b.rms_norm(x, rank.final_norm, eps, t.hidden);
   }
   const int64_t m = static_cast<int64_t>(step.logits_rows.size());
   if (m == 0) return t;
   Tensor rows = b.scratch(m, hidden);
   b.gather_logit_rows(x, rows);
   Tensor rows_normed = b.scratch(m, hidden);
-  b.rms_norm(rows, final_norm_, eps, rows_normed);
-  t.logits = b.scratch(m, config_.vocab_size);
-  b.linear(rows_normed, lm_head_, Tensor{}, t.logits);
+  b.rms_norm(rows, rank.final_norm, eps, rows_normed);
+  if (sharded) {  // this rank's vocabulary columns, then every rank's side by side
+    Tensor local = b.scratch(m, rank.vocab_rows);
+    b.linear(rows_normed, rank.lm_head, Tensor{}, local);
+    t.logits = b.scratch(m, config_.vocab_size);
+    b.all_gather_cols(local, t.logits);
+  } else {
+    t.logits = b.scratch(m, config_.vocab_size);
+    b.linear(rows_normed, rank.lm_head, Tensor{}, t.logits);
+  }
   if (want.sample && want.top_logprobs >= 0) {
     t.raw_logits = b.scratch(m, config_.vocab_size);
     b.split_cols(t.logits, {t.raw_logits});
@@ -279,41 +405,51 @@ LlamaModel::StepTensors LlamaModel::run_ops(const StepInputs& step, const Forwar
   return t;
 }
 
-void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
-                         const ForwardRequest& want) {
-  Backend& b = backend_;
+void LlamaModel::forward(const StepInputs& step, ForwardOutput* out, const ForwardRequest& want) {
   for (int32_t c : want.capture_layers)
     if (c < 0 || c > config_.num_layers)
       throw_error(ErrorCode::kInvalidArgument, "capture layer " + std::to_string(c) +
                                                    " outside [0, " +
                                                    std::to_string(config_.num_layers) + "]");
+  // Checked here for every rank (a recorded or vocabulary-sharded embedding does not check).
+  for (int32_t id : step.token_ids)
+    if (id < 0 || id >= config_.vocab_size)
+      throw_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
+                                                   " is outside the vocabulary of " +
+                                                   std::to_string(config_.vocab_size));
   out->captured.assign(want.capture_layers.size(), {});
+  if (!threads_) return forward_rank(0, step, out, want);
+  threads_->run([&](int r) {
+    ForwardOutput discarded;
+    forward_rank(r, step, r == 0 ? out : &discarded, want);
+  });
+}
+
+void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, ForwardOutput* out,
+                              const ForwardRequest& want) {
+  Rank& rank = ranks_[static_cast<size_t>(rank_index)];
+  Backend& b = *rank.backend;
   // Decode / verify steps get a power-of-two block-table width (with_graph_table_width). (Four
   // buckets per power of two, as before, made SmolLM2's n-gram verify steps at batch 1 see ~100
   // keys over 16 prompts: a fifth of the steps ran eagerly.)
   StepInputs padded;
-  const StepInputs& step =
-      graphs_ && graph_eligible(step_in, want) ? with_graph_table_width(step_in, &padded) : step_in;
+  const StepInputs& step = rank.graphs && graph_eligible(step_in, want)
+                               ? with_graph_table_width(step_in, &padded)
+                               : step_in;
   b.set_step(step);
   b.reset_scratch();  // before the key: a scratch arena merged here moves the memory epoch
 
   StepTensors t;
   bool done = false;
-  const StepGraphKey key = graph_key(step, want);
+  const StepGraphKey key = graph_key(rank, step, want);
   if (!key.empty()) {
     std::vector<Tensor> outs;
-    const auto check_ids = [&] {  // the recorded embedding does not check the ids
-      for (int32_t id : step.token_ids)
-        if (id < 0 || id >= embed_.rows)
-          throw_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
-                                                       " is outside the vocabulary of " +
-                                                       std::to_string(embed_.rows));
-    };
     const auto ops = [&] {
-      t = run_ops(step, want, out);
+      t = run_ops(rank, step, want, out);
       return std::vector<Tensor>{t.hidden, t.logits, t.raw_logits};
     };
-    if (run_step_graph(*graphs_, b, key, check_ids, ops, &outs) == StepGraphRun::kReplayed) {
+    if (run_step_graph(
+            *rank.graphs, b, key, [] {}, ops, &outs) == StepGraphRun::kReplayed) {
       t.hidden = outs[0];
       t.logits = outs[1];
       t.raw_logits = outs[2];
@@ -322,8 +458,9 @@ void LlamaModel::forward(const StepInputs& step_in, ForwardOutput* out,
   }
   if (!done) {
     b.reset_scratch();  // rewinds (a failed recording took addresses)
-    t = run_ops(step, want, out);
+    t = run_ops(rank, step, want, out);
   }
+  if (rank_index != 0) return;  // the outputs are rank 0's
 
   const bool path_hidden = want.path_hidden && want.final_hidden && want.sample != nullptr;
   out->hidden.clear();

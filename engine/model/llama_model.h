@@ -4,10 +4,12 @@
 // for the rows that need logits.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/rank_threads.h"
 #include "engine/backend/step_graphs.h"
 #include "engine/model/model_weights.h"
 
@@ -58,26 +60,42 @@ class LlamaModel {
  public:
   // Uploads the weights to the backend; `weights` may be released afterwards.
   LlamaModel(Backend& backend, const ModelWeights& weights);
+  // Tensor parallelism (docs/tensor_parallel.md): `backend` is rank 0 and `more_ranks` ranks 1..
+  // of one group (make_cpu_tp_backends, make_cuda_tp_backends), which the model keeps. Each rank
+  // holds its shard (Megatron layout: q/k/v and gate/up by output rows, o and down by input
+  // columns with an all-reduce after them, KV heads split or replicated, embedding and LM head by
+  // vocabulary with the logits gathered) and runs its ops on its own thread (RankThreads);
+  // sampling, the outputs and every draft stay on rank 0. kInvalidArgument naming the dimension
+  // when the model does not split that way.
+  LlamaModel(Backend& backend, const ModelWeights& weights,
+             std::vector<std::unique_ptr<Backend>> more_ranks);
+  ~LlamaModel();
 
   const ModelConfig& config() const { return config_; }
-  Backend& backend() { return backend_; }
-  // Cache geometry for this model with the given number of blocks.
+  Backend& backend() { return *ranks_[0].backend; }
+  // Ranks of the tensor-parallel group (1: a single backend).
+  int tensor_parallel() const { return static_cast<int>(ranks_.size()); }
+  // Cache geometry for this model with the given number of blocks: a rank's share of the KV
+  // heads.
   KvCacheShape kv_shape(int64_t num_blocks, int64_t block_size) const;
+  // Backend::allocate_kv and copy_kv on every rank.
+  void allocate_kv(const KvCacheShape& shape);
+  void copy_kv(const std::vector<int64_t>& src_slots, const std::vector<int64_t>& dst_slots);
 
   // Runs one step. The backend's KV cache must already be allocated. Decode / verify steps
   // (every request one token or a tree) replay a recording of their ops once their shape is
   // steady (step graphs: StepGraphCache) where the backend supports it; results are the same.
   void forward(const StepInputs& step, ForwardOutput* out, const ForwardRequest& want = {});
 
-  // Bytes of scratch one step of `tokens` rows with `logits_rows` logits rows allocates (what
-  // run_ops asks Backend::scratch for, the logits copy of a logprobs step included): the
-  // activation peak the KV sizing holds back on a backend that frees its scratch every step.
+  // Bytes of scratch one step of `tokens` rows with `logits_rows` logits rows allocates on a
+  // rank (what run_ops asks Backend::scratch for, the logits copy of a logprobs step included):
+  // the activation peak the KV sizing holds back on a backend that frees its scratch every step.
   int64_t activation_bytes(int64_t tokens, int64_t logits_rows, const ForwardRequest& want) const;
 
   // Step graphs: on by default where the backend has them on (Backend::step_graphs_enabled);
-  // turning them off drops every recording. Counters of what forward() did.
+  // turning them off drops every recording. Counters of what forward() did (rank 0's).
   void set_step_graphs(bool enabled);
-  bool step_graphs() const { return graphs_ != nullptr; }
+  bool step_graphs() const { return ranks_[0].graphs != nullptr; }
   StepGraphStats step_graph_stats() const;
 
  private:
@@ -86,6 +104,16 @@ class LlamaModel {
     Tensor attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w_gate, w_up, w_down;
     // Backend::fuse_projections(): [q; k; v] and [gate; up] concatenated by rows instead.
     Tensor wqkv, bqkv, w_gate_up;
+  };
+  // One rank's backend, shard and step-graph cache. Widths are the rank's: num_heads / N query
+  // heads, its KV heads, intermediate / N, ceil(vocab / N) vocabulary rows from vocab_first.
+  struct Rank {
+    Backend* backend = nullptr;
+    int64_t heads = 0, kv_heads = 0, kv_first = 0, intermediate = 0;
+    int64_t vocab_first = 0, vocab_rows = 0;
+    Tensor embed, final_norm, lm_head;
+    std::vector<Layer> layers;
+    std::unique_ptr<StepGraphCache> graphs;  // null: step graphs off
   };
   // The scratch tensors a step's op sequence leaves its results in.
   struct StepTensors {
@@ -96,19 +124,29 @@ class LlamaModel {
     // so it never overlaps scratch the step holds.
     Tensor raw_logits;
   };
-  // The device op sequence of a step (no host copies except the capture_layers downloads,
-  // which only eager steps have), after set_step() and reset_scratch().
-  StepTensors run_ops(const StepInputs& step, const ForwardRequest& want, ForwardOutput* out);
+  // Shapes the ranks and uploads each one's shard (on its thread).
+  void load(const ModelWeights& w);
+  void upload_rank(Rank& r, const ModelWeights& w);
+  // Runs fn(rank) on every rank at once (RankThreads), or on this thread for one backend.
+  void on_ranks(const std::function<void(int)>& fn);
+  // One rank's step: set_step, the ops (recorded or eager), and on rank 0 (`primary`) the
+  // outputs. The other ranks return after their ops.
+  void forward_rank(int rank, const StepInputs& step, ForwardOutput* out,
+                    const ForwardRequest& want);
+  // The device op sequence of a step on one rank (no host copies except rank 0's
+  // capture_layers downloads, which only eager steps have), after set_step() and
+  // reset_scratch().
+  StepTensors run_ops(Rank& r, const StepInputs& step, const ForwardRequest& want,
+                      ForwardOutput* out);
   // The graph key of a decode / verify step (with the backend's part appended), or empty when
   // the step runs eagerly (prefill chunks, features of layers, graphs off or unsupported).
-  StepGraphKey graph_key(const StepInputs& step, const ForwardRequest& want);
-  Backend& backend_;
+  StepGraphKey graph_key(Rank& r, const StepInputs& step, const ForwardRequest& want);
   ModelConfig config_;
   RopeParams rope_;
-  Tensor embed_, final_norm_, lm_head_;
-  std::vector<Layer> layers_;
-  std::unique_ptr<StepGraphCache> graphs_;  // null: step graphs off
-  StepGraphStats stats_of_dropped_;         // counters of caches dropped by set_step_graphs
+  std::vector<std::unique_ptr<Backend>> owned_ranks_;  // ranks 1..: released last
+  std::vector<Rank> ranks_;
+  std::unique_ptr<RankThreads> threads_;  // null with one rank
+  StepGraphStats stats_of_dropped_;       // counters of rank 0's caches dropped
 };
 
 }  // namespace arbor

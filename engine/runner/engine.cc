@@ -161,7 +161,7 @@ EngineConfig sized_config(LlamaModel& model, EngineConfig config, const Proposer
   }
   // Before the block manager exists: a cache that does not fit is an error naming the sizes.
   const KvCacheShape shape = model.kv_shape(config.num_blocks, config.block_size);
-  model.backend().allocate_kv(shape);
+  model.allocate_kv(shape);
   *capacity = describe_kv_capacity(shape, model.backend().kv_cache_bytes(shape),
                                    model.config().max_position, sized ? &*sized : nullptr);
   return config;
@@ -468,7 +468,7 @@ void Engine::apply_plan(const StepPlan& plan) {
     c.begun = false;
     c.speculate = false;
   }
-  if (!plan.copies.empty()) model_.backend().copy_kv(plan.copies.src_slots, plan.copies.dst_slots);
+  if (!plan.copies.empty()) model_.copy_kv(plan.copies.src_slots, plan.copies.dst_slots);
 }
 
 void Engine::forward(StepRun* run) {
@@ -731,7 +731,7 @@ void Engine::commit(StepRun* run) {
     const int32_t start = sched_.computed(it.id);
     const CommitPlan compaction = sched_.commit_tree(it.id, v.accepted_nodes, node_tokens);
     if (!compaction.copies.empty())
-      model_.backend().copy_kv(compaction.copies.src_slots, compaction.copies.dst_slots);
+      model_.copy_kv(compaction.copies.src_slots, compaction.copies.dst_slots);
     std::vector<int32_t> emitted = v.accepted_tokens;
     emitted.push_back(v.bonus_token);
     std::vector<int32_t> rows;

@@ -56,7 +56,7 @@ KvSizing size_kv_cache(LlamaModel& model, double utilization, int32_t block_size
     k.memory = before;
     k.memory.free_bytes -= model.activation_bytes(tokens, tokens, want);
   } else {
-    b.allocate_kv(model.kv_shape(probe_blocks, block_size));
+    model.allocate_kv(model.kv_shape(probe_blocks, block_size));
     probe_cache = b.kv_cache_bytes(model.kv_shape(probe_blocks, block_size));
     ForwardRequest profile = want;
     profile.argmax_only = true;

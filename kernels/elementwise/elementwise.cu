@@ -57,7 +57,11 @@ __global__ void gather_rows_kernel(const GatherRowsParams p) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t m = i / p.cols, c = i % p.cols;
-    store_elem(p.dst, p.dst_type, i, load_elem(p.src, p.src_type, p.index[m] * p.cols + c));
+    const int64_t row = p.index[m] - p.index_offset;
+    const float v = p.src_rows >= 0 && (row < 0 || row >= p.src_rows)
+                        ? 0.0f
+                        : load_elem(p.src, p.src_type, row * p.cols + c);
+    store_elem(p.dst, p.dst_type, i, v);
   }
 }
 
@@ -71,7 +75,8 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
 __global__ void fill_random_kernel(const FillRandomParams p) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint64_t h = splitmix64(p.seed * 0x2545f4914f6cdd1dull + static_cast<uint64_t>(i));
+    const int64_t g = p.index_base + (p.cols > 0 ? (i / p.cols) * p.src_stride + i % p.cols : i);
+    const uint64_t h = splitmix64(p.seed * 0x2545f4914f6cdd1dull + static_cast<uint64_t>(g));
     const float u = static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
     store_elem(p.dst, p.dst_type, i, p.offset + p.scale * u);
   }

@@ -66,6 +66,10 @@ struct GatherRowsParams {
   ElemType src_type = ElemType::kF32, dst_type = ElemType::kF32;
   int64_t num_rows = 0;
   int64_t cols = 0;
+  // Row index[m] - index_offset of src; with src_rows >= 0, rows outside [0, src_rows) give
+  // zeros (a vocabulary shard of the embedding under tensor parallelism).
+  int64_t index_offset = 0;
+  int64_t src_rows = -1;
 };
 cudaError_t launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream);
 
@@ -78,6 +82,12 @@ struct FillRandomParams {
   uint64_t seed = 0;
   float scale = 1.f;
   float offset = 0.f;
+  // Element i takes the value of element index_base + (i / cols) * src_stride + i % cols of the
+  // random tensor (cols 0: index_base + i): a tensor-parallel shard (rows or columns of the
+  // unsharded weight) gets the values the unsharded weight holds there.
+  int64_t index_base = 0;
+  int64_t cols = 0;
+  int64_t src_stride = 0;
 };
 cudaError_t launch_fill_random(const FillRandomParams& p, cudaStream_t stream);
 

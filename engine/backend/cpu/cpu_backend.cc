@@ -38,6 +38,94 @@ CpuBackend::CpuBackend(int num_threads) {
   if (num_threads > 0) openblas_set_num_threads(num_threads);
 }
 
+CpuBackend::CpuBackend(int num_threads, std::shared_ptr<HostCollective> collective, int rank)
+    : CpuBackend(num_threads) {
+  collective_ = std::move(collective);
+  rank_ = rank;
+}
+
+std::vector<std::unique_ptr<Backend>> make_cpu_tp_backends(int size, int num_threads) {
+  if (size < 1)
+    throw_error(ErrorCode::kInvalidArgument,
+                "tensor parallel size " + std::to_string(size) + " (expected >= 1)");
+  auto collective = std::make_shared<HostCollective>(size);
+  std::vector<std::unique_ptr<Backend>> ranks;
+  for (int r = 0; r < size; ++r)
+    ranks.push_back(std::make_unique<CpuBackend>(num_threads, collective, r));
+  return ranks;
+}
+
+HostCollective::HostCollective(int size)
+    : size_(size), buffers_(static_cast<size_t>(size), nullptr) {}
+
+void HostCollective::arrive() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t gen = generation_;
+  if (++waiting_ == size_) {
+    waiting_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return;
+  }
+  cv_.wait(lock, [&] { return generation_ != gen; });
+}
+
+void HostCollective::all_reduce_sum(int rank, float* data, int64_t n) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_[static_cast<size_t>(rank)] = data;
+  }
+  arrive();  // every rank's buffer is in place
+  std::vector<float> sum(static_cast<size_t>(n), 0.0f);
+  for (int r = 0; r < size_; ++r) {
+    const float* src = buffers_[static_cast<size_t>(r)];
+    for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] += src[i];
+  }
+  arrive();  // every rank has read every buffer
+  std::memcpy(data, sum.data(), sizeof(float) * static_cast<size_t>(n));
+}
+
+void HostCollective::all_gather_cols(int rank, const float* local, int64_t rows, int64_t cols,
+                                     float* out, int64_t out_cols) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_[static_cast<size_t>(rank)] = local;
+  }
+  arrive();
+  for (int r = 0; r < size_; ++r) {
+    const int64_t c0 = r * cols, width = std::min(cols, out_cols - c0);
+    if (width <= 0) break;
+    for (int64_t i = 0; i < rows; ++i)
+      std::memcpy(out + i * out_cols + c0, buffers_[static_cast<size_t>(r)] + i * cols,
+                  sizeof(float) * static_cast<size_t>(width));
+  }
+  arrive();
+}
+
+void CpuBackend::embedding_shard(const Tensor& table, int64_t first_id, const Tensor& out) {
+  const float* tab = f32(table);
+  float* o = f32(out);
+  ARBOR_CHECK(out.rows == step_.num_tokens() && out.cols == table.cols);
+  for (int64_t n = 0; n < out.rows; ++n) {
+    const int64_t row = step_.token_ids[n] - first_id;
+    if (row < 0 || row >= table.rows)
+      std::memset(o + n * out.cols, 0, sizeof(float) * out.cols);
+    else
+      std::memcpy(o + n * out.cols, tab + row * table.cols, sizeof(float) * out.cols);
+  }
+}
+
+void CpuBackend::all_reduce_sum(const Tensor& x) {
+  if (collective_ && collective_->size() > 1) collective_->all_reduce_sum(rank_, f32(x), x.numel());
+}
+
+void CpuBackend::all_gather_cols(const Tensor& local, const Tensor& out) {
+  ARBOR_CHECK(local.rows == out.rows && local.cols * tp_size() >= out.cols,
+              "all_gather_cols: shapes");
+  if (!collective_ || collective_->size() == 1) return Backend::all_gather_cols(local, out);
+  collective_->all_gather_cols(rank_, f32(local), local.rows, local.cols, f32(out), out.cols);
+}
+
 Tensor CpuBackend::upload_weight(const HostTensor& w) {
   weights_.emplace_back(w.data);
   Tensor t;

@@ -3,9 +3,11 @@
 // is tested against this one.
 #pragma once
 
+#include <condition_variable>
 #include <cstdlib>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -13,10 +15,39 @@
 
 namespace arbor {
 
+// The collectives of a CPU tensor-parallel group: ranks are threads of one process, and each
+// collective meets at a barrier and reads the other ranks' buffers.
+class HostCollective {
+ public:
+  explicit HostCollective(int size);
+  int size() const { return size_; }
+  // data[n] of every rank = the sum over ranks 0, 1, .. in that order (the same bits on each).
+  void all_reduce_sum(int rank, float* data, int64_t n);
+  // out[rows, out_cols] = the ranks' local[rows, cols] side by side, cut at out_cols.
+  void all_gather_cols(int rank, const float* local, int64_t rows, int64_t cols, float* out,
+                       int64_t out_cols);
+
+ private:
+  void arrive();  // a reusable barrier of size_ threads
+  const int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int waiting_ = 0;
+  uint64_t generation_ = 0;
+  std::vector<const float*> buffers_;
+};
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int num_threads);
+  // Rank `rank` of a group sharing `collective`.
+  CpuBackend(int num_threads, std::shared_ptr<HostCollective> collective, int rank);
   std::string name() const override { return "cpu"; }
+  int tp_rank() const override { return rank_; }
+  int tp_size() const override { return collective_ ? collective_->size() : 1; }
+  void embedding_shard(const Tensor& table, int64_t first_id, const Tensor& out) override;
+  void all_reduce_sum(const Tensor& x) override;
+  void all_gather_cols(const Tensor& local, const Tensor& out) override;
 
   Tensor upload_weight(const HostTensor& w) override;
   Tensor scratch(int64_t rows, int64_t cols) override;
@@ -74,6 +105,8 @@ class CpuBackend final : public Backend {
                                 kv_shape_.num_kv_heads * kv_shape_.head_dim)};
   }
   StepInputs step_;
+  std::shared_ptr<HostCollective> collective_;  // null: no group
+  int rank_ = 0;
 };
 
 }  // namespace arbor

@@ -3,6 +3,9 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#ifdef ARBOR_NCCL
+#include <nccl.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -76,6 +79,11 @@ void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
   if (a.rows != b.rows || a.cols != b.cols)
     throw_error(ErrorCode::kInvalidArgument,
                 std::string(op) + ": shape mismatch " + shape(a) + " vs " + shape(b));
+}
+
+void require_step(bool has_step, const char* op) {
+  if (!has_step)
+    throw_error(ErrorCode::kInvalidArgument, std::string(op) + ": set_step() must come first");
 }
 
 size_t align_up(size_t n, size_t a) {
@@ -213,6 +221,9 @@ struct CudaBackend::State {
   cublasHandle_t cublas = nullptr;
   int num_sms = 0;
   std::string device_name;  // "device 0 (NVIDIA H200)" (MemoryInfo::where)
+  // Tensor parallelism (make_cuda_tp_backends): this rank's NCCL communicator (ncclComm_t).
+  void* nccl_comm = nullptr;
+  int tp_rank = 0, tp_size = 1;
 
   std::vector<void*> weights;  // owned weight allocations
   uint64_t random_weight_seed = 1;
@@ -555,7 +566,11 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
 }
 
 CudaBackend::~CudaBackend() {
+  cudaSetDevice(s_->options.device);
   if (s_->stream != nullptr) cudaStreamSynchronize(s_->stream);
+#ifdef ARBOR_NCCL
+  if (s_->nccl_comm != nullptr) ncclCommDestroy(static_cast<ncclComm_t>(s_->nccl_comm));
+#endif
   for (auto& [id, exec] : s_->graphs) cudaGraphExecDestroy(exec);
   for (void* w : s_->weights) cudaFree(w);
   for (auto& c : s_->chunks) cudaFree(c.ptr);
@@ -880,6 +895,190 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(options);
 }
 
+// --- tensor parallelism (NCCL) ------------------------------------------------------------------
+
+#ifdef ARBOR_NCCL
+namespace {
+void nccl_check(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess)
+    throw_error(ErrorCode::kInternal, std::string(what) + ": " + ncclGetErrorString(r));
+}
+}  // namespace
+#endif
+
+bool cuda_tensor_parallel_available() {
+#ifdef ARBOR_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::vector<std::unique_ptr<Backend>> make_cuda_tp_backends(const CudaBackendOptions& options,
+                                                            int size) {
+  if (size < 1)
+    throw_error(ErrorCode::kInvalidArgument,
+                "tensor parallel size " + std::to_string(size) + " (expected >= 1)");
+  std::vector<std::unique_ptr<Backend>> ranks;
+  if (size == 1) {
+    ranks.push_back(make_cuda_backend(options));
+    return ranks;
+  }
+#ifndef ARBOR_NCCL
+  throw_error(ErrorCode::kUnsupported,
+              "tensor parallel size " + std::to_string(size) +
+                  ": this build has no NCCL (install the nvidia-nccl-cu13 wheel or libnccl-dev "
+                  "and configure again; docs/tensor_parallel.md)");
+#else
+  int count = 0;
+  cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (options.device < 0 || options.device + size > count)
+    throw_error(ErrorCode::kInvalidArgument,
+                "tensor parallel size " + std::to_string(size) + " needs GPUs " +
+                    std::to_string(options.device) + ".." +
+                    std::to_string(options.device + size - 1) + ", but " + std::to_string(count) +
+                    (count == 1 ? " GPU is" : " GPUs are") + " visible");
+  std::vector<int> devices;
+  for (int r = 0; r < size; ++r) {
+    CudaBackendOptions o = options;
+    o.device = options.device + r;
+    devices.push_back(o.device);
+    ranks.push_back(std::make_unique<CudaBackend>(o));
+  }
+  std::vector<ncclComm_t> comms(static_cast<size_t>(size));
+  nccl_check(ncclCommInitAll(comms.data(), size, devices.data()), "ncclCommInitAll");
+  for (int r = 0; r < size; ++r) {
+    CudaBackend::State& s = *static_cast<CudaBackend&>(*ranks[static_cast<size_t>(r)]).s_;
+    s.nccl_comm = comms[static_cast<size_t>(r)];
+    s.tp_rank = r;
+    s.tp_size = size;
+  }
+  cuda_check(cudaSetDevice(options.device), "cudaSetDevice");
+  return ranks;
+#endif
+}
+
+int CudaBackend::tp_rank() const {
+  return s_->tp_rank;
+}
+
+int CudaBackend::tp_size() const {
+  return s_->tp_size;
+}
+
+void CudaBackend::bind_thread() {
+  cuda_check(cudaSetDevice(s_->options.device), "cudaSetDevice");
+}
+
+void CudaBackend::all_reduce_sum(const Tensor& x) {
+  s_->flush();
+  State& s = *s_;
+  if (s.tp_size == 1) return;
+  if (x.dtype != DType::kF32)
+    throw_error(ErrorCode::kInvalidArgument, "all_reduce_sum: fp32 tensors only");
+#ifdef ARBOR_NCCL
+  nccl_check(ncclAllReduce(x.data, x.data, static_cast<size_t>(x.numel()), ncclFloat32, ncclSum,
+                           static_cast<ncclComm_t>(s.nccl_comm), s.stream),
+             "ncclAllReduce");
+#endif
+}
+
+void CudaBackend::all_gather_cols(const Tensor& local, const Tensor& out) {
+  s_->flush();
+  State& s = *s_;
+  const int64_t c = local.cols, w = out.cols;
+  if (local.rows != out.rows || local.dtype != DType::kF32 || out.dtype != DType::kF32 ||
+      c * s.tp_size < w || c * (s.tp_size - 1) >= w)
+    throw_error(ErrorCode::kInvalidArgument, "all_gather_cols: local " + shape(local) + " on " +
+                                                 std::to_string(s.tp_size) + " ranks for out " +
+                                                 shape(out));
+  if (s.tp_size == 1) {
+    cuda_check(cudaMemcpyAsync(out.data, local.data, static_cast<size_t>(out.numel()) * 4,
+                               cudaMemcpyDeviceToDevice, s.stream),
+               "all_gather_cols");
+    return;
+  }
+#ifdef ARBOR_NCCL
+  const Tensor gathered = scratch(s.tp_size * local.rows, c);  // [rank][rows][c]
+  nccl_check(ncclAllGather(local.data, gathered.data, static_cast<size_t>(local.numel()),
+                           ncclFloat32, static_cast<ncclComm_t>(s.nccl_comm), s.stream),
+             "ncclAllGather");
+  for (int r = 0; r < s.tp_size; ++r) {
+    const int64_t width = std::min(c, w - r * c);
+    cuda_check(cudaMemcpy2DAsync(static_cast<float*>(out.data) + r * c, w * 4,
+                                 static_cast<const float*>(gathered.data) + r * local.rows * c,
+                                 c * 4, width * 4, local.rows, cudaMemcpyDeviceToDevice, s.stream),
+               "all_gather_cols");
+  }
+#endif
+}
+
+void CudaBackend::embedding_shard(const Tensor& table, int64_t first_id, const Tensor& out) {
+  s_->flush();
+  State& s = *s_;
+  require_step(s.has_step, "embedding_shard");
+  if (out.rows != s.step.num_tokens() || out.cols != table.cols)
+    throw_error(ErrorCode::kInvalidArgument, "embedding_shard: out " + shape(out) + " for " +
+                                                 std::to_string(s.step.num_tokens()) +
+                                                 " tokens and table " + shape(table));
+  kernels::GatherRowsParams p;
+  p.src = table.data;
+  p.dst = out.data;
+  p.index = s.d_token_ids;
+  p.src_type = elem(table.dtype);
+  p.dst_type = elem(out.dtype);
+  p.num_rows = out.rows;
+  p.cols = out.cols;
+  p.index_offset = first_id;
+  p.src_rows = table.rows;
+  cuda_check(kernels::launch_gather_rows(p, s.stream), "embedding_shard");
+}
+
+Tensor CudaBackend::upload_weight_shard(const HostTensor& full, const WeightShard& shard) {
+  const bool dummy = s_->options.random_weights && full.data.empty() && !full.shape.empty();
+  if (!dummy) return Backend::upload_weight_shard(full, shard);
+  // The unsharded dummy weight's values at the shard's elements (FillRandomParams::index_base):
+  // a rank holds exactly what a single GPU would.
+  s_->flush();
+  const std::vector<int64_t> shape_of = weight_shard_shape(full.shape, shard);
+  HostTensor shaped;
+  shaped.shape = shape_of;
+  const uint64_t seed = s_->random_weight_seed;
+  Tensor t = upload_weight(shaped);  // allocates and fills; advances the seed by one
+  const bool vector = full.shape.size() == 1;
+  const int64_t full_cols = vector ? 1 : full.shape[1];
+  kernels::FillRandomParams p;
+  p.dst_type = vector ? kernels::ElemType::kF32 : kernels::ElemType::kBF16;
+  p.seed = seed;
+  p.scale = vector ? 0.1f : std::sqrt(3.0f / static_cast<float>(full_cols));
+  p.offset = vector ? 1.0f : 0.0f;
+  const size_t elem_bytes = vector ? 4 : 2;
+  if (shard.col_count >= 0) {
+    p.dst = t.data;
+    p.n = full.shape[0] * shard.col_count;
+    p.cols = shard.col_count;
+    p.src_stride = full_cols;
+    p.index_base = shard.col_begin;
+    cuda_check(kernels::launch_fill_random(p, s_->stream), "upload_weight_shard (random)");
+  } else {
+    char* dst = static_cast<char*>(t.data);
+    for (const auto& [begin, count] : shard.row_ranges) {
+      p.dst = dst;
+      p.n = count * full_cols;
+      p.index_base = begin * full_cols;
+      cuda_check(kernels::launch_fill_random(p, s_->stream), "upload_weight_shard (random)");
+      dst += static_cast<size_t>(count * full_cols) * elem_bytes;
+    }
+    if (shard.pad_rows > 0)
+      cuda_check(
+          cudaMemsetAsync(dst, 0, static_cast<size_t>(shard.pad_rows * full_cols) * elem_bytes,
+                          s_->stream),
+          "upload_weight_shard");
+  }
+  s_->wait("upload_weight_shard (random)");
+  return t;
+}
+
 void CudaBackend::set_random_weight_seed(uint64_t seed) {
   s_->random_weight_seed = seed;
 }
@@ -1037,7 +1236,11 @@ int64_t CudaBackend::kv_cache_bytes(const KvCacheShape& shape) const {
 
 MemoryInfo CudaBackend::memory_info() const {
   size_t free = 0, total = 0;
+  int current = 0;
+  cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+  cuda_check(cudaSetDevice(s_->options.device), "cudaSetDevice");
   cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  cuda_check(cudaSetDevice(current), "cudaSetDevice");
   return {static_cast<int64_t>(total), static_cast<int64_t>(free), s_->device_name};
 }
 
@@ -1168,13 +1371,6 @@ void CudaBackend::set_step(const StepInputs& step) {
 }
 
 // --- ops ----------------------------------------------------------------------------------
-
-namespace {
-void require_step(bool has_step, const char* op) {
-  if (!has_step)
-    throw_error(ErrorCode::kInvalidArgument, std::string(op) + ": set_step() must come first");
-}
-}  // namespace
 
 void CudaBackend::embedding(const Tensor& table, const Tensor& out) {
   s_->flush();

@@ -160,6 +160,16 @@ class CudaBackend final : public Backend {
   void copy_kv(const std::vector<int64_t>& src_slots,
                const std::vector<int64_t>& dst_slots) override;
 
+  // Tensor parallelism (make_cuda_tp_backends): collectives over NCCL on the backend's stream
+  // (recorded into step graphs like any launch).
+  int tp_rank() const override;
+  int tp_size() const override;
+  Tensor upload_weight_shard(const HostTensor& full, const WeightShard& shard) override;
+  void embedding_shard(const Tensor& table, int64_t first_id, const Tensor& out) override;
+  void all_reduce_sum(const Tensor& x) override;
+  void all_gather_cols(const Tensor& local, const Tensor& out) override;
+  void bind_thread() override;
+
   bool step_graphs_enabled() const override;
   bool prepare_step_graph(int64_t num_q_heads, std::vector<int64_t>* key) override;
   void begin_step_capture() override;
@@ -204,6 +214,8 @@ class CudaBackend final : public Backend {
   // sample_trees, and with rows the path rows (sample_trees_and_path_rows).
   void sample_trees_impl(const Tensor& logits, const TreeSampleBatch& batch,
                          const PathRowsRequest* rows, TreeSampleResult* out);
+  friend std::vector<std::unique_ptr<Backend>> make_cuda_tp_backends(const CudaBackendOptions&,
+                                                                     int);
   struct State;
   std::unique_ptr<State> s_;
   KvCacheShape kv_shape_;
@@ -212,5 +224,12 @@ class CudaBackend final : public Backend {
 // The factory the server and tests use (declared here, not in backend.h, so builds without
 // CUDA never reference it).
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
+// `size` CUDA backends on GPUs options.device .. options.device + size - 1, one
+// tensor-parallel group over NCCL (ncclCommInitAll); size 1 is make_cuda_backend. Errors: a
+// build without NCCL (kUnsupported), fewer GPUs than ranks (kInvalidArgument, naming both).
+std::vector<std::unique_ptr<Backend>> make_cuda_tp_backends(const CudaBackendOptions& options,
+                                                            int size);
+// Whether this build has NCCL (tensor parallelism beyond one GPU).
+bool cuda_tensor_parallel_available();
 
 }  // namespace arbor

@@ -1,0 +1,284 @@
+// Tensor-parallel benchmark (issue bars for TP on nvidia-h200-x2): a Llama-3 8B or 70B shape
+// with dummy weights made on the GPUs (the same values at every TP size), through
+// LlamaModel::forward on make_cuda_tp_backends' group.
+//   * plain decode at each batch after a prefill of --context tokens per request: median step
+//     time over --steps steps (greedy ids, step graphs recorded and replayed), tokens/s, and the
+//     fraction of the weight-bandwidth floor (matrix bytes / TP over the measured copy rate);
+//   * a verification step of --tree tokens per request (a chain) against the plain step;
+//   * the all-reduce alone: [batch, hidden] fp32 all_reduce_sum, 2 per layer, as a step issues
+//     them (per-call time and the share of a step).
+// Usage: tp_bench [--shape 8b|70b] [--tp 1,2] [--batch 1,8,32] [--context 512] [--steps 32]
+//                 [--tree 60] [--json out.json]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/rank_threads.h"
+#include "engine/model/llama_model.h"
+#include "tests/common/direct_batch.h"
+#include "tests/cuda/device_rates.h"
+
+namespace arbor {
+namespace {
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::stoi(item));
+  return v;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+HostTensor shape_only(std::vector<int64_t> shape) {
+  HostTensor t;
+  t.shape = std::move(shape);
+  return t;
+}
+
+ModelWeights llama3_dummy(const std::string& shape) {
+  ModelWeights w;
+  ModelConfig& c = w.config;
+  c.vocab_size = 128256;
+  c.head_dim = 128;
+  c.rope_theta = 500000.0;
+  c.rope_scaling.type = "llama3";
+  c.rope_scaling.factor = 8.0;
+  c.max_position = 8192;
+  if (shape == "70b") {
+    c.hidden_size = 8192;
+    c.intermediate_size = 28672;
+    c.num_layers = 80;
+    c.num_heads = 64;
+    c.num_kv_heads = 8;
+  } else {
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_layers = 32;
+    c.num_heads = 32;
+    c.num_kv_heads = 8;
+  }
+  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim,
+                f = c.intermediate_size;
+  w.embed = shape_only({c.vocab_size, h});
+  w.final_norm = shape_only({h});
+  w.lm_head = shape_only({c.vocab_size, h});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LayerWeights lw;
+    lw.attn_norm = shape_only({h});
+    lw.wq = shape_only({q, h});
+    lw.wk = shape_only({kv, h});
+    lw.wv = shape_only({kv, h});
+    lw.wo = shape_only({h, q});
+    lw.ffn_norm = shape_only({h});
+    lw.w_gate = shape_only({f, h});
+    lw.w_up = shape_only({f, h});
+    lw.w_down = shape_only({h, f});
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+// bf16 bytes of every matrix a decode step streams (the embedding is gathered, not streamed).
+double matrix_bytes(const ModelConfig& c) {
+  const double h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim,
+               f = c.intermediate_size;
+  return 2.0 * (c.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * f) + c.vocab_size * h);
+}
+
+struct Args {
+  std::string shape = "8b";
+  std::vector<int> tp = {1, 2};
+  std::vector<int> batch = {1, 8, 32};
+  int context = 512, steps = 32, tree = 60;
+  std::string json;
+};
+
+// Median seconds of `steps` decode steps (or tree steps of `tree` tokens) for `batch` requests
+// after a prefill of `context` tokens each; steps are not committed beyond the decode token.
+double time_steps(LlamaModel& model, int batch, int context, int steps, int tree) {
+  const int64_t block = 16;
+  testing::DirectBatch db(int64_t{batch} * ((context + steps + tree + 64) / block + 2), block, 3);
+  std::mt19937 rng(11);
+  std::vector<int> seqs;
+  for (int b = 0; b < batch; ++b) {
+    seqs.push_back(db.add_sequence());
+    std::vector<int32_t> prompt(static_cast<size_t>(context));
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % 128000);
+    ForwardOutput out;
+    ForwardRequest want;
+    want.argmax_only = true;
+    for (int at = 0; at < context; at += 512) {
+      std::vector<int32_t> part(prompt.begin() + at, prompt.begin() + std::min(context, at + 512));
+      model.forward(db.step({{seqs.back(), part, false}}), &out, want);
+    }
+  }
+  ForwardRequest want;
+  want.argmax_only = true;
+  std::vector<double> times;
+  for (int s = 0; s < steps + 6; ++s) {
+    std::vector<testing::DirectBatch::Chunk> chunks;
+    for (int q : seqs) {
+      if (tree > 1) {
+        std::vector<int32_t> tokens(static_cast<size_t>(tree)), parents(static_cast<size_t>(tree));
+        for (int i = 0; i < tree; ++i) {
+          tokens[i] = static_cast<int32_t>(rng() % 128000);
+          parents[i] = i - 1;  // a chain
+        }
+        chunks.push_back({q, tokens, true, parents});
+      } else {
+        chunks.push_back({q, {static_cast<int32_t>(rng() % 128000)}, false});
+      }
+    }
+    const StepInputs step = db.step(chunks);
+    ForwardOutput out;
+    const double t0 = now_s();
+    model.forward(step, &out, want);
+    const double t1 = now_s();
+    if (s >= 6) times.push_back(t1 - t0);  // the first sightings record the step graph
+  }
+  return median(times);
+}
+
+// Per-call seconds of all_reduce_sum on [batch, hidden] fp32, 2 * layers calls as in a step.
+double time_all_reduce(std::vector<Backend*> ranks, int batch, int64_t hidden, int64_t calls) {
+  RankThreads threads(ranks);
+  std::vector<double> per_rank(ranks.size());
+  for (int rep = 0; rep < 3; ++rep)
+    threads.run([&](int r) {
+      auto& b = static_cast<CudaBackend&>(*ranks[static_cast<size_t>(r)]);
+      b.reset_scratch();
+      const Tensor x = b.scratch(batch, hidden);
+      b.synchronize();
+      const double t0 = now_s();
+      for (int64_t i = 0; i < calls; ++i) b.all_reduce_sum(x);
+      b.synchronize();
+      per_rank[static_cast<size_t>(r)] = (now_s() - t0) / static_cast<double>(calls);
+    });
+  return *std::max_element(per_rank.begin(), per_rank.end());
+}
+
+int run(const Args& a) {
+  const ModelWeights w = llama3_dummy(a.shape);
+  const ModelConfig& c = w.config;
+  cudaStream_t s0 = nullptr;
+  cudaStreamCreate(&s0);
+  const double bw = testing::measure_copy_bandwidth(s0);
+  cudaStreamDestroy(s0);
+  std::printf(
+      "Llama-3 %s shape: %lld layers, hidden %lld, %lld/%lld heads, FFN %lld; %.2f GB of "
+      "matrices; copy rate %.2f TB/s\n",
+      a.shape.c_str(), static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
+      static_cast<long long>(c.num_heads), static_cast<long long>(c.num_kv_heads),
+      static_cast<long long>(c.intermediate_size), matrix_bytes(c) / 1e9, bw / 1e12);
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf(
+      "| TP | batch | step ms | tok/s | floor ms | %% of floor | tree %d step ms | tree / "
+      "plain | all-reduce us (x%lld) | all-reduce share |\n",
+      a.tree, static_cast<long long>(2 * c.num_layers));
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (int tp : a.tp) {
+    CudaBackendOptions o;
+    o.random_weights = true;
+    auto ranks = make_cuda_tp_backends(o, tp);
+    std::unique_ptr<Backend> rank0 = std::move(ranks[0]);
+    ranks.erase(ranks.begin());
+    std::vector<Backend*> all{rank0.get()};
+    for (auto& r : ranks) all.push_back(r.get());
+    const double t_load = now_s();
+    LlamaModel model(*rank0, w, std::move(ranks));
+    std::printf("(TP=%d: weights made in %.1f s)\n", tp, now_s() - t_load);
+    const int max_batch = *std::max_element(a.batch.begin(), a.batch.end());
+    const int64_t blocks = int64_t{max_batch} * ((a.context + a.steps + a.tree + 64) / 16 + 2);
+    model.allocate_kv(model.kv_shape(blocks, 16));
+    for (int b : a.batch) {
+      const double plain = time_steps(model, b, a.context, a.steps, 0);
+      const double tree = a.tree > 1 ? time_steps(model, b, a.context, a.steps, a.tree) : 0;
+      const double floor = matrix_bytes(c) / tp / bw;
+      const double ar = tp > 1 ? time_all_reduce(all, b, c.hidden_size, 2 * c.num_layers) : 0;
+      const double share = ar * 2 * c.num_layers / plain;
+      std::printf("| %d | %d | %.3f | %.0f | %.3f | %.0f%% | %.3f | %.2fx | %.1f | %.0f%% |\n", tp,
+                  b, plain * 1e3, b / plain, floor * 1e3, 100 * floor / plain, tree * 1e3,
+                  tree / plain, ar * 1e6, 100 * share);
+      std::fflush(stdout);
+      rows.push_back({{"shape", a.shape},
+                      {"tp", tp},
+                      {"batch", b},
+                      {"context", a.context},
+                      {"step_ms", plain * 1e3},
+                      {"tokens_per_s", b / plain},
+                      {"floor_ms", floor * 1e3},
+                      {"fraction_of_floor", floor / plain},
+                      {"tree_tokens", a.tree},
+                      {"tree_step_ms", tree * 1e3},
+                      {"all_reduce_us", ar * 1e6},
+                      {"copy_tb_s", bw / 1e12}});
+    }
+  }
+  if (!a.json.empty()) std::ofstream(a.json) << rows.dump(1) << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace arbor
+
+int main(int argc, char** argv) {
+  arbor::Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--shape")
+      a.shape = next();
+    else if (k == "--tp")
+      a.tp = arbor::parse_list(next());
+    else if (k == "--batch")
+      a.batch = arbor::parse_list(next());
+    else if (k == "--context")
+      a.context = std::stoi(next());
+    else if (k == "--steps")
+      a.steps = std::stoi(next());
+    else if (k == "--tree")
+      a.tree = std::stoi(next());
+    else if (k == "--json")
+      a.json = next();
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (a.shape != "8b" && a.shape != "70b") {
+    std::fprintf(stderr, "--shape: '%s' (expected 8b or 70b)\n", a.shape.c_str());
+    return 2;
+  }
+  try {
+    return arbor::run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
