@@ -8,12 +8,16 @@ unpack_payload() {
   rm -rf "$2" && mkdir -p "$2" && tar -C "$2" -xzf "$1"
 }
 
-# use_gpu_libs DIR: DIR/lib (the packed non-system libraries) and cuBLAS (the toolkit's, else
-# the one PyTorch's wheels ship) on LD_LIBRARY_PATH.
+# use_gpu_libs DIR: DIR/lib (the packed non-system libraries), cuBLAS (the toolkit's, else
+# the one PyTorch's wheels ship) and NCCL (the system's, else PyTorch's nvidia-nccl wheel; too
+# large to carry) on LD_LIBRARY_PATH.
 use_gpu_libs() {
-  local cublas
+  local cublas nccl
   cublas="$(ls -d /usr/local/cuda/lib64 2>/dev/null)"
   [ -f "$cublas/libcublas.so.13" ] ||
     cublas="$(dirname "$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)")"
-  export LD_LIBRARY_PATH="$1/lib:$cublas:${LD_LIBRARY_PATH:-}"
+  nccl="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0] + "/lib")' 2>/dev/null)"
+  [ -f "$nccl/libnccl.so.2" ] ||
+    nccl="$(dirname "$(find /usr/lib /usr/local /opt -name 'libnccl.so.2' 2>/dev/null | head -1)")"
+  export LD_LIBRARY_PATH="$1/lib:$cublas:$nccl:${LD_LIBRARY_PATH:-}"
 }

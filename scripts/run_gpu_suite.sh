@@ -28,14 +28,16 @@ if [ "${1:-}" = pack ]; then
   mkdir -p "$STAGE/lib" .gpu
   cp "$BUILD/tests/cuda/arbor_cuda_tests" "$BUILD/tests/cuda/attention_bench" "$STAGE/"
   # Optional: the model benchmark and the CLI (for `arbor spec-bench --backend cuda`).
-  for extra in tests/cuda/model_bench tests/cuda/sampling_bench tests/cuda/chain_gemm_probe \
-    tests/cuda/graph_count_probe tests/cuda/top_k_bench server/arbor; do
+  # ARBOR_GPU_PACK_EXTRA adds probes (sampling_bench chain_gemm_probe graph_count_probe
+  # top_k_bench); the carry limit (64 MiB with the work tree) leaves room for a few.
+  for extra in tests/cuda/model_bench tests/cuda/tp_bench server/arbor \
+    $(for p in ${ARBOR_GPU_PACK_EXTRA:-}; do echo "tests/cuda/$p"; done); do
     [ -x "$BUILD/$extra" ] && cp "$BUILD/$extra" "$STAGE/"
   done
   for f in "$STAGE"/*; do [ -f "$f" ] && [ -x "$f" ] && strip --strip-debug "$f"; done
   # Non-system libraries (the device machine has glibc, libstdc++, the driver and cuBLAS).
   for f in "$STAGE"/*; do [ -x "$f" ] && [ -f "$f" ] && ldd "$f"; done | awk '/=>/ {print $3}' | sort -u |
-    grep -Ev 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|ld-linux|libcublas|libcuda' |
+    grep -Ev 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|ld-linux|libcublas|libcuda|libnccl' |
     while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
   SHARED="${ARBOR_SHARED_DIR:-$ROOT/../shared}"
   [ -f "$SHARED/models/stories260K/stories260K.bin" ] &&

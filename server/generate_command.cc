@@ -128,7 +128,11 @@ std::unique_ptr<LlamaModel> load_for_cli(
   if (before_release) before_release(bundle->weights);
   bundle->weights = ModelWeights{};  // the backend holds its own copy
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  spdlog::info("loaded {} in {:.2f}s: {}", path, secs, model->config().summary());
+  spdlog::info("loaded {} in {:.2f}s: {}{}", path, secs, model->config().summary(),
+               tensor_parallel > 1
+                   ? " (tensor parallel: " + std::to_string(tensor_parallel) + " ranks on " +
+                         backend_kind + ")"
+                   : std::string());
   return model;
 }
 

@@ -164,6 +164,10 @@ EngineConfig sized_config(LlamaModel& model, EngineConfig config, const Proposer
   model.allocate_kv(shape);
   *capacity = describe_kv_capacity(shape, model.backend().kv_cache_bytes(shape),
                                    model.config().max_position, sized ? &*sized : nullptr);
+  if (model.tensor_parallel() > 1)
+    *capacity += "; the sizes are each rank's (" + std::to_string(shape.num_kv_heads) + " of " +
+                 std::to_string(model.config().num_kv_heads) + " KV heads on each of " +
+                 std::to_string(model.tensor_parallel()) + " ranks)";
   return config;
 }
 

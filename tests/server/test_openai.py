@@ -438,6 +438,31 @@ class Operations(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("engine.gpu_memory_utilization", p.stderr)
 
+    def test_tensor_parallel_serves_the_same_tokens_and_refuses_bad_splits(self):
+        """--tensor-parallel 2 (the CPU group: a thread per rank): greedy completions equal the
+        single-backend server's; a split the model cannot take stops start-up with the reason."""
+        import subprocess
+        import openai
+        from arbor_server import ARBOR_BIN
+        prompts = ["Once upon a time", "The little dog", "Lily and Ben went to the park"]
+        texts = {}
+        for tp in (1, 2):
+            with ArborServer(["--tensor-parallel", str(tp)], grpc=False) as srv:
+                client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="none")
+                model = client.models.list().data[0].id
+                texts[tp] = [client.completions.create(model=model, prompt=p,
+                                                       max_tokens=64, temperature=0).choices[0].text
+                             for p in prompts]
+                if tp == 2:
+                    self.assertIn("tensor_parallel: 2", srv.output())
+        self.assertEqual(texts[2], texts[1])
+        self.assertTrue(all(len(t) > 50 for t in texts[1]), texts[1])
+        p = subprocess.run([ARBOR_BIN, "serve", "--model", STORIES, "--port", "0",
+                            "--grpc-port", "0", "--tensor-parallel", "3"], capture_output=True,
+                           text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("tensor parallel size 3: num_heads 8 is not divisible by 3", p.stderr)
+
 
 class SmolLM2Chat(unittest.TestCase):
     """The default model with the chat template from its GGUF, against Python jinja2."""
