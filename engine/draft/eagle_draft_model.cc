@@ -64,9 +64,15 @@ struct PhaseTimer {
   ~PhaseTimer() { stop(); }
 };
 
-// Columns [begin, begin + width) of a [rows, cols] matrix.
+// Columns [begin, begin + width) of a [rows, cols] matrix (shape-only for a shape-only matrix:
+// dummy weights the backend fills).
 HostTensor columns(const HostTensor& w, int64_t begin, int64_t width) {
   ARBOR_CHECK(w.shape.size() == 2 && begin + width <= w.shape[1]);
+  if (w.data.empty()) {
+    HostTensor shaped;
+    shaped.shape = {w.shape[0], width};
+    return shaped;
+  }
   HostTensor out({w.shape[0], width});
   for (int64_t r = 0; r < w.shape[0]; ++r)
     std::memcpy(out.ptr() + r * width, w.ptr() + r * w.shape[1] + begin, sizeof(float) * width);

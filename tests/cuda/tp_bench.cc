@@ -6,9 +6,13 @@
 //     fraction of the weight-bandwidth floor (matrix bytes / TP over the measured copy rate);
 //   * a verification step of --tree tokens per request (a chain) against the plain step;
 //   * the all-reduce alone: [batch, hidden] fp32 all_reduce_sum, 2 per layer, as a step issues
-//     them (per-call time and the share of a step).
+//     them (per-call time and the share of a step);
+//   * --eagle3 B:T,...: one full speculative step through the Engine (EAGLE-3-shaped draft with
+//     dummy weights: one layer, a 32k draft vocabulary, depth 6, top-k 10, T tree tokens per
+//     request at batch B; draft + verify + accept + compaction) against a plain Engine step, and
+//     the speedup that ratio gives at the published acceptance lengths.
 // Usage: tp_bench [--shape 8b|70b] [--tp 1,2] [--batch 1,8,32] [--context 512] [--steps 32]
-//                 [--tree 60] [--json out.json]
+//                 [--tree 60] [--eagle3 1:60,8:16] [--json out.json]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,7 +29,10 @@
 
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/rank_threads.h"
+#include "engine/draft/eagle_checkpoint.h"
 #include "engine/model/llama_model.h"
+#include "engine/runner/engine.h"
+#include "engine/spec/eagle_proposer.h"
 #include "tests/common/direct_batch.h"
 #include "tests/cuda/device_rates.h"
 
@@ -110,8 +117,104 @@ struct Args {
   std::vector<int> tp = {1, 2};
   std::vector<int> batch = {1, 8, 32};
   int context = 512, steps = 32, tree = 60;
+  std::vector<std::pair<int, int>> eagle3;  // (batch, tree tokens)
   std::string json;
 };
+
+// An EAGLE-3-shaped draft for `target` with dummy weights (shape-only: the draft's backend
+// fills them): one layer of the target's widths, a 32k draft vocabulary, identity d2t.
+EagleWeights dummy_eagle3(const ModelConfig& t) {
+  EagleWeights w;
+  w.source = "(dummy)";
+  EagleDraftConfig& c = w.config;
+  c.version = EagleVersion::kEagle3;
+  c.hidden_size = t.hidden_size;
+  c.intermediate_size = t.intermediate_size;
+  c.num_heads = t.num_heads;
+  c.num_kv_heads = t.num_kv_heads;
+  c.head_dim = t.head_dim;
+  c.vocab_size = t.vocab_size;
+  c.draft_vocab_size = 32000;
+  c.target_hidden_size = t.hidden_size;
+  c.rope_theta = t.rope_theta;
+  c.fc_bias = false;
+  const int64_t h = t.hidden_size, q = t.num_heads * t.head_dim, kv = t.num_kv_heads * t.head_dim,
+                f = t.intermediate_size;
+  w.fc = shape_only({h, 3 * h});
+  w.input_norm = shape_only({h});
+  w.hidden_norm = shape_only({h});
+  w.wq = shape_only({q, 2 * h});
+  w.wk = shape_only({kv, 2 * h});
+  w.wv = shape_only({kv, 2 * h});
+  w.wo = shape_only({h, q});
+  w.post_norm = shape_only({h});
+  w.w_gate = shape_only({f, h});
+  w.w_up = shape_only({f, h});
+  w.w_down = shape_only({h, f});
+  w.norm = shape_only({h});
+  w.lm_head = shape_only({c.draft_vocab_size, h});
+  return w;
+}
+
+struct EngineStepTimes {
+  double step = 0, draft = 0, feedback = 0, tokens_per_step = 0;
+};
+
+// Median Engine::step time once every request is decoding (`batch` requests of `context` random
+// prompt tokens), with the proposer (EAGLE-3, trees of `tree` tokens) or without.
+EngineStepTimes engine_steps(LlamaModel& model, const ModelWeights& w, int batch, int context,
+                             int steps, int tree) {
+  EngineConfig ec;
+  ec.block_size = 16;
+  ec.max_running = batch;
+  ec.max_step_tokens = 2048;
+  ec.num_blocks = batch * ((context + 4 * (steps + 8) * std::max(tree, 1)) / 16 + 8);
+  ec.tree_budget.max_nodes = std::max(tree, 1);
+  std::unique_ptr<EagleProposer> proposer;
+  if (tree > 1) {
+    EagleOptions eo;
+    eo.tree.total_tokens = tree;
+    eo.tree.depth = 6;
+    eo.tree.top_k = 10;
+    eo.draft_kv = {ec.num_blocks, 16, false};
+    CudaBackendOptions o;
+    o.random_weights = true;
+    proposer = std::make_unique<EagleProposer>(dummy_eagle3(w.config), w, eo, make_cuda_backend(o));
+  }
+  Engine engine(model, ec, proposer.get());
+  std::mt19937 rng(17);
+  for (int b = 0; b < batch; ++b) {
+    GenerationRequest r;
+    r.prompt.resize(static_cast<size_t>(context));
+    for (auto& t : r.prompt) t = static_cast<int32_t>(rng() % 32000);
+    r.max_tokens = 100000;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    engine.add(static_cast<ReqId>(b + 1), r);
+  }
+  // Until every request has its first token (the prefill is done), then a few untimed steps.
+  std::vector<bool> started(static_cast<size_t>(batch), false);
+  int warm = 0;
+  while (warm < 6) {
+    for (const EngineEvent& e : engine.step()) started[static_cast<size_t>(e.id - 1)] = true;
+    if (std::all_of(started.begin(), started.end(), [](bool x) { return x; })) ++warm;
+  }
+  const EngineStats before = engine.stats();
+  std::vector<double> times;
+  for (int s = 0; s < steps; ++s) {
+    const double t0 = now_s();
+    engine.step();
+    times.push_back(now_s() - t0);
+  }
+  const EngineStats& after = engine.stats();
+  EngineStepTimes out;
+  out.step = median(times);
+  out.draft = (after.draft_seconds - before.draft_seconds) / steps;
+  out.feedback = (after.feedback_seconds - before.feedback_seconds) / steps;
+  out.tokens_per_step = static_cast<double>(after.decode_tokens - before.decode_tokens) /
+                        (static_cast<double>(steps) * batch);
+  return out;
+}
 
 // Median seconds of `steps` decode steps (or tree steps of `tree` tokens) for `batch` requests
 // after a prefill of `context` tokens each; steps are not committed beyond the decode token.
@@ -196,7 +299,7 @@ int run(const Args& a) {
       "plain | all-reduce us (x%lld) | all-reduce share |\n",
       a.tree, static_cast<long long>(2 * c.num_layers));
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  for (int tp : a.tp) {
+  for (int tp : a.batch.empty() ? std::vector<int>{} : a.tp) {
     CudaBackendOptions o;
     o.random_weights = true;
     auto ranks = make_cuda_tp_backends(o, tp);
@@ -234,6 +337,33 @@ int run(const Args& a) {
                       {"copy_tb_s", bw / 1e12}});
     }
   }
+  if (!a.eagle3.empty()) {
+    std::printf("\nEAGLE-3 speculative step (Engine::step: draft + verify + accept + compaction; "
+                "dummy draft, depth 6, top-k 10) against a plain Engine step\n");
+    std::printf("| TP | batch | tree tokens | plain ms | spec ms | spec / plain | draft ms | "
+                "feedback ms | speedup at 3.9 / 5.4 accepted |\n| --- | --- | --- | --- | --- | "
+                "--- | --- | --- | --- |\n");
+    for (int tp : a.tp) {
+      CudaBackendOptions o;
+      o.random_weights = true;
+      auto ranks = make_cuda_tp_backends(o, tp);
+      std::unique_ptr<Backend> rank0 = std::move(ranks[0]);
+      ranks.erase(ranks.begin());
+      LlamaModel model(*rank0, w, std::move(ranks));
+      for (const auto& [b, t] : a.eagle3) {
+        const EngineStepTimes plain = engine_steps(model, w, b, a.context, a.steps, 0);
+        const EngineStepTimes spec = engine_steps(model, w, b, a.context, a.steps, t);
+        const double ratio = spec.step / plain.step;
+        std::printf("| %d | %d | %d | %.3f | %.3f | %.2fx | %.3f | %.3f | %.2fx / %.2fx |\n", tp,
+                    b, t, plain.step * 1e3, spec.step * 1e3, ratio, spec.draft * 1e3,
+                    spec.feedback * 1e3, 3.9 / ratio, 5.4 / ratio);
+        std::fflush(stdout);
+        rows.push_back({{"shape", a.shape}, {"tp", tp}, {"batch", b}, {"eagle3_tree_tokens", t},
+                        {"plain_step_ms", plain.step * 1e3}, {"spec_step_ms", spec.step * 1e3},
+                        {"draft_ms", spec.draft * 1e3}, {"feedback_ms", spec.feedback * 1e3}});
+      }
+    }
+  }
   if (!a.json.empty()) std::ofstream(a.json) << rows.dump(1) << "\n";
   return 0;
 }
@@ -257,14 +387,21 @@ int main(int argc, char** argv) {
     else if (k == "--tp")
       a.tp = arbor::parse_list(next());
     else if (k == "--batch")
-      a.batch = arbor::parse_list(next());
+      a.batch = next() == "none" ? std::vector<int>{} : arbor::parse_list(argv[i]);
     else if (k == "--context")
       a.context = std::stoi(next());
     else if (k == "--steps")
       a.steps = std::stoi(next());
     else if (k == "--tree")
       a.tree = std::stoi(next());
-    else if (k == "--json")
+    else if (k == "--eagle3") {
+      std::stringstream ss(next());
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        const size_t colon = item.find(':');
+        a.eagle3.emplace_back(std::stoi(item.substr(0, colon)), std::stoi(item.substr(colon + 1)));
+      }
+    } else if (k == "--json")
       a.json = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
