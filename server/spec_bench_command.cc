@@ -101,6 +101,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
   SpecConfig sc = o.spec_config;
   sc.method = parse_spec_method(o.spec);
   sc.validate();
+  check_spec_for_model(o.model, sc.method);
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;
