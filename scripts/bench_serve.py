@@ -835,6 +835,27 @@ def plot_command(args):
 # ----------------------------------------------------------------------------- CLI
 
 
+def merge_command(args):
+    """One result from several runs of the same server (e.g. one run per concurrency, each
+    with its own --num-prompts): the levels in the order given, the first run's header."""
+    results = []
+    for path in args.results:
+        with open(path) as f:
+            results.append(json.load(f))
+    merged = dict(results[0])
+    merged["levels"] = [lv for res in results for lv in res["levels"]]
+    merged["merged_from"] = [os.path.basename(p) for p in args.results]
+    if args.label:
+        merged["label"] = args.label
+        for lv in merged["levels"]:
+            lv["label"] = args.label
+    with open(args.out, "w") as f:
+        json.dump(merged, f, indent=1)
+    if args.csv:
+        write_csv(args.csv, merged["levels"])
+    return 0
+
+
 def build_parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -905,12 +926,19 @@ def build_parser():
     plot.add_argument("--labels", default="", help="comma-separated, one per result")
     plot.add_argument("--out-dir", default="bench_plots")
     plot.set_defaults(func=plot_command)
+    merge = sub.add_parser("merge", help="join result JSONs of one server into one (levels in "
+                                         "order), e.g. runs with a --num-prompts per level")
+    merge.add_argument("results", nargs="+", help="--result-json files")
+    merge.add_argument("--out", required=True, help="the joined JSON")
+    merge.add_argument("--csv", default="", help="also its levels as CSV")
+    merge.add_argument("--label", default="", help="relabel every level")
+    merge.set_defaults(func=merge_command)
     return ap
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("run", "plot", "-h", "--help"):
+    if not argv or argv[0] not in ("run", "plot", "merge", "-h", "--help"):
         argv.insert(0, "run")
     args = build_parser().parse_args(argv)
     return args.func(args)

@@ -2,7 +2,7 @@
 backend: token-id completions run to max_tokens with ignore_eos and stream text per token; text
 prompts, chat and /tokenize answer 400 saying to send token ids; presets too large for host
 random weights, unknown presets and head-based speculation are refused at start-up with the
-reason; scripts/bench_serve.py drives it with --token-id-range.
+reason; scripts/bench_serve.py drives it with --token-id-range (and joins runs with merge).
 
 Run (repository root): ARBOR_BIN=build/server/arbor python3 tests/server/test_dummy_model.py
 """
@@ -95,6 +95,19 @@ class DummyServer(unittest.TestCase):
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
             with open(out) as f:
                 level = json.load(f)["levels"][0]
+            # merge: one result from several runs, levels in order, relabelled.
+            joined, joined_csv = os.path.join(tmp, "j.json"), os.path.join(tmp, "j.csv")
+            p = subprocess.run([sys.executable, SCRIPT, "merge", out, out, "--out", joined,
+                                "--csv", joined_csv, "--label", "both"],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(joined) as f:
+                merged = json.load(f)
+            self.assertEqual(merged["label"], "both")
+            self.assertEqual([lv["label"] for lv in merged["levels"]], ["both", "both"])
+            self.assertEqual(merged["levels"][1]["completed"], 6)
+            with open(joined_csv) as f:
+                self.assertEqual(len(f.read().strip().splitlines()), 3)  # header + 2 levels
         self.assertEqual(level["completed"], 6)
         for r in level["requests"]:
             self.assertEqual(r["input_tokens"], 24)
