@@ -15,7 +15,7 @@
 #
 #   here:   bash scripts/gpu_serve_sweep.sh prepare REPO BUILD_DIR
 #             REPO/.serve-sweep/ (add it to REPO/.git/info/exclude): part1/, part2/ (SmolLM2's
-#             GGUF, 40 MB each) and run/ (the rest of it, the CLI payload, this script,
+#             GGUF, 41.5 MB each) and run/ (the rest of it, the CLI payload, this script,
 #             bench_serve.py, the MT-bench prompts); REPO is the checkout the device tool sends
 #   device: call 1 (carry .serve-sweep/part1): mkdir -p /tmp/serve_sweep && cp .serve-sweep/part1/* /tmp/serve_sweep/
 #           call 2 (carry .serve-sweep/part2): the same with part2 (the machine stays warm 30 s)
@@ -41,7 +41,7 @@ if [ "$MODE" = prepare ]; then
   GGUF="${SMOL_GGUF:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
   [ -f "$GGUF" ] || GGUF="$REPO/models/SmolLM2-135M-Instruct.Q4_1.gguf"
   rm -rf "$DEST" && mkdir -p "$DEST/part1" "$DEST/part2" "$DEST/run/lib" || exit 1
-  split -b 40000000 -d -a 1 "$GGUF" "$DEST/run/smol.part."
+  split -b 41500000 -d -a 1 "$GGUF" "$DEST/run/smol.part."
   mv "$DEST/run/smol.part.0" "$DEST/part1/" && mv "$DEST/run/smol.part.1" "$DEST/part2/"
   sha256sum "$GGUF" | cut -d' ' -f1 >"$DEST/run/smol.sha256"
   # The CLI and the non-system libraries it loads (as scripts/run_gpu_suite.sh pack does).
@@ -74,6 +74,10 @@ SUMMARY="$OUTDIR/summary.txt"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 T0=$(date +%s)
 elapsed() { echo $(($(date +%s) - T0)); }
+# Levels are skipped once BUDGET_S seconds have passed, so that the results are packed before
+# the device call's limit (600 s).
+BUDGET_S="${BUDGET_S:-520}"
+in_budget() { [ "$(elapsed)" -lt "$BUDGET_S" ] || { say "  skipped (over ${BUDGET_S} s): $*"; false; }; }
 
 if [ -z "${ARBOR:-}" ]; then
   # shellcheck source=scripts/gpu_payload.sh
@@ -105,6 +109,8 @@ start_server() {
     sleep 0.2
   done
   say "[$(elapsed) s] $name did not start:"; tail -5 "$WORK/logs/$name.log" | tee -a "$SUMMARY"
+  kill -9 "$SERVER_PID" 2>/dev/null
+  SERVER_PID=""
   return 1
 }
 stop_server() {
@@ -119,6 +125,7 @@ stop_server() {
 bench() {
   local label=$1 name=$2
   shift 2
+  in_budget "$label $name" || return 0
   timeout 240 python3 "$BENCH" --base-url "http://127.0.0.1:$PORT" --label "$label" \
     --result-json "$WORK/results/${label}_$name.json" "$@" \
     >>"$WORK/logs/bench_$label.txt" 2>>"$WORK/logs/bench_$label.err" ||
@@ -162,7 +169,8 @@ SMOL_CHAT=(--endpoint chat --dataset mt-bench --dataset-path "$PROMPTS" --max-to
   --ignore-eos)
 run_smollm2() {
   local smol="${SMOL:-/tmp/serve_sweep/smol.gguf}"
-  if [ ! -f "$smol" ]; then
+  if [ ! -f "$smol" ]; then  # parts carried by earlier calls to /tmp/serve_sweep, the last here
+    mkdir -p /tmp/serve_sweep && cp "$SWEEP_DIR"/smol.part.* /tmp/serve_sweep/ 2>/dev/null
     cat /tmp/serve_sweep/smol.part.* >"$smol" || return 1
   fi
   if [ -f "$SWEEP_DIR/smol.sha256" ] && [ "$(sha256sum "$smol" | cut -d' ' -f1)" != "$(cat "$SWEEP_DIR/smol.sha256")" ]; then
@@ -184,6 +192,14 @@ run_smollm2() {
   closed_loop off "${SMOL_CHAT[@]}"
   open_loop off "$RATES" "${SMOL_CHAT[@]}"
   stop_server off
+}
+
+# The third SmolLM2 server (last: the first to go when time runs short).
+run_smollm2_measured() {
+  in_budget "the eagle-measured server" || return 0
+  local common=(--config configs/h200.yaml --model "${SMOL:-/tmp/serve_sweep/smol.gguf}")
+  local warm=("${SMOL_CHAT[@]}" --concurrency 64 --num-prompts 64 --max-tokens 32)
+  [ "$QUICK" = 1 ] && warm=("${SMOL_CHAT[@]}" --concurrency 2 --num-prompts 2 --max-tokens 4)
   say "== SmolLM2: EAGLE with the cost curve measured at start-up"
   start_server eagle-measured "${common[@]}" --cost-model measure || return 1
   bench warmup eagle-measured "${warm[@]}"
@@ -204,9 +220,13 @@ run_llama8b() {
 }
 
 case "$MODE" in
-  smollm2) run_smollm2 ;;
+  smollm2) run_smollm2 && run_smollm2_measured ;;
   llama8b) run_llama8b ;;
-  all) run_smollm2; run_llama8b ;;
+  all)
+    run_smollm2 && smol_ok=1
+    run_llama8b
+    [ -n "${smol_ok:-}" ] && run_smollm2_measured
+    ;;
   *) echo "unknown mode '$MODE' (prepare | all | smollm2 | llama8b)"; exit 2 ;;
 esac
 [ -n "$SERVER_PID" ] && stop_server last
