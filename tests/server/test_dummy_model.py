@@ -2,7 +2,7 @@
 backend: token-id completions run to max_tokens with ignore_eos and stream text per token; text
 prompts, chat and /tokenize answer 400 saying to send token ids; presets too large for host
 random weights, unknown presets and head-based speculation are refused at start-up with the
-reason; scripts/bench_serve.py drives it with --token-id-range (and joins runs with merge).
+reason; --tokenizer gives it text; scripts/bench_serve.py drives it with --token-id-range (and joins runs with merge).
 
 Run (repository root): ARBOR_BIN=build/server/arbor python3 tests/server/test_dummy_model.py
 """
@@ -14,7 +14,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from arbor_server import ARBOR_BIN, ArborServer, free_port, raw  # noqa: E402
+from arbor_server import ARBOR_BIN, SHARED, ArborServer, free_port, raw  # noqa: E402
 
 REPO = os.environ.get("ARBOR_REPO", os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(REPO, "scripts", "bench_serve.py")
@@ -120,6 +120,19 @@ class DummyServer(unittest.TestCase):
                                capture_output=True, text=True, timeout=60)
             self.assertNotEqual(p.returncode, 0)
             self.assertIn(words, p.stderr)
+
+
+class DummyWithTokenizer(unittest.TestCase):
+    def test_tokenizer_flag_gives_text(self):
+        tok = os.path.join(SHARED, "models", "stories260K", "tok512.bin")
+        with ArborServer(["--kv-blocks", "64", "--threads", "1", "--tokenizer", tok],
+                         model="dummy:tiny", grpc=False) as srv:
+            status, d = raw(srv.port, "POST", "/v1/completions",
+                            {"prompt": "Once upon a time", "max_tokens": 3, "ignore_eos": True})
+            self.assertEqual(status, 200, d)
+            self.assertEqual(d["usage"]["completion_tokens"], 3)
+            status, d = raw(srv.port, "POST", "/tokenize", {"prompt": "Once upon a time"})
+            self.assertEqual(status, 200, d)
 
 
 class RefusedAtStartup(unittest.TestCase):
