@@ -243,13 +243,15 @@ class PromptMaker:
     produces for a real corpus (no special tokens); text is corpus words, grown or cut until
     /tokenize counts the target. Without /tokenize, text of about 4/3 tokens per word."""
 
-    def __init__(self, tokenizer, corpus_texts, use_ids, rng):
+    def __init__(self, tokenizer, corpus_texts, use_ids, rng, id_range=None):
         self.tokenizer = tokenizer
         self.rng = rng
         self.words = " ".join(corpus_texts).split()
-        self.use_ids = use_ids and tokenizer.available
+        self.use_ids = use_ids and (tokenizer.available or id_range is not None)
         self.exact = tokenizer.available
-        if tokenizer.available:
+        if id_range is not None:  # ids without a tokenizer (--token-id-range)
+            self.id_pool = range(*id_range)
+        elif tokenizer.available:
             sample = " ".join(self.words[:2000])
             ids = tokenizer.encode(sample)
             self.id_pool = sorted(set(ids))
@@ -309,11 +311,14 @@ def build_requests(args, endpoint, model):
                  "input_len": None, "group": None} for i in range(n)]
     corpus_path = args.dataset_path or DEFAULT_PROMPTS
     corpus = load_prompts(corpus_path) if os.path.exists(corpus_path) else [FALLBACK_CORPUS]
+    id_range = args.token_id_range
+    if id_range is not None and chat:
+        raise SystemExit("--token-id-range: chat requests are text; use --endpoint completions")
     tokenizer = Tokenizer(endpoint, model)
-    if not tokenizer.available:
+    if not tokenizer.available and id_range is None:
         print("[bench] the server has no /tokenize: prompts are text of about the requested "
               "length (input tokens are counted from the server's usage)", file=sys.stderr)
-    maker = PromptMaker(tokenizer, corpus, use_ids=not chat, rng=rng)
+    maker = PromptMaker(tokenizer, corpus, use_ids=not chat, rng=rng, id_range=id_range)
     reqs = []
     if args.dataset == "random":
         n = args.num_prompts or 200
@@ -623,6 +628,17 @@ def run_command(args):
         raise SystemExit(f"--extra-body is not JSON: {e}")
     if not 0 <= args.random_range_ratio < 1:
         raise SystemExit(f"--random-range-ratio must be in [0, 1), got {args.random_range_ratio}")
+    if args.token_id_range:
+        try:
+            lo, hi = (int(x) for x in args.token_id_range.split(":"))
+        except ValueError:
+            lo, hi = 0, 0
+        if not 0 <= lo < hi:
+            raise SystemExit(f"--token-id-range must be LO:HI with 0 <= LO < HI, got "
+                             f"'{args.token_id_range}'")
+        args.token_id_range = (lo, hi)
+    else:
+        args.token_id_range = None
     if args.burstiness <= 0:
         raise SystemExit(f"--burstiness must be > 0, got {args.burstiness}")
     rates = parse_list(args.request_rate, float, "--request-rate") if args.request_rate else []
@@ -819,6 +835,27 @@ def plot_command(args):
 # ----------------------------------------------------------------------------- CLI
 
 
+def merge_command(args):
+    """One result from several runs of the same server (e.g. one run per concurrency, each
+    with its own --num-prompts): the levels in the order given, the first run's header."""
+    results = []
+    for path in args.results:
+        with open(path) as f:
+            results.append(json.load(f))
+    merged = dict(results[0])
+    merged["levels"] = [lv for res in results for lv in res["levels"]]
+    merged["merged_from"] = [os.path.basename(p) for p in args.results]
+    if args.label:
+        merged["label"] = args.label
+        for lv in merged["levels"]:
+            lv["label"] = args.label
+    with open(args.out, "w") as f:
+        json.dump(merged, f, indent=1)
+    if args.csv:
+        write_csv(args.csv, merged["levels"])
+    return 0
+
+
 def build_parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -858,6 +895,10 @@ def build_parser():
     g.add_argument("--random-output-len", type=int, default=128)
     g.add_argument("--random-range-ratio", type=float, default=0.0,
                    help="lengths uniform in [len*(1-r), len*(1+r)]")
+    g.add_argument("--token-id-range", default="", metavar="LO:HI",
+                   help="random/shared-prefix over completions: prompt ids uniform in [LO, HI) "
+                        "instead of the server's /tokenize pool (servers without a tokenizer, "
+                        "e.g. arbor's dummy:llama-3-8b)")
     g.add_argument("--gsp-num-groups", type=int, default=64)
     g.add_argument("--gsp-prompts-per-group", type=int, default=16)
     g.add_argument("--gsp-system-prompt-len", type=int, default=2048)
@@ -885,12 +926,19 @@ def build_parser():
     plot.add_argument("--labels", default="", help="comma-separated, one per result")
     plot.add_argument("--out-dir", default="bench_plots")
     plot.set_defaults(func=plot_command)
+    merge = sub.add_parser("merge", help="join result JSONs of one server into one (levels in "
+                                         "order), e.g. runs with a --num-prompts per level")
+    merge.add_argument("results", nargs="+", help="--result-json files")
+    merge.add_argument("--out", required=True, help="the joined JSON")
+    merge.add_argument("--csv", default="", help="also its levels as CSV")
+    merge.add_argument("--label", default="", help="relabel every level")
+    merge.set_defaults(func=merge_command)
     return ap
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("run", "plot", "-h", "--help"):
+    if not argv or argv[0] not in ("run", "plot", "merge", "-h", "--help"):
         argv.insert(0, "run")
     args = build_parser().parse_args(argv)
     return args.func(args)

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Sourced by the scripts that run on the GPU machine (run_gpu_suite.sh, gpu_bars.sh,
-# gpu_serve_smoke.sh, gpu_serve_bench.sh): the binaries packed here by
+# gpu_serve_smoke.sh, gpu_serve_sweep.sh): the binaries packed here by
 # `scripts/run_gpu_suite.sh pack`, and the libraries they load there.
 
 # unpack_payload TARBALL DIR: DIR emptied and filled from TARBALL (.gpu/payload.tar.gz).

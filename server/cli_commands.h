@@ -81,17 +81,24 @@ std::unique_ptr<LlamaModel> load_for_cli(
     const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
     std::unique_ptr<Backend>* backend,
     const std::function<void(const ModelWeights&)>& before_release = {});
-// The same on a named backend: "cpu", or "cuda" (bf16 weights on GPU 0; builds with
-// -DARBOR_CUDA=ON only, else a kUnsupported error naming the build option).
 // A backend of the named kind for a proposer's draft model (EAGLE): a CUDA backend for "cuda",
 // nullptr (the proposer's own CPU backend) otherwise.
 std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind);
-// tensor_parallel > 1: a group of that many ranks (LlamaModel owns ranks 1..; *backend is rank 0).
+// The same on a named backend: "cpu", or "cuda" (bf16 weights on GPU 0; builds with
+// -DARBOR_CUDA=ON only, else a kUnsupported error naming the build option). A dummy model
+// ("dummy:llama-3-8b", engine/model/dummy_weights.h) gets random weights: on the device with
+// "cuda", on the host with "cpu" for presets of at most 2 GiB of fp32 (else kInvalidArgument).
+// tensor_parallel > 1: a group of that many ranks (LlamaModel owns ranks 1..; *backend is rank
+// 0; docs/tensor_parallel.md).
 std::unique_ptr<LlamaModel> load_for_cli(
     const std::string& path, const std::string& tokenizer, const std::string& backend_kind,
     int32_t threads, int32_t tensor_parallel, ModelBundle* bundle,
     std::unique_ptr<Backend>* backend,
     const std::function<void(const ModelWeights&)>& before_release = {});
+
+// kInvalidArgument when `method` needs trained heads and `model_path` names a dummy model
+// (random weights have none): such a model serves with speculation off or n-gram.
+void check_spec_for_model(const std::string& model_path, SpecMethod method);
 
 void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o);
 int run_spec_bench(const SpecBenchOptions& o);

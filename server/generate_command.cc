@@ -11,6 +11,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
+#include "engine/model/dummy_weights.h"
 #include "engine/runner/generator.h"
 #include "engine/runner/model_bundle.h"
 #include "server/cli_commands.h"
@@ -82,6 +83,20 @@ std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind) {
   return nullptr;
 }
 
+namespace {
+
+// The largest dummy model the CPU backend fills with random host weights (fp32 bytes).
+constexpr int64_t kMaxHostDummyBytes = int64_t{2} << 30;
+
+}  // namespace
+
+void check_spec_for_model(const std::string& model_path, SpecMethod method) {
+  if (is_dummy_model_path(model_path) && method != SpecMethod::kOff && method != SpecMethod::kNgram)
+    throw_error(ErrorCode::kInvalidArgument,
+                std::string("--spec ") + spec_method_name(method) + ": " + model_path +
+                    " has random weights and no trained heads; use --spec off or ngram");
+}
+
 std::unique_ptr<LlamaModel> load_for_cli(
     const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
     std::unique_ptr<Backend>* backend,
@@ -115,11 +130,25 @@ std::unique_ptr<LlamaModel> load_for_cli(
   if (tensor_parallel < 1)
     throw_error(ErrorCode::kInvalidArgument,
                 "--tensor-parallel: " + std::to_string(tensor_parallel) + " (expected >= 1)");
+  const bool dummy = is_dummy_model_path(path);
+  if (dummy && backend_kind == "cpu") {
+    // The CPU backend computes on host fp32 weights: fill them here, for small presets only.
+    const int64_t bytes = host_weight_bytes(bundle->weights);
+    if (bytes > kMaxHostDummyBytes)
+      throw_error(ErrorCode::kInvalidArgument,
+                  path + ": random weights on the CPU backend would take " +
+                      std::to_string(bytes >> 20) + " MiB of host fp32 (at most " +
+                      std::to_string(kMaxHostDummyBytes >> 20) +
+                      " MiB): serve it with --backend cuda, or take dummy:tiny");
+    fill_random_host_weights(&bundle->weights, /*seed=*/1);
+  }
   std::vector<std::unique_ptr<Backend>> ranks;
 #ifdef ARBOR_CUDA
-  if (backend_kind == "cuda")
-    ranks = make_cuda_tp_backends(CudaBackendOptions{}, tensor_parallel);
-  else
+  if (backend_kind == "cuda") {
+    CudaBackendOptions options;
+    options.random_weights = dummy;  // shape-only weights filled on the device
+    ranks = make_cuda_tp_backends(options, tensor_parallel);
+  } else
 #endif
     ranks = make_cpu_tp_backends(tensor_parallel, threads);
   *backend = std::move(ranks[0]);
@@ -129,10 +158,9 @@ std::unique_ptr<LlamaModel> load_for_cli(
   bundle->weights = ModelWeights{};  // the backend holds its own copy
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("loaded {} in {:.2f}s: {}{}", path, secs, model->config().summary(),
-               tensor_parallel > 1
-                   ? " (tensor parallel: " + std::to_string(tensor_parallel) + " ranks on " +
-                         backend_kind + ")"
-                   : std::string());
+               tensor_parallel > 1 ? " (tensor parallel: " + std::to_string(tensor_parallel) +
+                                         " ranks on " + backend_kind + ")"
+                                   : std::string());
   return model;
 }
 
@@ -145,6 +173,7 @@ int run_generate(const GenerateOptions& o) {
   SpecConfig sc = o.spec_config;
   sc.method = parse_spec_method(o.spec);
   sc.validate();
+  check_spec_for_model(o.model, sc.method);
   std::unique_ptr<Proposer> proposer;
   auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, o.tensor_parallel, &bundle,
                             &backend, [&](const ModelWeights& w) {

@@ -62,7 +62,9 @@ void add_serve_command(CLI::App& app) {
       "serve", "Serve a model over an OpenAI-compatible HTTP API and gRPC (see configs/)");
   c->add_option("-c,--config", s->config,
                 "YAML configuration file (flags override it; default: $ARBOR_CONFIG)");
-  flag(c, s, "-m,--model", &ServeConfig::model_path, "Model path (HF dir, .gguf, llama2.c .bin)");
+  flag(c, s, "-m,--model", &ServeConfig::model_path,
+       "Model path (HF dir, .gguf, llama2.c .bin) or dummy:PRESET (random weights: llama-3-8b, "
+       "llama-3-70b, tiny)");
   flag(c, s, "--tokenizer", &ServeConfig::tokenizer_path, "Tokenizer override");
   flag(c, s, "--name", &ServeConfig::model_name, "Model id clients pass as `model`");
   flag(c, s, "--chat-template", &ServeConfig::chat_template,
@@ -154,6 +156,7 @@ int run_serve() {
   sc.top_k = cfg.spec_top_k;
   sc.num_threads = cfg.threads;
   sc.validate();
+  check_spec_for_model(cfg.model_path, sc.method);
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;

@@ -104,12 +104,12 @@ int run_spec_bench(const SpecBenchOptions& o) {
   SpecConfig sc = o.spec_config;
   sc.method = parse_spec_method(o.spec);
   sc.validate();
+  check_spec_for_model(o.model, sc.method);
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;
   auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, o.tensor_parallel, &bundle,
-                            &backend,
-                            [&](const ModelWeights& w) {
+                            &backend, [&](const ModelWeights& w) {
                               proposer = make_proposer(sc, w, make_draft_backend(o.backend));
                             });
   const auto texts = read_prompts(o.prompts, o.limit);

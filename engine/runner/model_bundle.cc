@@ -5,8 +5,10 @@
 #include <fstream>
 
 #include "engine/core/error.h"
+#include "engine/model/dummy_weights.h"
 #include "engine/model/gguf_file.h"
 #include "engine/model/model_loader.h"
+#include "engine/tokenizer/id_tokenizer.h"
 #include "engine/tokenizer/tokenizer_loaders.h"
 
 namespace arbor {
@@ -68,11 +70,33 @@ std::vector<int32_t> default_stop_ids(const std::string& model_path, CheckpointF
   return ids;
 }
 
+// A dummy model: shape-only weights of the preset, and an IdTokenizer unless a tokenizer is
+// named (e.g. Llama 3's tokenizer.json beside dummy:llama-3-8b, for text requests).
+ModelBundle load_dummy_bundle(const std::string& model_path, const std::string& tokenizer_path) {
+  ModelBundle b;
+  b.weights = dummy_model_weights(model_path);
+  const ModelConfig& c = b.weights.config;
+  if (tokenizer_path.empty()) {
+    b.tokenizer = std::make_unique<IdTokenizer>(model_path, static_cast<int32_t>(c.vocab_size),
+                                                c.bos_token_id, c.eos_token_id);
+  } else {
+    b.tokenizer = Tokenizer::create(load_spec(tokenizer_path, static_cast<int32_t>(c.vocab_size)));
+    if (b.tokenizer->vocab_size() > c.vocab_size)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "tokenizer " + tokenizer_path + " has " +
+                      std::to_string(b.tokenizer->vocab_size()) + " tokens but " + model_path +
+                      "'s vocabulary is " + std::to_string(c.vocab_size));
+  }
+  add_unique(&b.stop_token_ids, c.eos_token_id);
+  return b;
+}
+
 }  // namespace
 
 ModelBundle load_model_bundle(
     const std::string& model_path, const std::string& tokenizer_path,
     const std::function<void(const std::string& stage, double fraction)>& progress) {
+  if (is_dummy_model_path(model_path)) return load_dummy_bundle(model_path, tokenizer_path);
   ModelBundle b;
   b.weights = load_model_weights(model_path, progress);
   std::string tok = tokenizer_path;

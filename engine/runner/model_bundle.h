@@ -23,6 +23,9 @@ struct ModelBundle {
 
 // tokenizer_path overrides the tokenizer location (needed for llama2.c checkpoints without a
 // tok*.bin / tokenizer.bin beside them). Throws arbor::Error naming the missing file.
+// A path "dummy:PRESET" (engine/model/dummy_weights.h) gives the preset's shape-only weights
+// (the backend fills them with random values) and, without tokenizer_path, an IdTokenizer:
+// token-id prompts only.
 ModelBundle load_model_bundle(
     const std::string& model_path, const std::string& tokenizer_path = "",
     const std::function<void(const std::string& stage, double fraction)>& progress = {});

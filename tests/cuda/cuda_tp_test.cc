@@ -15,6 +15,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/core/error.h"
+#include "engine/model/dummy_weights.h"
 #include "engine/model/llama_model.h"
 #include "engine/runner/generator.h"
 #include "engine/spec/proposer_factory.h"
@@ -198,36 +199,8 @@ TEST(CudaTp2, RandomModelMatchesOneGpu) {
 // Llama-3-8B's shapes with dummy weights (the same values at TP=1 and TP=2): 96 greedy tokens.
 TEST(CudaTp2, Llama3_8BShapeGreedyMatchesOneGpu) {
   REQUIRE_TWO_GPUS();
-  ModelWeights w;
-  ModelConfig& c = w.config;
-  c.vocab_size = 128256;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_layers = 32;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.rope_theta = 500000.0;
-  c.rope_scaling.type = "llama3";
-  c.rope_scaling.factor = 8.0;
-  c.max_position = 8192;
-  const int64_t h = 4096, q = 4096, kv = 1024, f = 14336;
-  w.embed = shape_only({c.vocab_size, h});
-  w.final_norm = shape_only({h});
-  w.lm_head = shape_only({c.vocab_size, h});
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    LayerWeights lw;
-    lw.attn_norm = shape_only({h});
-    lw.wq = shape_only({q, h});
-    lw.wk = shape_only({kv, h});
-    lw.wv = shape_only({kv, h});
-    lw.wo = shape_only({h, q});
-    lw.ffn_norm = shape_only({h});
-    lw.w_gate = shape_only({f, h});
-    lw.w_up = shape_only({f, h});
-    lw.w_down = shape_only({h, f});
-    w.layers.push_back(std::move(lw));
-  }
+  const ModelWeights w = dummy_model_weights("llama-3-8b");
+  const ModelConfig& c = w.config;
   CudaBackendOptions o;
   o.random_weights = true;
   std::vector<int32_t> prompt = {128000};

@@ -48,6 +48,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/model/dummy_weights.h"
 #include "engine/model/llama_model.h"
 #include "engine/runner/engine.h"
 #include "tests/cuda/cold_timing.h"
@@ -73,24 +74,8 @@ double now_s() {
 }
 
 ModelConfig llama3_8b_config(int64_t layers) {
-  ModelConfig c;
-  c.vocab_size = 128256;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
+  ModelConfig c = dummy_model_config("llama-3-8b");
   c.num_layers = layers;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 500000.0;
-  c.rope_scaling.type = "llama3";
-  c.rope_scaling.factor = 8.0;
-  c.rope_scaling.low_freq_factor = 1.0;
-  c.rope_scaling.high_freq_factor = 4.0;
-  c.rope_scaling.original_max_position = 8192;
-  c.max_position = 131072;
-  c.bos_token_id = 128000;
-  c.eos_token_id = 128001;
   return c;
 }
 
@@ -98,30 +83,6 @@ HostTensor shape_only(std::vector<int64_t> shape) {
   HostTensor t;
   t.shape = std::move(shape);  // no data: the backend fills it on the device
   return t;
-}
-
-ModelWeights dummy_weights(const ModelConfig& c) {
-  ModelWeights w;
-  w.config = c;
-  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim,
-                f = c.intermediate_size;
-  w.embed = shape_only({c.vocab_size, h});
-  w.final_norm = shape_only({h});
-  w.lm_head = shape_only({c.vocab_size, h});
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    LayerWeights lw;
-    lw.attn_norm = shape_only({h});
-    lw.wq = shape_only({q, h});
-    lw.wk = shape_only({kv, h});
-    lw.wv = shape_only({kv, h});
-    lw.wo = shape_only({h, q});
-    lw.ffn_norm = shape_only({h});
-    lw.w_gate = shape_only({f, h});
-    lw.w_up = shape_only({f, h});
-    lw.w_down = shape_only({h, f});
-    w.layers.push_back(std::move(lw));
-  }
-  return w;
 }
 
 // Matrix bytes a decode step streams: every linear weight once (the embedding is gathered).
@@ -605,7 +566,7 @@ int run(const Args& a, int batch_invariant, DecodeTimes* times) {
   check(cudaGetDeviceProperties(&prop, 0), "device");
   const std::string gpu = prop.name;
   const ModelConfig cfg = llama3_8b_config(a.layers);
-  const ModelWeights dummy = dummy_weights(cfg);
+  const ModelWeights dummy = shape_only_weights(cfg);
 
   CudaBackendOptions opt;
   opt.random_weights = true;

@@ -30,6 +30,7 @@
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/rank_threads.h"
 #include "engine/draft/eagle_checkpoint.h"
+#include "engine/model/dummy_weights.h"
 #include "engine/model/llama_model.h"
 #include "engine/runner/engine.h"
 #include "engine/spec/eagle_proposer.h"
@@ -60,49 +61,6 @@ HostTensor shape_only(std::vector<int64_t> shape) {
   HostTensor t;
   t.shape = std::move(shape);
   return t;
-}
-
-ModelWeights llama3_dummy(const std::string& shape) {
-  ModelWeights w;
-  ModelConfig& c = w.config;
-  c.vocab_size = 128256;
-  c.head_dim = 128;
-  c.rope_theta = 500000.0;
-  c.rope_scaling.type = "llama3";
-  c.rope_scaling.factor = 8.0;
-  c.max_position = 8192;
-  if (shape == "70b") {
-    c.hidden_size = 8192;
-    c.intermediate_size = 28672;
-    c.num_layers = 80;
-    c.num_heads = 64;
-    c.num_kv_heads = 8;
-  } else {
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_layers = 32;
-    c.num_heads = 32;
-    c.num_kv_heads = 8;
-  }
-  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim,
-                f = c.intermediate_size;
-  w.embed = shape_only({c.vocab_size, h});
-  w.final_norm = shape_only({h});
-  w.lm_head = shape_only({c.vocab_size, h});
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    LayerWeights lw;
-    lw.attn_norm = shape_only({h});
-    lw.wq = shape_only({q, h});
-    lw.wk = shape_only({kv, h});
-    lw.wv = shape_only({kv, h});
-    lw.wo = shape_only({h, q});
-    lw.ffn_norm = shape_only({h});
-    lw.w_gate = shape_only({f, h});
-    lw.w_up = shape_only({f, h});
-    lw.w_down = shape_only({h, f});
-    w.layers.push_back(std::move(lw));
-  }
-  return w;
 }
 
 // bf16 bytes of every matrix a decode step streams (the embedding is gathered, not streamed).
@@ -281,7 +239,7 @@ double time_all_reduce(std::vector<Backend*> ranks, int batch, int64_t hidden, i
 }
 
 int run(const Args& a) {
-  const ModelWeights w = llama3_dummy(a.shape);
+  const ModelWeights w = dummy_model_weights("llama-3-" + a.shape);
   const ModelConfig& c = w.config;
   cudaStream_t s0 = nullptr;
   cudaStreamCreate(&s0);
@@ -338,11 +296,13 @@ int run(const Args& a) {
     }
   }
   if (!a.eagle3.empty()) {
-    std::printf("\nEAGLE-3 speculative step (Engine::step: draft + verify + accept + compaction; "
-                "dummy draft, depth 6, top-k 10) against a plain Engine step\n");
-    std::printf("| TP | batch | tree tokens | plain ms | spec ms | spec / plain | draft ms | "
-                "feedback ms | speedup at 3.9 / 5.4 accepted |\n| --- | --- | --- | --- | --- | "
-                "--- | --- | --- | --- |\n");
+    std::printf(
+        "\nEAGLE-3 speculative step (Engine::step: draft + verify + accept + compaction; "
+        "dummy draft, depth 6, top-k 10) against a plain Engine step\n");
+    std::printf(
+        "| TP | batch | tree tokens | plain ms | spec ms | spec / plain | draft ms | "
+        "feedback ms | speedup at 3.9 / 5.4 accepted |\n| --- | --- | --- | --- | --- | "
+        "--- | --- | --- | --- |\n");
     for (int tp : a.tp) {
       CudaBackendOptions o;
       o.random_weights = true;
@@ -354,13 +314,18 @@ int run(const Args& a) {
         const EngineStepTimes plain = engine_steps(model, w, b, a.context, a.steps, 0);
         const EngineStepTimes spec = engine_steps(model, w, b, a.context, a.steps, t);
         const double ratio = spec.step / plain.step;
-        std::printf("| %d | %d | %d | %.3f | %.3f | %.2fx | %.3f | %.3f | %.2fx / %.2fx |\n", tp,
-                    b, t, plain.step * 1e3, spec.step * 1e3, ratio, spec.draft * 1e3,
+        std::printf("| %d | %d | %d | %.3f | %.3f | %.2fx | %.3f | %.3f | %.2fx / %.2fx |\n", tp, b,
+                    t, plain.step * 1e3, spec.step * 1e3, ratio, spec.draft * 1e3,
                     spec.feedback * 1e3, 3.9 / ratio, 5.4 / ratio);
         std::fflush(stdout);
-        rows.push_back({{"shape", a.shape}, {"tp", tp}, {"batch", b}, {"eagle3_tree_tokens", t},
-                        {"plain_step_ms", plain.step * 1e3}, {"spec_step_ms", spec.step * 1e3},
-                        {"draft_ms", spec.draft * 1e3}, {"feedback_ms", spec.feedback * 1e3}});
+        rows.push_back({{"shape", a.shape},
+                        {"tp", tp},
+                        {"batch", b},
+                        {"eagle3_tree_tokens", t},
+                        {"plain_step_ms", plain.step * 1e3},
+                        {"spec_step_ms", spec.step * 1e3},
+                        {"draft_ms", spec.draft * 1e3},
+                        {"feedback_ms", spec.feedback * 1e3}});
       }
     }
   }
