@@ -132,7 +132,8 @@ bool EagleProposer::stage(const TargetFeedback& f, Staged* out) {
     out->tokens.push_back(next);
   }
   if (out->tokens.empty()) return false;
-  const int32_t expected = s.first_position + draft_.length(s.seq);
+  const int32_t expected =
+      s.first_position + draft_.length(s.seq) + static_cast<int32_t>(s.backlog_tokens.size());
   ARBOR_CHECK(out->position == expected, "draft row position " + std::to_string(out->position) +
                                              ", expected " + std::to_string(expected));
   return true;
@@ -143,14 +144,31 @@ void EagleProposer::observe(const TargetFeedback& f) {
 }
 
 void EagleProposer::observe_batch(std::span<const TargetFeedback> feedbacks) {
-  std::vector<Staged> staged(feedbacks.size());
+  // The rows wait in each request's backlog; the draft runs them when the request is next
+  // proposed for (in the same forward as every other request proposed for then), or once the
+  // backlog is full. A step the scheduler does not speculate in (the adaptive policy declining,
+  // requests that opted out) thus costs no draft forward.
+  std::vector<RequestState*> full;
+  Staged st;
+  for (const TargetFeedback& f : feedbacks) {
+    if (!stage(f, &st)) continue;
+    RequestState& s = *st.state;
+    if (s.backlog_tokens.empty()) s.backlog_position = st.position;
+    s.backlog_tokens.insert(s.backlog_tokens.end(), st.tokens.begin(), st.tokens.end());
+    s.backlog_features.insert(s.backlog_features.end(), st.features.begin(), st.features.end());
+    s.last_output.clear();  // stale until the backlog runs
+    if (s.backlog_tokens.size() >= kMaxBacklogRows) full.push_back(&s);
+  }
+  flush_backlogs(full);
+}
+
+void EagleProposer::flush_backlogs(const std::vector<RequestState*>& states) {
   std::vector<EagleDraftModel::AppendItem> items;
-  std::vector<RequestState*> states;
-  for (size_t i = 0; i < feedbacks.size(); ++i) {
-    if (!stage(feedbacks[i], &staged[i])) continue;
-    const Staged& st = staged[i];
-    items.push_back({st.state->seq, st.tokens, st.features, st.position});
-    states.push_back(st.state);
+  std::vector<RequestState*> ran;
+  for (RequestState* s : states) {
+    if (s->backlog_tokens.empty()) continue;
+    items.push_back({s->seq, s->backlog_tokens, s->backlog_features, s->backlog_position});
+    ran.push_back(s);
   }
   if (items.empty()) return;
   // Every request's rows in one draft forward; each one's last row's top-k (the next tree's
@@ -161,8 +179,10 @@ void EagleProposer::observe_batch(std::span<const TargetFeedback> feedbacks) {
   int64_t row = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     row += static_cast<int64_t>(items[i].tokens.size());
-    states[i]->last_output.assign(out.begin() + (row - 1) * h, out.begin() + row * h);
-    states[i]->last_top = std::move(tops[i]);
+    ran[i]->last_output.assign(out.begin() + (row - 1) * h, out.begin() + row * h);
+    ran[i]->last_top = std::move(tops[i]);
+    ran[i]->backlog_tokens.clear();
+    ran[i]->backlog_features.clear();
   }
 }
 
@@ -174,6 +194,7 @@ DraftTree EagleProposer::propose(RequestId request, const TreeBudget& budget) {
   tracker_.check_budget(request, budget);
   const int32_t root = tracker_.root(request);
   RequestState& s = requests_.at(request);
+  flush_backlogs({&s});
   const DynamicTreeParams& p = options_.tree;
   DynamicTreeParams params;
   params.total_tokens = std::min(p.total_tokens, budget.max_nodes);
@@ -254,6 +275,12 @@ std::vector<DraftTree> EagleProposer::propose_batch(
 
   std::vector<DynamicTreeParams> params(requests.size());
   growing.reserve(requests.size());
+  {  // the rows observed since each request's last draft, all in one forward
+    std::vector<RequestState*> states;
+    for (const auto& [request, budget] : requests)
+      if (budget.max_nodes > 1) states.push_back(&requests_.at(request));
+    flush_backlogs(states);
+  }
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& [request, budget] = requests[i];
     tracker_.check_budget(request, budget);

@@ -61,7 +61,19 @@ class EagleProposer final : public Proposer {
                                          // unknown (next_token == -1)
     std::vector<float> last_output;      // [hidden] draft output of the last committed row
     TopKRows last_top;                   // its top_k() best draft entries (from observe())
+    // Rows observed but not yet run through the draft (see observe_batch): the draft forward
+    // of committed rows is deferred to the next propose() for the request, or until
+    // kMaxBacklogRows have gathered, so steps that do not speculate cost no draft forward.
+    std::vector<int32_t> backlog_tokens;
+    std::vector<float> backlog_features;
+    int32_t backlog_position = 0;
   };
+  // Rows a request's backlog may hold before they run anyway (bounds the host memory a request
+  // that never speculates keeps, and the size of a catch-up forward).
+  static constexpr size_t kMaxBacklogRows = 32;
+  // Runs the backlogs of `states` through the draft in one forward: their last rows' outputs
+  // and top-k become last_output / last_top.
+  void flush_backlogs(const std::vector<RequestState*>& states);
   // Children per node read from the draft (the tree's top_k, at most the draft vocabulary).
   int32_t top_k() const;
   // One feedback's new draft rows, before they run.

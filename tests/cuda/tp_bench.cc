@@ -126,7 +126,9 @@ EngineStepTimes engine_steps(LlamaModel& model, const ModelWeights& w, int batch
   ec.block_size = 16;
   ec.max_running = batch;
   ec.max_step_tokens = 2048;
-  ec.num_blocks = batch * ((context + 4 * (steps + 8) * std::max(tree, 1)) / 16 + 8);
+  // Each step emits at most depth + 1 = 7 tokens; the requests run past the timed steps.
+  const int32_t max_tokens = 8 * (steps + 64);
+  ec.num_blocks = batch * ((context + max_tokens + std::max(tree, 1)) / 16 + 8);
   ec.tree_budget.max_nodes = std::max(tree, 1);
   std::unique_ptr<EagleProposer> proposer;
   if (tree > 1) {
@@ -145,7 +147,7 @@ EngineStepTimes engine_steps(LlamaModel& model, const ModelWeights& w, int batch
     GenerationRequest r;
     r.prompt.resize(static_cast<size_t>(context));
     for (auto& t : r.prompt) t = static_cast<int32_t>(rng() % 32000);
-    r.max_tokens = 100000;
+    r.max_tokens = max_tokens;
     r.ignore_eos = true;
     r.sampling.temperature = 0;
     engine.add(static_cast<ReqId>(b + 1), r);

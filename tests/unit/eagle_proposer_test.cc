@@ -264,15 +264,47 @@ TEST(EagleProposer, ProposeReleasesItsDraftBlocksAndEndFreesTheRest) {
   const Round r0 = round_of(f.ref["rounds"][0]);
   p->begin(1, r0.tokens);
   p->observe(r0.feedback(1));
-  const int32_t committed_free = kv.num_free_blocks();
-  EXPECT_LT(committed_free, all_free);
+  // The observed rows wait for the next propose (a step that does not speculate runs no draft).
+  EXPECT_EQ(kv.num_free_blocks(), all_free);
+  EXPECT_EQ(p->draft().length(0), 0);
   EXPECT_EQ(p->propose(1, TreeBudget{64, 8}).size(), 60);
-  EXPECT_EQ(kv.num_free_blocks(), committed_free);
+  // The committed rows ran and hold their blocks; the tree's forks gave theirs back.
+  const int32_t rows = p->draft().length(0);
+  EXPECT_GT(rows, 0);
+  EXPECT_EQ(kv.num_free_blocks(), all_free - (rows + kv.block_size() - 1) / kv.block_size());
   EXPECT_EQ(kv.num_sequences(), 1);
   kv.check_invariants();
   p->end(1);
   EXPECT_EQ(kv.num_free_blocks(), all_free);
   EXPECT_EQ(kv.num_sequences(), 0);
+}
+
+// Steps that do not speculate (the adaptive policy declining) run no draft forward: observed rows
+// wait until the request is proposed for, or until 32 have gathered, then run in one forward.
+TEST(EagleProposer, ObservedRowsWaitForProposeOrAFullBacklog) {
+  const Fixture f = load("eagle_stories260K");
+  auto p = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
+  const int64_t h = f.target->config.hidden_size;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 42; ++i) tokens.push_back(3 + (i * 7) % 200);
+  p->begin(1, std::span<const int32_t>(tokens.data(), 1));
+  std::vector<float> hidden(static_cast<size_t>(h));
+  for (int i = 0; i < 40; ++i) {
+    for (int64_t j = 0; j < h; ++j) hidden[j] = 0.01f * static_cast<float>((i * 31 + j) % 97 - 48);
+    TargetFeedback fb;
+    fb.request = 1;
+    fb.start = i;
+    fb.tokens = std::span<const int32_t>(&tokens[i], 1);
+    fb.hidden = hidden;
+    fb.next_token = tokens[i + 1];
+    p->observe(fb);
+    // Row i pairs feature i with token i + 1; 32 rows run together.
+    EXPECT_EQ(p->draft().length(0), i + 1 < 32 ? 0 : 32) << "after " << i + 1 << " rows";
+  }
+  const DraftTree tree = p->propose(1, TreeBudget{64, 8});
+  EXPECT_EQ(p->draft().length(0), 40);
+  EXPECT_GT(tree.size(), 1);
+  validate_draft_tree(tree, f.target->config.vocab_size, TreeBudget{64, 8});
 }
 
 TEST(EagleProposer, FirstFeedbackMayStartPastACachedPrefix) {
@@ -288,8 +320,8 @@ TEST(EagleProposer, FirstFeedbackMayStartPastACachedPrefix) {
   late.hidden.assign(r0.hidden.begin() + 3 * h, r0.hidden.end());
   p->begin(4, r0.tokens);
   p->observe(late.feedback(4));
+  const DraftTree tree = p->propose(4, TreeBudget{64, 8});  // runs the observed rows first
   EXPECT_EQ(p->draft().length(0), static_cast<int32_t>(late.tokens.size()));
-  const DraftTree tree = p->propose(4, TreeBudget{64, 8});
   EXPECT_EQ(tree.token[0], r0.next_token);
   validate_draft_tree(tree, f.target->config.vocab_size, TreeBudget{64, 8});
 }
