@@ -3,6 +3,9 @@
 # gpu_serve_smoke.sh, gpu_serve_sweep.sh): the binaries packed here by
 # `scripts/run_gpu_suite.sh pack`, and the libraries they load there.
 
+# Libraries the device machine has (glibc, libstdc++, the driver, cuBLAS, NCCL): not packed.
+GPU_MACHINE_LIBS='libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|ld-linux|libcublas|libcuda|libnccl'
+
 # unpack_payload TARBALL DIR: DIR emptied and filled from TARBALL (.gpu/payload.tar.gz).
 unpack_payload() {
   rm -rf "$2" && mkdir -p "$2" && tar -C "$2" -xzf "$1"

@@ -38,6 +38,8 @@ if [ "$MODE" = prepare ]; then
   BUILD="${3:-build-cuda}"
   ROOT="$(cd "$SELF_DIR/.." && pwd)"
   DEST="$REPO/.serve-sweep"
+  # shellcheck source=scripts/gpu_payload.sh
+  . "$SELF_DIR/gpu_payload.sh"
   GGUF="${SMOL_GGUF:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
   [ -f "$GGUF" ] || GGUF="$REPO/models/SmolLM2-135M-Instruct.Q4_1.gguf"
   rm -rf "$DEST" && mkdir -p "$DEST/part1" "$DEST/part2" "$DEST/run/lib" || exit 1
@@ -48,7 +50,7 @@ if [ "$MODE" = prepare ]; then
   STAGE="$(mktemp -d)" && mkdir -p "$STAGE/lib"
   cp "$BUILD/server/arbor" "$STAGE/" && strip --strip-debug "$STAGE/arbor"
   ldd "$STAGE/arbor" | awk '/=>/ {print $3}' | sort -u |
-    grep -Ev 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|ld-linux|libcublas|libcuda' |
+    grep -Ev "$GPU_MACHINE_LIBS" |
     while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
   tar -C "$STAGE" -czf "$DEST/run/payload_cli.tar.gz" . && rm -rf "$STAGE" "$DEST/run/lib"
   cp "$SELF_DIR/gpu_serve_sweep.sh" "$SELF_DIR/bench_serve.py" "$SELF_DIR/gpu_payload.sh" "$DEST/run/"

@@ -21,6 +21,8 @@ cd "$ROOT" || exit 1
 
 if [ "${1:-}" = pack ]; then
   BUILD="${2:-build-cuda}"
+  # shellcheck source=scripts/gpu_payload.sh
+  . scripts/gpu_payload.sh
   # ptxas must not have serialised the warpgroup MMAs of what gets packed (it says so only in an
   # info line; the WgmmaNotSerialized ctest runs the same check).
   python3 scripts/check_wgmma_serialization.py --build-dir "$BUILD" || exit 1
@@ -37,7 +39,7 @@ if [ "${1:-}" = pack ]; then
   for f in "$STAGE"/*; do [ -f "$f" ] && [ -x "$f" ] && strip --strip-debug "$f"; done
   # Non-system libraries (the device machine has glibc, libstdc++, the driver and cuBLAS).
   for f in "$STAGE"/*; do [ -x "$f" ] && [ -f "$f" ] && ldd "$f"; done | awk '/=>/ {print $3}' | sort -u |
-    grep -Ev 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|ld-linux|libcublas|libcuda|libnccl' |
+    grep -Ev "$GPU_MACHINE_LIBS" |
     while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
   SHARED="${ARBOR_SHARED_DIR:-$ROOT/../shared}"
   [ -f "$SHARED/models/stories260K/stories260K.bin" ] &&
