@@ -41,6 +41,10 @@ KvSizing size_kv_cache(LlamaModel& model, double utilization, int32_t block_size
   k.utilization = utilization;
   k.block_size = block_size;
   k.block_bytes = b.kv_cache_bytes(model.kv_shape(1, block_size));
+  // A tensor-parallel group on the host: every rank's cache and activations come from the same
+  // memory (on GPUs each rank sizes from its own device, rank 0's standing for all).
+  const int64_t host_ranks = host ? model.tensor_parallel() : 1;
+  k.block_bytes *= host_ranks;
   // What a host-memory backend may take is judged against the memory available before the
   // profiling step (the rest of the machine uses the rest).
   const MemoryInfo before = b.memory_info();
@@ -54,7 +58,7 @@ KvSizing size_kv_cache(LlamaModel& model, double utilization, int32_t block_size
     // `tokens` rows with every row's logits allocates, held back without running that step (a
     // start-up forward of max_step_tokens tokens costs seconds on a CPU).
     k.memory = before;
-    k.memory.free_bytes -= model.activation_bytes(tokens, tokens, want);
+    k.memory.free_bytes -= host_ranks * model.activation_bytes(tokens, tokens, want);
   } else {
     model.allocate_kv(model.kv_shape(probe_blocks, block_size));
     probe_cache = b.kv_cache_bytes(model.kv_shape(probe_blocks, block_size));
