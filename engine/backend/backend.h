@@ -147,6 +147,10 @@ class Backend {
   virtual Tensor upload_weight(const HostTensor& w) = 0;
   // Scratch activations, valid until the next reset_scratch() (called once per step).
   virtual Tensor scratch(int64_t rows, int64_t cols) = 0;
+  // An fp32 [rows, cols] buffer that lives as long as the backend: results kept from one step to
+  // the next on the device (a draft model's layer outputs between its depths). The default
+  // throws kUnsupported.
+  virtual Tensor persistent(int64_t rows, int64_t cols);
   virtual void reset_scratch() = 0;
   virtual void download(const Tensor& src, float* dst) = 0;  // [rows * cols] fp32 host
   // [rows * cols] fp32 host -> dst. Ordered before every later op and download; src may be
@@ -195,6 +199,11 @@ class Backend {
                                     const Tensor& out) = 0;
   // out[M, cols] = x[logits_rows[m]]
   virtual void gather_logit_rows(const Tensor& x, const Tensor& out) = 0;
+  // out[i] = src[rows[i]] (fp32 [*, cols] tensors in backend memory, host row indices), e.g. a
+  // step's input gathered from an earlier step's outputs without a trip through the host. Not
+  // for step-graph recordings (the indices are uploaded with it). The default downloads src and
+  // uploads the rows.
+  virtual void gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& out);
   // Greedy decoding on the device, so only token ids cross to the host. logits: [M, vocab] fp32
   // (backend memory); out: [M] host, resized. out[m] = the index of row m's largest value, the
   // lowest index among equal values (argmax() in engine/sampling), or -1 where that argmax

@@ -46,3 +46,25 @@ void check_kv_cache_fits(const KvCacheShape& shape, int64_t bytes, int64_t avail
 }
 
 }  // namespace arbor
+
+namespace arbor {
+
+Tensor Backend::persistent(int64_t, int64_t) {
+  throw_error(ErrorCode::kUnsupported, name() + " backend: no persistent buffers");
+}
+
+void Backend::gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& out) {
+  ARBOR_CHECK(out.rows == static_cast<int64_t>(rows.size()) && out.cols == src.cols,
+              "gather_rows: shapes");
+  std::vector<float> host(static_cast<size_t>(src.numel())), picked;
+  download(src, host.data());
+  picked.reserve(static_cast<size_t>(out.numel()));
+  for (int32_t r : rows) {
+    ARBOR_CHECK(r >= 0 && r < src.rows, "gather_rows: row " + std::to_string(r));
+    picked.insert(picked.end(), host.begin() + static_cast<int64_t>(r) * src.cols,
+                  host.begin() + static_cast<int64_t>(r + 1) * src.cols);
+  }
+  upload(picked.data(), out);
+}
+
+}  // namespace arbor

@@ -241,9 +241,36 @@ std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
                                            std::span<const int32_t> positions,
                                            std::vector<SeqId>* children, int32_t top_k,
                                            TopKRows* top) {
+  ARBOR_CHECK(static_cast<int64_t>(hidden.size()) ==
+              static_cast<int64_t>(parents.size()) * hidden_size());
+  return expand_rows(parents, tokens, hidden, {}, positions, children, top_k, top, true);
+}
+
+void EagleDraftModel::expand_on_device(std::span<const SeqId> parents,
+                                       std::span<const int32_t> tokens,
+                                       std::span<const float> hidden,
+                                       std::span<const int32_t> last_rows,
+                                       std::span<const int32_t> positions,
+                                       std::vector<SeqId>* children, int32_t top_k, TopKRows* top) {
+  if (!hidden.empty()) {
+    ARBOR_CHECK(static_cast<int64_t>(hidden.size()) ==
+                static_cast<int64_t>(parents.size()) * hidden_size());
+    expand_rows(parents, tokens, hidden, {}, positions, children, top_k, top, false);
+    return;
+  }
+  ARBOR_CHECK(last_rows.size() == parents.size());
+  for (int32_t r : last_rows)
+    ARBOR_CHECK(r >= 0 && r < last_rows_,
+                "expand_on_device: row " + std::to_string(r) + " of " + std::to_string(last_rows_));
+  expand_rows(parents, tokens, {}, last_rows, positions, children, top_k, top, false);
+}
+
+std::vector<float> EagleDraftModel::expand_rows(
+    std::span<const SeqId> parents, std::span<const int32_t> tokens, std::span<const float> hidden,
+    std::span<const int32_t> last_rows, std::span<const int32_t> positions,
+    std::vector<SeqId>* children, int32_t top_k, TopKRows* top, bool download) {
   const size_t count = parents.size();
-  ARBOR_CHECK(tokens.size() == count && positions.size() == count &&
-              static_cast<int64_t>(hidden.size()) == static_cast<int64_t>(count) * hidden_size());
+  ARBOR_CHECK(tokens.size() == count && positions.size() == count);
   children->clear();
   std::vector<Row> rows;
   SlotCopies copies;
@@ -257,8 +284,9 @@ std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
     timer.next(kCopyKv);
     if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
     timer.stop();
-    std::vector<float> out = forward(rows, hidden, /*input_is_feature=*/false,
-                                     top != nullptr ? Head::kAll : Head::kNone, top_k, top);
+    std::vector<float> out =
+        forward(rows, hidden, /*input_is_feature=*/false, top != nullptr ? Head::kAll : Head::kNone,
+                top_k, top, last_rows, download);
     for (const Row& r : rows) kv_.commit_all(r.seq, r.tokens);
     return out;
   } catch (...) {
@@ -270,7 +298,8 @@ std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
 
 std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
                                             std::span<const float> input, bool input_is_feature,
-                                            Head head_rows_of, int32_t top_k, TopKRows* top) {
+                                            Head head_rows_of, int32_t top_k, TopKRows* top,
+                                            std::span<const int32_t> input_rows, bool download) {
   PhaseTimer timer(kBuild);
   StepInputs step;
   step.qo_indptr.push_back(0);
@@ -295,8 +324,18 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   Backend& b = *backend_;
   const EagleDraftConfig& c = config_;
   const int64_t n = step.num_tokens();
-  const int64_t in_width = static_cast<int64_t>(input.size()) / std::max<int64_t>(n, 1);
-  ARBOR_CHECK(in_width * n == static_cast<int64_t>(input.size()));
+  const bool from_last = !input_rows.empty();
+  ARBOR_CHECK(!from_last || (static_cast<int64_t>(input_rows.size()) == n && !input_is_feature));
+  const int64_t in_width =
+      from_last ? c.hidden_size : static_cast<int64_t>(input.size()) / std::max<int64_t>(n, 1);
+  ARBOR_CHECK(from_last || in_width * n == static_cast<int64_t>(input.size()));
+  // The input: uploaded, or gathered from the previous forward's outputs on the device.
+  const auto fill_input = [&](const Tensor& in) {
+    if (from_last)
+      b.gather_rows(Tensor{last_out_.data, DType::kF32, last_rows_, c.hidden_size}, input_rows, in);
+    else
+      b.upload(input.data(), in);
+  };
   // Expansion steps (every row one token, earlier outputs as input) replay a recording of the
   // layer once their shape is steady, as the target's steps do (LlamaModel::forward): the key
   // holds the row count and the block-table width (rounded up to a power of two); the ids,
@@ -310,7 +349,7 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   timer.next(kUpload);
   // The input is uploaded before the recorded ops, into the step's first scratch tensor.
   Tensor in = b.scratch(n, in_width);
-  b.upload(input.data(), in);
+  fill_input(in);
   timer.next(kPrepare);
   // The LM head over every row or over each Row's last (the step's logits rows), in the same
   // step (recorded with the layer).
@@ -349,20 +388,28 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
       } else if (run == StepGraphRun::kRecordingFailed) {
         b.reset_scratch();  // rewinds (the recording took addresses)
         in = b.scratch(n, in_width);
-        b.upload(input.data(), in);
+        fill_input(in);
       }
     }
   }
   if (timer.phase != kRun) timer.next(kRun);  // the graph path is in kRun already
   if (!done) outs = ops();
+  // The outputs stay on the device for the next expansion step (expand_from_last): copied out
+  // of the scratch arena, which the next step reuses.
+  const Tensor& x = outs[0];
+  if (n > last_out_.rows)
+    last_out_ = b.persistent(std::max<int64_t>(n, 2 * last_out_.rows), x.cols);
+  last_rows_ = n;
+  b.split_cols(x, {Tensor{last_out_.data, DType::kF32, n, x.cols}});
   timer.next(kTopK);
   if (head_rows > 0) {
     top->k = top_k;
     b.top_k_log_softmax(outs[1], top_k, &top->ids, &top->values);  // the step's one wait
   }
   timer.next(kDownload);
-  const Tensor& x = outs[0];
-  std::vector<float> out(static_cast<size_t>(n * c.hidden_size));
+  std::vector<float> out;
+  if (!download) return out;
+  out.resize(static_cast<size_t>(n * c.hidden_size));
   b.download(x, out.data());
   return out;
 }

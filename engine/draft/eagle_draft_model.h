@@ -85,6 +85,14 @@ class EagleDraftModel {
                             std::span<const float> hidden, std::span<const int32_t> positions,
                             std::vector<SeqId>* children, int32_t top_k = 0,
                             TopKRows* top = nullptr);
+  // An expansion step whose outputs stay on the draft's backend (nothing copied back; the next
+  // step reads them there): hidden row i is host row i of `hidden`, or, with `hidden` empty,
+  // row last_rows[i] of the previous forward's outputs (append, append_batch or an expansion),
+  // gathered on the device.
+  void expand_on_device(std::span<const SeqId> parents, std::span<const int32_t> tokens,
+                        std::span<const float> hidden, std::span<const int32_t> last_rows,
+                        std::span<const int32_t> positions, std::vector<SeqId>* children,
+                        int32_t top_k, TopKRows* top);
 
   // Draft logits of layer outputs hidden [rows, hidden]: the target's LM head (EAGLE-1/2, no
   // final norm) or lm_head(norm(h)) (EAGLE-3). [rows, draft_vocab] host fp32.
@@ -104,9 +112,17 @@ class EagleDraftModel {
   enum class Head { kNone, kAll, kLast };
   // Runs the layer over the reserved rows; `input` is [N, in_width] (features or hidden). With
   // a head, also the top_k of those rows' draft logits (into top) in the same step.
+  // With input_rows, the input is those rows of the previous forward's outputs instead (and
+  // with download false nothing is copied back).
   std::vector<float> forward(const std::vector<Row>& rows, std::span<const float> input,
                              bool input_is_feature, Head head = Head::kNone, int32_t top_k = 0,
-                             TopKRows* top = nullptr);
+                             TopKRows* top = nullptr, std::span<const int32_t> input_rows = {},
+                             bool download = true);
+  // fork + reserve one row per parent (children receives them), then forward.
+  std::vector<float> expand_rows(std::span<const SeqId> parents, std::span<const int32_t> tokens,
+                                 std::span<const float> hidden, std::span<const int32_t> last_rows,
+                                 std::span<const int32_t> positions, std::vector<SeqId>* children,
+                                 int32_t top_k, TopKRows* top, bool download);
   // The layer's ops on the step's input `in` [N, in_width] (no uploads or downloads, so a
   // step graph can record them); returns the outputs [N, hidden] in backend scratch.
   Tensor layer(const Tensor& in, int64_t n, bool input_is_feature);
@@ -116,6 +132,10 @@ class EagleDraftModel {
   Tensor head(const Tensor& x);
   std::vector<int64_t> reserve(SeqId seq, int32_t num_tokens, SlotCopies* copies);
 
+  // The last forward's outputs [last_rows_, hidden], kept on the backend for expand_from_last
+  // (grown by doubling; a backend's persistent buffers live as long as it does).
+  Tensor last_out_;
+  int64_t last_rows_ = 0;
   std::unique_ptr<Backend> backend_;
   EagleDraftConfig config_;
   KvCacheManager kv_;

@@ -256,9 +256,12 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     size_t index;
     DynamicTreeGrower grower;
     std::vector<SeqId> prev_seqs;
-    std::vector<float> prev_out;
+    std::vector<float> prev_out;  // the root's output (host), for the first expansion
     std::vector<SeqId> temporary;
     int32_t position;
+    // Where the previous expansion's rows of this request start among that forward's outputs
+    // (kept on the draft's backend); -1 before the first expansion.
+    int32_t prev_first = -1;
   };
   std::vector<Growing> growing;
   struct Release {
@@ -303,7 +306,7 @@ std::vector<DraftTree> EagleProposer::propose_batch(
   if (growing.empty()) return trees;
   while (true) {
     std::vector<SeqId> parents;
-    std::vector<int32_t> tokens, positions;
+    std::vector<int32_t> tokens, positions, last_rows;
     std::vector<float> hidden;
     std::vector<std::pair<size_t, size_t>> span_of;  // growing index -> [first row, rows)
     for (size_t gi = 0; gi < growing.size(); ++gi) {
@@ -316,15 +319,20 @@ std::vector<DraftTree> EagleProposer::propose_batch(
         parents.push_back(g.prev_seqs.at(row));
         tokens.push_back(node.token);
         positions.push_back(g.position + g.grower.step());
-        hidden.insert(hidden.end(), g.prev_out.begin() + static_cast<int64_t>(row) * h,
-                      g.prev_out.begin() + static_cast<int64_t>(row + 1) * h);
+        // The first expansion reads the roots' outputs from the host (each from its request's
+        // last draft forward); the later ones the previous expansion's, on the device.
+        if (g.prev_first < 0)
+          hidden.insert(hidden.end(), g.prev_out.begin() + static_cast<int64_t>(row) * h,
+                        g.prev_out.begin() + static_cast<int64_t>(row + 1) * h);
+        else
+          last_rows.push_back(g.prev_first + static_cast<int32_t>(row));
       }
     }
     if (parents.empty()) break;
+    ARBOR_CHECK(hidden.empty() || last_rows.empty(), "expansions of different depths");
     std::vector<SeqId> children;
     TopKRows top;
-    const std::vector<float> out =
-        draft_.expand(parents, tokens, hidden, positions, &children, top_k, &top);
+    draft_.expand_on_device(parents, tokens, hidden, last_rows, positions, &children, top_k, &top);
     for (size_t k = 0; k < span_of.size(); ++k) {
       Growing& g = growing[span_of[k].first];
       const size_t begin = span_of[k].second;
@@ -333,8 +341,7 @@ std::vector<DraftTree> EagleProposer::propose_batch(
       for (SeqId q : g.temporary) draft_.free_sequence(q);
       g.temporary.assign(children.begin() + begin, children.begin() + end);
       g.prev_seqs = g.temporary;
-      g.prev_out.assign(out.begin() + static_cast<int64_t>(begin) * h,
-                        out.begin() + static_cast<int64_t>(end) * h);
+      g.prev_first = static_cast<int32_t>(begin);
       g.grower.absorb(top.slice(begin, end));
     }
   }

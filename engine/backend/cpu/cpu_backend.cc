@@ -139,6 +139,21 @@ Tensor CpuBackend::upload_weight(const HostTensor& w) {
   return t;
 }
 
+Tensor CpuBackend::persistent(int64_t rows, int64_t cols) {
+  weights_.emplace_back(static_cast<size_t>(rows * cols), 0.0f);
+  return Tensor{weights_.back().data(), DType::kF32, rows, cols};
+}
+
+void CpuBackend::gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& out) {
+  ARBOR_CHECK(out.rows == static_cast<int64_t>(rows.size()) && out.cols == src.cols,
+              "gather_rows: shapes");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ARBOR_CHECK(rows[i] >= 0 && rows[i] < src.rows, "gather_rows: row " + std::to_string(rows[i]));
+    std::memcpy(f32(out) + static_cast<int64_t>(i) * out.cols,
+                f32(src) + static_cast<int64_t>(rows[i]) * src.cols, sizeof(float) * out.cols);
+  }
+}
+
 Tensor CpuBackend::scratch(int64_t rows, int64_t cols) {
   scratch_.emplace_back(static_cast<size_t>(rows * cols));
   return Tensor{scratch_.back().data(), DType::kF32, rows, cols};

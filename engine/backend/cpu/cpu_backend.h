@@ -51,6 +51,8 @@ class CpuBackend final : public Backend {
 
   Tensor upload_weight(const HostTensor& w) override;
   Tensor scratch(int64_t rows, int64_t cols) override;
+  Tensor persistent(int64_t rows, int64_t cols) override;
+  void gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& out) override;
   void reset_scratch() override;
   void download(const Tensor& src, float* dst) override;
   void upload(const float* src, const Tensor& dst) override;

@@ -224,6 +224,7 @@ struct CudaBackend::State {
   // Tensor parallelism (make_cuda_tp_backends): this rank's NCCL communicator (ncclComm_t).
   void* nccl_comm = nullptr;
   int tp_rank = 0, tp_size = 1;
+  DeviceBuffer row_index;  // gather_rows' indices (not recorded: no epoch)
 
   std::vector<void*> weights;  // owned weight allocations
   uint64_t random_weight_seed = 1;
@@ -1139,6 +1140,40 @@ Tensor CudaBackend::upload_weight(const HostTensor& w) {
   }
   t.data = ptr;
   return t;
+}
+
+Tensor CudaBackend::persistent(int64_t rows, int64_t cols) {
+  s_->flush();
+  void* ptr = nullptr;
+  const size_t bytes = static_cast<size_t>(rows * cols) * 4;
+  cuda_check(cudaMalloc(&ptr, std::max<size_t>(bytes, 16)), "persistent");
+  s_->weights.push_back(ptr);  // freed with the weights
+  return Tensor{ptr, DType::kF32, rows, cols};
+}
+
+void CudaBackend::gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& out) {
+  s_->flush();
+  State& s = *s_;
+  if (out.rows != static_cast<int64_t>(rows.size()) || out.cols != src.cols ||
+      src.dtype != DType::kF32 || out.dtype != DType::kF32)
+    throw_error(ErrorCode::kInvalidArgument, "gather_rows: src " + shape(src) + ", " +
+                                                 std::to_string(rows.size()) + " rows, out " +
+                                                 shape(out));
+  for (int32_t r : rows)
+    if (r < 0 || r >= src.rows)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "gather_rows: row " + std::to_string(r) + " of " + shape(src));
+  if (rows.empty()) return;
+  s.row_index.ensure(rows.size() * 4, "gather_rows");
+  s.uploads.copy(s.row_index.ptr, rows.data(), rows.size() * 4, s.stream, "gather_rows");
+  s.transfers.h2d_bytes += static_cast<int64_t>(rows.size() * 4);
+  kernels::GatherRowsParams p;
+  p.src = src.data;
+  p.dst = out.data;
+  p.index = static_cast<const int32_t*>(s.row_index.ptr);
+  p.num_rows = out.rows;
+  p.cols = out.cols;
+  cuda_check(kernels::launch_gather_rows(p, s.stream), "gather_rows");
 }
 
 Tensor CudaBackend::scratch(int64_t rows, int64_t cols) {

@@ -123,6 +123,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   Tensor upload_weight(const HostTensor& w) override;
   Tensor scratch(int64_t rows, int64_t cols) override;
+  Tensor persistent(int64_t rows, int64_t cols) override;
+  void gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& out) override;
   void reset_scratch() override;
   void download(const Tensor& src, float* dst) override;
   void upload(const float* src, const Tensor& dst) override;
