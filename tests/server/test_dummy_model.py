@@ -52,7 +52,10 @@ class DummyServer(unittest.TestCase):
         self.assertTrue(all(0 <= i < 512 for i in ids), ids)
 
     def test_stream_carries_text_per_token(self):
+        # BOS (1) and EOS (2) stream no text (special tokens are left out of it): banned, so that
+        # every token shows as one " <id>" word.
         conn_body = {"prompt": [[9, 10], [11]], "max_tokens": 5, "ignore_eos": True,
+                     "logit_bias": {"1": -100, "2": -100},
                      "stream": True, "stream_options": {"include_usage": True}}
         status, text = self.post("/v1/completions", conn_body)
         self.assertEqual(status, 200, text)
