@@ -21,6 +21,7 @@
 #include "engine/spec/proposer_factory.h"
 #include "tests/common/direct_batch.h"
 #include "tests/common/golden.h"
+#include "tests/common/model_runs.h"
 #include "tests/cuda/cuda_model_util.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -43,15 +44,9 @@ int gpu_count() {
   } while (0)
 
 // A model on `ranks` GPUs owning its backends.
-struct TpModel {
-  std::unique_ptr<Backend> rank0;
-  std::unique_ptr<LlamaModel> model;
-  TpModel(const ModelWeights& w, int ranks, const CudaBackendOptions& o = {}) {
-    auto b = make_cuda_tp_backends(o, ranks);
-    rank0 = std::move(b[0]);
-    b.erase(b.begin());
-    model = std::make_unique<LlamaModel>(*rank0, w, std::move(b));
-  }
+struct TpModel : testing::TpModel {
+  TpModel(const ModelWeights& w, int ranks, const CudaBackendOptions& o = {})
+      : testing::TpModel(make_cuda_tp_backends(o, ranks), w) {}
 };
 
 HostTensor shape_only(std::vector<int64_t> shape) {
@@ -154,22 +149,10 @@ TEST(CudaTp, EmbeddingShardLooksUpItsVocabularyRows) {
     }
 }
 
-// Greedy decode of one prompt, one token per step: the tokens and the first step's logits.
+// Greedy decode of one prompt, one token per step: the tokens and the prompt rows' logits.
 std::vector<int32_t> greedy(LlamaModel& model, const std::vector<int32_t>& prompt, int n,
                             std::vector<float>* first_logits) {
-  DirectBatch batch(256, 16, 3);
-  const int seq = batch.add_sequence();
-  ForwardOutput out;
-  model.forward(batch.step({{seq, prompt, true}}), &out);
-  if (first_logits) *first_logits = out.logits;
-  const int64_t vocab = model.config().vocab_size;
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < n; ++i) {
-    const float* last = out.logits.data() + out.logits.size() - vocab;
-    tokens.push_back(testing::argmax(last, vocab));
-    if (i + 1 < n) model.forward(batch.step({{seq, {tokens.back()}, true}}), &out);
-  }
-  return tokens;
+  return testing::greedy_decode(model, prompt, n, 16, first_logits);
 }
 
 TEST(CudaTp2, RandomModelMatchesOneGpu) {

@@ -40,14 +40,6 @@
 namespace arbor {
 namespace {
 
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) v.push_back(std::stoi(item));
-  return v;
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -352,9 +344,9 @@ int main(int argc, char** argv) {
     if (k == "--shape")
       a.shape = next();
     else if (k == "--tp")
-      a.tp = arbor::parse_list(next());
+      a.tp = arbor::testing::parse_int_list(next());
     else if (k == "--batch")
-      a.batch = next() == "none" ? std::vector<int>{} : arbor::parse_list(argv[i]);
+      a.batch = next() == "none" ? std::vector<int>{} : arbor::testing::parse_int_list(argv[i]);
     else if (k == "--context")
       a.context = std::stoi(next());
     else if (k == "--steps")

@@ -8,6 +8,7 @@
 #include "engine/model/model_loader.h"
 #include "tests/common/direct_batch.h"
 #include "tests/common/golden.h"
+#include "tests/common/model_runs.h"
 
 namespace arbor {
 namespace {
@@ -34,22 +35,6 @@ std::vector<Case> cases() {
       {"qwen2", data("models/qwen2")},
       {"stories260K", std::string(ARBOR_SHARED_DIR) + "/models/stories260K/stories260K.bin"},
   };
-}
-
-// Greedy decode: prefill `prompt`, then one token per step (T = 1) for n tokens.
-std::vector<int32_t> greedy(LlamaModel& model, const std::vector<int32_t>& prompt, int n,
-                            int64_t block_size) {
-  DirectBatch batch(256, block_size, /*seed=*/3);
-  const int seq = batch.add_sequence();
-  ForwardOutput out;
-  model.forward(batch.step({{seq, prompt, false}}), &out);
-  const int64_t vocab = model.config().vocab_size;
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < n; ++i) {
-    tokens.push_back(testing::argmax(out.logits.data(), vocab));
-    if (i + 1 < n) model.forward(batch.step({{seq, {tokens.back()}, false}}), &out);
-  }
-  return tokens;
 }
 
 class GoldenLogits : public ::testing::TestWithParam<Case> {};
@@ -86,7 +71,7 @@ TEST_P(GoldenLogits, MatchesTransformers) {
   const auto prompt = g["greedy_prompt"].get<std::vector<int32_t>>();
   const auto expect = g["greedy_tokens"].get<std::vector<int32_t>>();
   const int n = static_cast<int>(std::min<size_t>(expect.size(), 64));
-  const std::vector<int32_t> got = greedy(model, prompt, n, block_size);
+  const std::vector<int32_t> got = testing::greedy_decode(model, prompt, n, block_size);
   EXPECT_EQ(got, std::vector<int32_t>(expect.begin(), expect.begin() + n));
 }
 

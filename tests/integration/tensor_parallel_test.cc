@@ -16,6 +16,7 @@
 #include "engine/spec/proposer_factory.h"
 #include "tests/common/direct_batch.h"
 #include "tests/common/golden.h"
+#include "tests/common/model_runs.h"
 
 namespace arbor {
 namespace {
@@ -30,29 +31,12 @@ std::string stories() {
 }
 
 // A model on `ranks` CPU ranks (1: a plain backend), owning its backends.
-struct TpModel {
-  std::unique_ptr<Backend> rank0;
-  std::unique_ptr<LlamaModel> model;
-  TpModel(const ModelWeights& w, int ranks) {
-    std::vector<std::unique_ptr<Backend>> b = make_cpu_tp_backends(ranks, 1);
-    rank0 = std::move(b[0]);
-    b.erase(b.begin());
-    model = std::make_unique<LlamaModel>(*rank0, w, std::move(b));
-  }
+struct TpModel : testing::TpModel {
+  TpModel(const ModelWeights& w, int ranks) : testing::TpModel(make_cpu_tp_backends(ranks, 1), w) {}
 };
 
 std::vector<int32_t> greedy(LlamaModel& model, const std::vector<int32_t>& prompt, int n) {
-  DirectBatch batch(256, 16, /*seed=*/3);
-  const int seq = batch.add_sequence();
-  ForwardOutput out;
-  model.forward(batch.step({{seq, prompt, false}}), &out);
-  const int64_t vocab = model.config().vocab_size;
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < n; ++i) {
-    tokens.push_back(testing::argmax(out.logits.data(), vocab));
-    if (i + 1 < n) model.forward(batch.step({{seq, {tokens.back()}, false}}), &out);
-  }
-  return tokens;
+  return testing::greedy_decode(model, prompt, n);
 }
 
 struct GoldenCase {

@@ -242,18 +242,13 @@ void CpuBackend::set_step(const StepInputs& step) {
 }
 
 void CpuBackend::embedding(const Tensor& table, const Tensor& out) {
-  const float* tab = f32(table);
-  float* o = f32(out);
   ARBOR_CHECK(out.rows == step_.num_tokens() && out.cols == table.cols);
-  for (int64_t n = 0; n < out.rows; ++n) {
-    const int32_t id = step_.token_ids[n];
+  for (int32_t id : step_.token_ids)
     if (id < 0 || id >= table.rows)
       throw_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
                                                    " is outside the vocabulary of " +
                                                    std::to_string(table.rows));
-    std::memcpy(o + n * out.cols, tab + static_cast<int64_t>(id) * table.cols,
-                sizeof(float) * out.cols);
-  }
+  embedding_shard(table, 0, out);  // the whole table: every (checked) id is inside it
 }
 
 void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) {

@@ -1039,18 +1039,21 @@ Tensor CudaBackend::upload_weight_shard(const HostTensor& full, const WeightShar
   const bool dummy = s_->options.random_weights && full.data.empty() && !full.shape.empty();
   if (!dummy) return Backend::upload_weight_shard(full, shard);
   // The unsharded dummy weight's values at the shard's elements (FillRandomParams::index_base):
-  // a rank holds exactly what a single GPU would.
+  // a rank holds exactly what a single GPU would. Each dummy upload takes the next seed.
   s_->flush();
   const std::vector<int64_t> shape_of = weight_shard_shape(full.shape, shard);
-  HostTensor shaped;
-  shaped.shape = shape_of;
-  const uint64_t seed = s_->random_weight_seed;
-  Tensor t = upload_weight(shaped);  // allocates and fills; advances the seed by one
   const bool vector = full.shape.size() == 1;
   const int64_t full_cols = vector ? 1 : full.shape[1];
+  Tensor t;  // vectors are [1, n] and stay fp32
+  t.rows = vector ? 1 : shape_of[0];
+  t.cols = vector ? shape_of[0] : shape_of[1];
+  t.dtype = vector ? DType::kF32 : DType::kBF16;
+  const size_t bytes = static_cast<size_t>(t.numel()) * (vector ? 4 : 2);
+  cuda_check(cudaMalloc(&t.data, std::max<size_t>(bytes, 16)), "upload_weight_shard");
+  s_->weights.push_back(t.data);
   kernels::FillRandomParams p;
   p.dst_type = vector ? kernels::ElemType::kF32 : kernels::ElemType::kBF16;
-  p.seed = seed;
+  p.seed = s_->random_weight_seed++;
   p.scale = vector ? 0.1f : std::sqrt(3.0f / static_cast<float>(full_cols));
   p.offset = vector ? 1.0f : 0.0f;
   const size_t elem_bytes = vector ? 4 : 2;
@@ -1114,24 +1117,16 @@ Tensor CudaBackend::upload_weight(const HostTensor& w) {
   }
   const bool vector = w.shape.size() <= 1;
   t.dtype = vector ? DType::kF32 : DType::kBF16;
-  const bool dummy = s_->options.random_weights && w.data.empty() && !w.shape.empty();
-  const int64_t numel = dummy ? HostTensor::numel_of(w.shape) : w.numel();
-  if (dummy && !vector) t.cols = numel / std::max<int64_t>(t.rows, 1);
-  const size_t bytes = static_cast<size_t>(numel) * (vector ? 4 : 2);
+  if (s_->options.random_weights && w.data.empty() && !w.shape.empty()) {
+    WeightShard all;  // a dummy weight is its own one shard
+    all.row_ranges = {{0, w.shape[0]}};
+    return upload_weight_shard(w, all);
+  }
+  const size_t bytes = static_cast<size_t>(w.numel()) * (vector ? 4 : 2);
   void* ptr = nullptr;
   cuda_check(cudaMalloc(&ptr, std::max<size_t>(bytes, 16)), "upload_weight");
   s_->weights.push_back(ptr);
-  if (dummy) {
-    kernels::FillRandomParams p;
-    p.dst = ptr;
-    p.dst_type = vector ? kernels::ElemType::kF32 : kernels::ElemType::kBF16;
-    p.n = numel;
-    p.seed = s_->random_weight_seed++;
-    p.scale = vector ? 0.1f : std::sqrt(3.0f / static_cast<float>(t.cols));
-    p.offset = vector ? 1.0f : 0.0f;
-    cuda_check(kernels::launch_fill_random(p, s_->stream), "upload_weight (random)");
-    s_->wait("upload_weight (random)");
-  } else if (vector) {
+  if (vector) {
     s_->copy_to_device(ptr, w.data.data(), bytes, "upload_weight");
   } else {
     std::vector<uint16_t> h(static_cast<size_t>(w.numel()));
@@ -1420,15 +1415,7 @@ void CudaBackend::embedding(const Tensor& table, const Tensor& out) {
       throw_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
                                                    " is outside the vocabulary of " +
                                                    std::to_string(table.rows));
-  kernels::GatherRowsParams p;
-  p.src = table.data;
-  p.dst = out.data;
-  p.index = s.d_token_ids;
-  p.src_type = elem(table.dtype);
-  p.dst_type = elem(out.dtype);
-  p.num_rows = out.rows;
-  p.cols = out.cols;
-  cuda_check(kernels::launch_gather_rows(p, s.stream), "embedding");
+  embedding_shard(table, 0, out);  // the whole table: every (checked) id is inside it
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) {
