@@ -50,6 +50,11 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   c->add_option("--spec-total-tokens", o->spec_config.total_tokens, "EAGLE tree nodes");
   c->add_option("--spec-depth", o->spec_config.depth, "EAGLE draft steps");
   c->add_option("--spec-top-k", o->spec_config.top_k, "EAGLE children per node");
+  c->add_option("--spec-grow-on-device", o->spec_config.grow_on_device,
+                "EAGLE trees grown on the draft's backend: -1 auto (on a GPU), 0 no "
+                "(depth by depth on the host), 1 yes")
+      ->check(CLI::Range(-1, 1))
+      ->capture_default_str();
   c->add_option("--spec-max-nodes", o->max_tree_nodes, "Largest tree verified in one step");
   c->add_flag("--no-bos", o->no_bos, "Do not prepend BOS (chat-rendered prompts carry it)");
   c->add_flag("--skip-plain", o->skip_plain, "Measure acceptance only (no plain baseline)");

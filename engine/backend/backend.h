@@ -56,6 +56,16 @@ struct StepInputs {
   std::vector<uint32_t> tree_mask;   // packed rows: request r has T_r rows of ceil(T_r/32) words
   std::vector<int32_t> mask_indptr;  // [R + 1] word offsets into tree_mask
   std::vector<int32_t> logits_rows;  // [M] flat rows whose logits are wanted, ascending
+  // Key paths (EAGLE's draft tree grown on the backend, Backend::draft_frontier_load): empty, or
+  // for every request (each causal) key_path_base [R], key_path_indptr [R + 1] and key_path: the
+  // request's logical keys from key_path_base[r] on are read at key_path_base[r] + key_path[
+  // key_path_indptr[r] + i] (i < committed_len[r] + T_r - key_path_base[r], at most the
+  // request's path entries); every path value lies in [0, key_path_span), which the block table
+  // covers from key_path_base[r].
+  std::vector<int32_t> key_path_base;
+  std::vector<int32_t> key_path_indptr;
+  std::vector<int32_t> key_path;
+  int32_t key_path_span = 0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_requests() const {
@@ -237,6 +247,43 @@ class Backend {
   // copies are done as if simultaneously (sources read before any destination is written).
   virtual void copy_kv(const std::vector<int64_t>& src_slots,
                        const std::vector<int64_t>& dst_slots) = 0;
+  // --- EAGLE-2's dynamic trees grown on the backend (EagleDraftModel::grow_trees) ------------
+  // G trees of frontier width k grow depth by depth with no host round trip between depths:
+  // each depth's step reads its frontier (token ids, key paths, input rows) from backend memory,
+  // and its logits' top-k choose the next frontier there, by DynamicTreeGrower's rule
+  // (engine/spec/eagle_tree.h). The host downloads every depth's top-k rows once, at the end,
+  // and replays the grower on them. has_draft_frontier() false: the draft grows on the host
+  // (one wait per depth); the defaults throw kUnsupported.
+  virtual bool has_draft_frontier() const { return false; }
+  // Draft id -> target id: id + offsets[id] (empty: the same ids); kept until the next call.
+  virtual void set_draft_vocab_map(std::span<const int64_t> offsets);
+  // Starts G trees: row g * k + r of the first frontier is the draft id ids[g * k + r] with
+  // score values[g * k + r] (the root's top-k), input row parent_rows[g * k + r] of the first
+  // load's source, key path {r}. At most max_depth depths follow; at depth d row i sits at RoPE
+  // position positions[i] + d - 1 and writes its K/V to slots[(d - 1) * G * k + i].
+  virtual void draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
+                                    std::span<const int32_t> ids, std::span<const float> values,
+                                    std::span<const int32_t> parent_rows,
+                                    std::span<const int32_t> positions,
+                                    std::span<const int64_t> slots);
+  // Depth d (1-based) of a step set for all of them (set_step: G * k rows, each its own causal
+  // request whose key path holds max_depth entries from key_path_base, the request's committed
+  // rows): writes the step's token ids (the frontier's target ids), positions, slots, committed
+  // lengths (key_path_base + d - 1) and key paths (the row's ancestors' offsets (e - 1) * k +
+  // rank_e, then its own), and in [G * k, cols] = the rows of `source` [*, cols] the frontier
+  // reads (fp32, backend memory). Every depth's load, layer and expand may run in one step
+  // graph: neither load nor expand waits for the device or uploads.
+  virtual void draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in);
+  // Depth d's logits [G * k, vocab] fp32: their top-k log-softmax (top_k_log_softmax's ids and
+  // values, kept as depth d's log), and the next frontier: per tree the k best of its k * k
+  // candidates by score (the row's score + the value), ties to the lower candidate index (row r's
+  // j-th entry is candidate r * k + j), best first; their rows of this depth's outputs are the
+  // next load's source rows.
+  virtual void draft_frontier_expand(int32_t depth, const Tensor& logits);
+  // Depths 1..depths' top-k, in one download: ids and values [depths][G * k][k], resized.
+  virtual void draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
+                                  std::vector<float>* values);
+
   // Host <-> device traffic and host waits so far (the probe of spec-bench and the GPU tests).
   virtual TransferStats transfer_stats() const { return {}; }
 

@@ -67,4 +67,31 @@ void Backend::gather_rows(const Tensor& src, std::span<const int32_t> rows, cons
   upload(picked.data(), out);
 }
 
+namespace {
+
+[[noreturn]] void no_draft_frontier(const Backend& b, const char* op) {
+  throw_error(ErrorCode::kUnsupported,
+              b.name() + " backend: " + op + " (no draft trees grown on the backend)");
+}
+
+}  // namespace
+
+void Backend::set_draft_vocab_map(std::span<const int64_t>) {
+  no_draft_frontier(*this, "set_draft_vocab_map");
+}
+void Backend::draft_frontier_begin(int32_t, int32_t, int32_t, std::span<const int32_t>,
+                                   std::span<const float>, std::span<const int32_t>,
+                                   std::span<const int32_t>, std::span<const int64_t>) {
+  no_draft_frontier(*this, "draft_frontier_begin");
+}
+void Backend::draft_frontier_load(int32_t, const Tensor&, const Tensor&) {
+  no_draft_frontier(*this, "draft_frontier_load");
+}
+void Backend::draft_frontier_expand(int32_t, const Tensor&) {
+  no_draft_frontier(*this, "draft_frontier_expand");
+}
+void Backend::draft_frontier_log(int32_t, std::vector<int32_t>*, std::vector<float>*) {
+  no_draft_frontier(*this, "draft_frontier_log");
+}
+
 }  // namespace arbor

@@ -62,6 +62,40 @@ void StepInputs::validate(const KvCacheShape& kv) const {
     if (slot_mapping[i] < 0 || slot_mapping[i] >= total_slots)
       bad_step("slot_mapping[" + std::to_string(i) + "] = " + std::to_string(slot_mapping[i]) +
                " is outside the cache's " + std::to_string(total_slots) + " slots");
+  if (!key_path_base.empty() || !key_path_indptr.empty() || !key_path.empty()) {
+    if (key_path_base.size() != static_cast<size_t>(r) ||
+        key_path_indptr.size() != static_cast<size_t>(r) + 1 || key_path_indptr[0] != 0 ||
+        key_path_indptr[r] != static_cast<int32_t>(key_path.size()))
+      bad_step("key paths: key_path_base has " + std::to_string(key_path_base.size()) +
+               " entries and key_path_indptr " + std::to_string(key_path_indptr.size()) + " for " +
+               std::to_string(r) + " requests and " + std::to_string(key_path.size()) +
+               " path entries");
+    for (int32_t q = 0; q < r; ++q) {
+      const int32_t base = key_path_base[q];
+      const int32_t keys = committed_len[q] + qo_indptr[q + 1] - qo_indptr[q];
+      if (mask_indptr[q + 1] != mask_indptr[q] || base < 0 || base > keys ||
+          key_path_indptr[q + 1] - key_path_indptr[q] < keys - base)
+        bad_step("request " + std::to_string(q) + ": key path of " +
+                 std::to_string(key_path_indptr[q + 1] - key_path_indptr[q]) +
+                 " entries from key " + std::to_string(base) + " for " + std::to_string(keys) +
+                 " keys (a causal request's keys from its base on)");
+      const int64_t covered = static_cast<int64_t>(max_blocks_per_request) * kv.block_size;
+      if (base + static_cast<int64_t>(key_path_span) > covered)
+        bad_step("request " + std::to_string(q) + ": key path span " +
+                 std::to_string(key_path_span) + " from key " + std::to_string(base) +
+                 " is past its block table's " + std::to_string(covered) + " keys");
+      for (int32_t b = 0; b * kv.block_size < base + key_path_span; ++b) {
+        const int32_t id = block_tables[static_cast<size_t>(q) * max_blocks_per_request + b];
+        if (id < 0 || id >= kv.num_blocks)
+          bad_step("request " + std::to_string(q) + " block table entry " + std::to_string(b) +
+                   " is " + std::to_string(id) + " inside its key path span");
+      }
+    }
+    for (size_t i = 0; i < key_path.size(); ++i)
+      if (key_path[i] < 0 || key_path[i] >= key_path_span)
+        bad_step("key_path[" + std::to_string(i) + "] = " + std::to_string(key_path[i]) +
+                 " is outside [0, key_path_span " + std::to_string(key_path_span) + ")");
+  }
   for (size_t i = 0; i < logits_rows.size(); ++i)
     if (logits_rows[i] < 0 || logits_rows[i] >= static_cast<int32_t>(n))
       bad_step("logits_rows[" + std::to_string(i) + "] = " + std::to_string(logits_rows[i]) +

@@ -414,6 +414,147 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   return out;
 }
 
+std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> items, int32_t k,
+                                                  int32_t depths) {
+  Backend& b = *backend_;
+  const int64_t h = hidden_size();
+  const auto g_count = static_cast<int32_t>(items.size());
+  const int32_t n = g_count * k;  // rows per depth
+  std::vector<TopKRows> log;
+  if (items.empty() || depths < 1) return log;
+  ARBOR_CHECK(k >= 1 && k <= draft_vocab());
+  // Every item's tree rows: depths * k slots after its committed rows, released at the end.
+  std::vector<std::vector<int64_t>> slots;
+  std::vector<int32_t> committed;
+  size_t reserved = 0;
+  const auto cancel = [&] {
+    for (size_t i = 0; i < reserved; ++i) kv_.apply(kv_.plan_commit(items[i].seq, {}, {}));
+    reserved = 0;
+  };
+  try {
+    PhaseTimer timer(kFork);
+    SlotCopies copies;
+    for (const GrowItem& it : items) {
+      ARBOR_CHECK(it.root != nullptr && it.root->k == k && it.root->rows() == 1 &&
+                  static_cast<int64_t>(it.root_output.size()) == h);
+      committed.push_back(kv_.committed_len(it.seq));
+      slots.push_back(reserve(it.seq, depths * k, &copies));
+      ++reserved;
+    }
+    timer.next(kCopyKv);
+    if (!copies.empty()) b.copy_kv(copies.src_slots, copies.dst_slots);
+    timer.next(kUpload);
+    if (g_count > root_out_.rows)
+      root_out_ = b.persistent(std::max(g_count, 2 * static_cast<int32_t>(root_out_.rows)), h);
+    const Tensor roots{root_out_.data, DType::kF32, g_count, h};
+    std::vector<float> root_rows;
+    std::vector<int32_t> ids, parents;
+    std::vector<float> values;
+    for (int32_t g = 0; g < g_count; ++g) {
+      const GrowItem& it = items[static_cast<size_t>(g)];
+      root_rows.insert(root_rows.end(), it.root_output.begin(), it.root_output.end());
+      ids.insert(ids.end(), it.root->ids.begin(), it.root->ids.end());
+      values.insert(values.end(), it.root->values.begin(), it.root->values.end());
+      parents.insert(parents.end(), static_cast<size_t>(k), g);
+    }
+    b.upload(root_rows.data(), roots);
+    if (!d2t_.empty() && !vocab_map_set_) {
+      b.set_draft_vocab_map(d2t_);
+      vocab_map_set_ = true;
+    }
+    // One step for every depth: row g * k + r is its own causal request over item g's committed
+    // rows and, through a key path of up to `depths` entries, its ancestors' tree slots. The
+    // host sets it up once, for the last depth (its attention plan covers every depth's keys);
+    // each depth's load then writes the rows' ids, positions, slots, lengths and paths on the
+    // device, so all depths run back to back (one step graph once the shape is steady).
+    std::vector<int32_t> positions;
+    std::vector<int64_t> all_slots(static_cast<size_t>(depths) * static_cast<size_t>(n));
+    StepInputs step;
+    step.qo_indptr.push_back(0);
+    step.mask_indptr.push_back(0);
+    step.key_path_indptr.push_back(0);
+    int32_t max_blocks = 0;
+    for (const GrowItem& it : items)
+      max_blocks =
+          std::max<int32_t>(max_blocks, static_cast<int32_t>(kv_.block_table(it.seq).size()));
+    step.max_blocks_per_request = max_blocks;
+    step.key_path_span = depths * k;
+    for (int32_t g = 0; g < g_count; ++g) {
+      const GrowItem& it = items[static_cast<size_t>(g)];
+      const std::vector<int64_t>& tree_slots = slots[static_cast<size_t>(g)];
+      const int32_t c = committed[static_cast<size_t>(g)];
+      for (int32_t r = 0; r < k; ++r) {
+        const int32_t row = g * k + r;
+        for (int32_t d = 0; d < depths; ++d)
+          all_slots[static_cast<size_t>(d) * static_cast<size_t>(n) + static_cast<size_t>(row)] =
+              tree_slots[static_cast<size_t>(d * k + r)];
+        positions.push_back(it.position);
+        step.token_ids.push_back(0);  // the loads write these five
+        step.positions.push_back(it.position + depths - 1);
+        step.slot_mapping.push_back(tree_slots[static_cast<size_t>((depths - 1) * k + r)]);
+        step.committed_len.push_back(c + depths - 1);
+        step.qo_indptr.push_back(step.num_tokens());
+        step.mask_indptr.push_back(0);
+        kv_.append_block_table(it.seq, max_blocks, &step.block_tables);
+        step.key_path_base.push_back(c);
+        step.key_path.insert(step.key_path.end(), static_cast<size_t>(depths), 0);
+        step.key_path_indptr.push_back(static_cast<int32_t>(step.key_path.size()));
+      }
+    }
+    b.draft_frontier_begin(g_count, k, depths, ids, values, parents, positions, all_slots);
+    StepInputs padded;
+    const StepInputs& chosen = graphs_ != nullptr ? with_graph_table_width(step, &padded) : step;
+    timer.next(kSetStep);
+    b.set_step(chosen);
+    b.reset_scratch();
+    timer.next(kPrepare);
+    const auto ops = [&] {
+      Tensor source = roots;
+      for (int32_t d = 1; d <= depths; ++d) {
+        Tensor in = b.scratch(n, h);
+        b.draft_frontier_load(d, source, in);
+        source = layer(in, n, /*input_is_feature=*/false);
+        b.draft_frontier_expand(d, head(source));
+      }
+      return std::vector<Tensor>{source};
+    };
+    std::vector<Tensor> outs;
+    bool done = false;
+    if (graphs_ != nullptr) {
+      StepGraphKey key = {3, n, h, chosen.max_blocks_per_request, depths, k};
+      const bool prepared = b.prepare_step_graph(config_.num_heads, &key);
+      timer.next(kRun);
+      if (prepared) {
+        const StepGraphRun run = run_step_graph(*graphs_, b, key, [] {}, ops, &outs);
+        if (run == StepGraphRun::kReplayed) done = true;
+        if (run == StepGraphRun::kRecordingFailed) {  // rewind what the recording took
+          b.reset_scratch();
+          b.draft_frontier_begin(g_count, k, depths, ids, values, parents, positions, all_slots);
+        }
+      }
+    }
+    if (timer.phase != kRun) timer.next(kRun);
+    if (!done) outs = ops();
+    timer.next(kDownload);
+    std::vector<int32_t> all_ids;
+    std::vector<float> all_values;
+    b.draft_frontier_log(depths, &all_ids, &all_values);  // the draft's one wait
+    const size_t per_depth = static_cast<size_t>(n) * static_cast<size_t>(k);
+    for (int32_t d = 0; d < depths; ++d) {
+      const auto at = static_cast<int64_t>(per_depth * static_cast<size_t>(d));
+      log.push_back(
+          {k,
+           {all_ids.begin() + at, all_ids.begin() + at + static_cast<int64_t>(per_depth)},
+           {all_values.begin() + at, all_values.begin() + at + static_cast<int64_t>(per_depth)}});
+    }
+  } catch (...) {
+    cancel();
+    throw;
+  }
+  cancel();
+  return log;
+}
+
 Tensor EagleDraftModel::layer(const Tensor& in, int64_t n, bool input_is_feature) {
   Backend& b = *backend_;
   const EagleDraftConfig& c = config_;

@@ -94,6 +94,24 @@ class EagleDraftModel {
                         std::span<const int32_t> positions, std::vector<SeqId>* children,
                         int32_t top_k, TopKRows* top);
 
+  // EAGLE-2's dynamic trees of several requests grown on the backend, every depth's frontier
+  // chosen there (Backend::draft_frontier_*: no host wait between depths, one download at the
+  // end). Item i's first frontier is its root's top-k (root->k == k entries), reading its root's
+  // output root_output [hidden] (host); its depth-d rows sit at RoPE position position + d - 1
+  // and attend to the sequence's committed rows and their ancestors, whose K/V live in depths * k
+  // slots reserved after the committed rows for the call (released at its end). Returns
+  // depth d's top-k rows (rows i * k .. i * k + k - 1 are item i's frontier rows in
+  // DynamicTreeGrower's order), d = 1..depths. kResourceExhausted when the KV pool is full.
+  bool grows_on_backend() const { return backend_->has_draft_frontier(); }
+  std::string backend_name() const { return backend_->name(); }
+  struct GrowItem {
+    SeqId seq;
+    int32_t position;
+    const TopKRows* root;
+    std::span<const float> root_output;
+  };
+  std::vector<TopKRows> grow_trees(std::span<const GrowItem> items, int32_t k, int32_t depths);
+
   // Draft logits of layer outputs hidden [rows, hidden]: the target's LM head (EAGLE-1/2, no
   // final norm) or lm_head(norm(h)) (EAGLE-3). [rows, draft_vocab] host fp32.
   std::vector<float> logits(std::span<const float> hidden, int64_t rows);
@@ -136,6 +154,8 @@ class EagleDraftModel {
   // (grown by doubling; a backend's persistent buffers live as long as it does).
   Tensor last_out_;
   int64_t last_rows_ = 0;
+  Tensor root_out_;             // grow_trees: the roots' outputs (grown by doubling)
+  bool vocab_map_set_ = false;  // d2t_ handed to the backend (set_draft_vocab_map)
   std::unique_ptr<Backend> backend_;
   EagleDraftConfig config_;
   KvCacheManager kv_;

@@ -48,6 +48,8 @@ void EagleOptions::validate() const {
   if (tree.total_tokens < 1) bad("total_tokens", tree.total_tokens, "need >= 1");
   if (tree.depth < 0) bad("depth", tree.depth, "need >= 0");
   if (tree.top_k < 1) bad("top_k", tree.top_k, "need >= 1");
+  if (grow_on_backend < -1 || grow_on_backend > 1)
+    bad("grow_on_backend", grow_on_backend, "need -1, 0 or 1");
   if (draft_kv.num_blocks < 1) bad("draft_kv.num_blocks", draft_kv.num_blocks, "need >= 1");
   if (draft_kv.block_size < 1) bad("draft_kv.block_size", draft_kv.block_size, "need >= 1");
   if (draft_kv.enable_prefix_caching)
@@ -304,6 +306,30 @@ std::vector<DraftTree> EagleProposer::propose_batch(
                        s.first_position + draft_.length(s.seq)});
   }
   if (growing.empty()) return trees;
+  const bool on_backend = draft_.grows_on_backend() &&
+                          (options_.grow_on_backend == 1 ||
+                           (options_.grow_on_backend == -1 && draft_.backend_name() != "cpu"));
+  if (on_backend) {
+    // Every depth on the draft's backend, then the growers replay the same choices from the
+    // downloaded top-k rows (the device picks each frontier by the grower's rule).
+    std::vector<EagleDraftModel::GrowItem> items;
+    std::vector<Growing*> grown;
+    int32_t depths = 0;
+    for (Growing& g : growing) {
+      if (g.grower.done()) continue;
+      const RequestState& s = requests_.at(requests[g.index].first);
+      items.push_back({s.seq, g.position, &s.last_top, s.last_output});
+      grown.push_back(&g);
+      depths = std::max(depths, params[g.index].depth);
+    }
+    const std::vector<TopKRows> log = draft_.grow_trees(items, top_k, depths);
+    const auto k = static_cast<size_t>(top_k);
+    for (size_t i = 0; i < grown.size(); ++i)
+      for (size_t d = 0; !grown[i]->grower.done(); ++d)
+        grown[i]->grower.absorb(log.at(d).slice(i * k, (i + 1) * k));
+    for (Growing& g : growing) trees[g.index] = g.grower.tree();
+    return trees;
+  }
   while (true) {
     std::vector<SeqId> parents;
     std::vector<int32_t> tokens, positions, last_rows;

@@ -20,7 +20,11 @@ namespace arbor {
 struct EagleOptions {
   DynamicTreeParams tree;  // total_tokens, depth, top_k (bounded per call by TreeBudget)
   KvCacheConfig draft_kv = {2048, 16, false};  // the draft's own cache (no prefix caching)
-  int num_threads = 0;    // BLAS threads of the draft's CPU backend (0 = library default)
+  int num_threads = 0;  // BLAS threads of the draft's CPU backend (0 = library default)
+  // propose_batch grows the trees on the draft's backend (EagleDraftModel::grow_trees: no host
+  // wait between depths) instead of depth by depth on the host: -1 where the backend is a GPU,
+  // 0 never, 1 whenever the backend can (the CPU backend too: the tests compare both).
+  int grow_on_backend = -1;
   void validate() const;  // kInvalidArgument naming the field
 };
 

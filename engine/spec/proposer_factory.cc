@@ -50,6 +50,8 @@ void SpecConfig::validate() const {
   need(top_k >= 1, "top_k", top_k, ">= 1");
   need(draft_kv_blocks >= 1, "draft_kv_blocks", draft_kv_blocks, ">= 1");
   need(draft_block_size >= 1, "draft_block_size", draft_block_size, ">= 1");
+  need(grow_on_device >= -1 && grow_on_device <= 1, "grow_on_device", grow_on_device,
+       "-1 (auto), 0 or 1");
   need(min_ngram >= 1, "min_ngram", min_ngram, ">= 1");
   need(max_ngram >= min_ngram, "max_ngram", max_ngram,
        ">= min_ngram (" + std::to_string(min_ngram) + ")");
@@ -81,6 +83,7 @@ std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWei
       options.tree = {config.total_tokens, config.depth, config.top_k};
       options.draft_kv = {config.draft_kv_blocks, config.draft_block_size, false};
       options.num_threads = config.num_threads;
+      options.grow_on_backend = config.grow_on_device;
       return std::make_unique<EagleProposer>(load_eagle_checkpoint(config.head_path, version),
                                              target, options, std::move(draft_backend));
     }

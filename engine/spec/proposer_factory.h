@@ -29,6 +29,8 @@ struct SpecConfig {
   int32_t top_k = 10;                 // EAGLE: children per node and frontier width
   int32_t draft_kv_blocks = 2048;     // EAGLE: blocks of the draft's own KV cache
   int32_t draft_block_size = 16;      // EAGLE: tokens per draft KV block
+  int32_t grow_on_device = -1;        // EAGLE: trees grown on the draft's backend
+                                      // (EagleOptions::grow_on_backend: -1 auto, 0, 1)
   int32_t min_ngram = 1;              // n-gram: shortest suffix matched
   int32_t max_ngram = 4;              // n-gram: longest suffix matched (tried first)
   int32_t ngram_max_depth = 8;        // n-gram: longest continuation proposed

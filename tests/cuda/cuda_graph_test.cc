@@ -18,6 +18,7 @@
 #include "engine/model/llama_model.h"
 #include "engine/model/model_loader.h"
 #include "engine/runner/generator.h"
+#include "engine/spec/eagle_proposer.h"
 #include "engine/spec/proposer_factory.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -316,6 +317,108 @@ TEST_P(CudaDraftGraphs, EagleDraftReplaysEqualEagerSteps) {
   EXPECT_EQ(st.captures, 1) << GetParam();
   EXPECT_EQ(st.replays, 2) << GetParam();
   EXPECT_EQ(st.capture_failures, 0) << GetParam();
+}
+
+// EAGLE-2 trees grown on the device (EagleOptions::grow_on_backend: every frontier chosen on the
+// GPU, key paths into slots reserved after the committed rows, every depth in one step, one wait
+// at the end) are the trees of the host loop (a forked sequence per node, the frontier chosen on
+// the host after each depth's wait), for four requests of different lengths (one past a 64-key
+// tile, budgets of different depths) over several rounds of random feedback,
+// with and without step graphs; once its shapes have been seen, the draft waits for the device
+// three times per propose_batch (the backlog's forward: its outputs and their top-k; the final
+// download) where the host loop waits once more per depth.
+TEST_P(CudaDraftGraphs, EagleTreesGrownOnTheDeviceEqualTheHostLoop) {
+  const ModelWeights& w = weights_of("stories260K");
+  const EagleVersion version =
+      GetParam().rfind("eagle3", 0) == 0 ? EagleVersion::kEagle3 : EagleVersion::kEagle1;
+  const EagleWeights ck =
+      load_eagle_checkpoint(testing::test_data_dir() + "/spec/random/" + GetParam(), version);
+  for (bool graphs : {false, true}) {
+    auto make = [&](int on_backend) {
+      EagleOptions o;
+      o.tree = {24, 4, 5};
+      o.draft_kv = {256, 16, false};
+      o.grow_on_backend = on_backend;
+      CudaBackendOptions bo;
+      bo.cuda_graphs = graphs;
+      return std::make_unique<EagleProposer>(ck, w, o, make_cuda_backend(bo));
+    };
+    auto host = make(0), device = make(1);
+    const int64_t h = w.config.hidden_size;
+    const int32_t vocab = static_cast<int32_t>(w.config.vocab_size);
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> feat(-2.f, 2.f);
+    std::uniform_int_distribution<int32_t> tok(3, vocab - 1);
+    const std::vector<RequestId> ids = {1, 2, 3, 8};  // 8: past 64 keys (a second KV tile)
+    std::map<RequestId, int32_t> pos;
+    std::map<RequestId, std::vector<int32_t>> prompts;
+    std::map<RequestId, int32_t> next;
+    for (RequestId id : ids) {
+      std::vector<int32_t>& prompt = prompts[id];
+      prompt.resize(static_cast<size_t>(5 + 7 * id));
+      for (auto& t : prompt) t = tok(rng);
+      host->begin(id, prompt);
+      device->begin(id, prompt);
+      pos[id] = 0;
+    }
+    const size_t layers = host->capture_layers().size();
+    int64_t waits = 0, calls = 0;
+    for (int round = 0; round < 12; ++round) {
+      for (RequestId id : ids) {
+        const int32_t n = round == 0 ? 5 + 7 * static_cast<int32_t>(id) : 1 + round % 3;
+        std::vector<int32_t> tokens(static_cast<size_t>(n));
+        for (auto& t : tokens) t = tok(rng);
+        if (round == 0)
+          tokens = prompts[id];  // the prefill's rows
+        else
+          tokens[0] = next[id];  // the root the last feedback named
+        std::vector<float> hidden(static_cast<size_t>(n * h));
+        for (auto& x : hidden) x = feat(rng);
+        std::vector<std::vector<float>> captured(layers, std::vector<float>(hidden.size()));
+        for (auto& c : captured)
+          for (auto& x : c) x = feat(rng);
+        TargetFeedback fb;
+        fb.request = id;
+        fb.start = pos[id];
+        fb.tokens = tokens;
+        if (host->needs_hidden()) fb.hidden = hidden;
+        for (const auto& c : captured) fb.captured.emplace_back(c);
+        fb.next_token = next[id] = tok(rng);
+        host->observe(fb);
+        device->observe(fb);
+        pos[id] += n;
+      }
+      const std::vector<std::pair<RequestId, TreeBudget>> want = {
+          {1, TreeBudget{24, 6}},
+          {2, TreeBudget{round % 2 ? 12 : 24, 6}},
+          {3, TreeBudget{24, 3}},
+          {8, TreeBudget{24, 6}}};
+      const std::vector<DraftTree> a = host->propose_batch(want);
+      const TransferStats before = device->draft_transfer_stats();
+      const std::vector<DraftTree> b = device->propose_batch(want);
+      if (round >= 6) {  // shapes seen before (the first sightings tune GEMMs, with waits)
+        waits += (device->draft_transfer_stats() - before).syncs;
+        ++calls;
+      }
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        const std::string what = GetParam() + (graphs ? " graphs" : " eager") + " round " +
+                                 std::to_string(round) + " request " + std::to_string(i);
+        EXPECT_EQ(a[i].token, b[i].token) << what;
+        EXPECT_EQ(a[i].parent, b[i].parent) << what;
+        EXPECT_GT(b[i].size(), 1) << what;
+      }
+    }
+    std::printf("  %s %s: %.1f device waits per propose_batch grown on the device\n",
+                GetParam().c_str(), graphs ? "graphs" : "eager",
+                static_cast<double>(waits) / static_cast<double>(calls));
+    EXPECT_LE(waits, 3 * calls);
+    if (graphs) {  // every depth in one recording, replayed once the shape repeats
+      const StepGraphStats st = device->draft_graph_stats();
+      EXPECT_GT(st.replays, 0) << describe(st);
+      EXPECT_EQ(st.capture_failures, 0) << describe(st);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Drafts, CudaDraftGraphs,

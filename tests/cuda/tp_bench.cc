@@ -108,6 +108,8 @@ EagleWeights dummy_eagle3(const ModelConfig& t) {
 
 struct EngineStepTimes {
   double step = 0, draft = 0, feedback = 0, tokens_per_step = 0;
+  double draft_waits = 0;         // the draft backend's host waits per step
+  StepGraphStats draft_graphs{};  // its step graphs over the timed steps
 };
 
 // Median Engine::step time once every request is decoding (`batch` requests of `context` random
@@ -152,6 +154,8 @@ EngineStepTimes engine_steps(LlamaModel& model, const ModelWeights& w, int batch
     if (std::all_of(started.begin(), started.end(), [](bool x) { return x; })) ++warm;
   }
   const EngineStats before = engine.stats();
+  const TransferStats draft_before = proposer ? proposer->draft_transfer_stats() : TransferStats{};
+  const StepGraphStats graphs_before = proposer ? proposer->draft_graph_stats() : StepGraphStats{};
   std::vector<double> times;
   for (int s = 0; s < steps; ++s) {
     const double t0 = now_s();
@@ -165,6 +169,15 @@ EngineStepTimes engine_steps(LlamaModel& model, const ModelWeights& w, int batch
   out.feedback = (after.feedback_seconds - before.feedback_seconds) / steps;
   out.tokens_per_step = static_cast<double>(after.decode_tokens - before.decode_tokens) /
                         (static_cast<double>(steps) * batch);
+  if (proposer) {
+    out.draft_waits =
+        static_cast<double>((proposer->draft_transfer_stats() - draft_before).syncs) / steps;
+    const StepGraphStats g = proposer->draft_graph_stats();
+    out.draft_graphs.captures = g.captures - graphs_before.captures;
+    out.draft_graphs.replays = g.replays - graphs_before.replays;
+    out.draft_graphs.eager = g.eager - graphs_before.eager;
+    out.draft_graphs.capture_failures = g.capture_failures - graphs_before.capture_failures;
+  }
   return out;
 }
 
@@ -311,6 +324,14 @@ int run(const Args& a) {
         std::printf("| %d | %d | %d | %.3f | %.3f | %.2fx | %.3f | %.3f | %.2fx / %.2fx |\n", tp, b,
                     t, plain.step * 1e3, spec.step * 1e3, ratio, spec.draft * 1e3,
                     spec.feedback * 1e3, 3.9 / ratio, 5.4 / ratio);
+        const StepGraphStats& g = spec.draft_graphs;
+        std::fprintf(
+            stderr,
+            "  batch %d: draft waits %.2f per step; draft graphs over the timed steps: %lld "
+            "captures, %lld replays, %lld eager, %lld failed\n",
+            b, spec.draft_waits, static_cast<long long>(g.captures),
+            static_cast<long long>(g.replays), static_cast<long long>(g.eager),
+            static_cast<long long>(g.capture_failures));
         std::fflush(stdout);
         rows.push_back({{"shape", a.shape},
                         {"tp", tp},

@@ -156,30 +156,36 @@ TEST_P(EagleReference, DynamicTreesOfTwoRoundsMatchTopKGenerate) {
 // propose_batch grows several requests' trees with one draft forward per step for all of them:
 // request A (after round 0), request B (after rounds 0 and 1, so other positions and features)
 // and a root-only budget in one call give each request the official tree of its own round.
+// Both ways: depth by depth on the host, and grown on the backend (Backend::draft_frontier_*,
+// each frontier chosen where the logits are, key paths instead of forked sequences).
 TEST_P(EagleReference, BatchedProposalsEqualTheOfficialTreeOfEachRequest) {
   const Fixture f = load(GetParam());
   const auto& rounds = f.ref["rounds"];
   ASSERT_GE(rounds.size(), 2u);
-  for (size_t s = 0; s < rounds[0]["trees"].size(); ++s) {
-    auto p = make(f, options_of(rounds[0]["trees"][s]));
-    const Round r0 = round_of(rounds[0]), r1 = round_of(rounds[1]);
-    for (RequestId id : {21, 22, 23}) {
-      p->begin(id, r0.tokens);
-      p->observe(r0.feedback(id));
+  for (int on_backend : {0, 1})
+    for (size_t s = 0; s < rounds[0]["trees"].size(); ++s) {
+      SCOPED_TRACE(on_backend ? "grown on the backend" : "grown on the host");
+      EagleOptions o = options_of(rounds[0]["trees"][s]);
+      o.grow_on_backend = on_backend;
+      auto p = make(f, o);
+      const Round r0 = round_of(rounds[0]), r1 = round_of(rounds[1]);
+      for (RequestId id : {21, 22, 23}) {
+        p->begin(id, r0.tokens);
+        p->observe(r0.feedback(id));
+      }
+      p->observe(r1.feedback(22));
+      const std::vector<DraftTree> trees = p->propose_batch(
+          {{21, TreeBudget{64, 8}}, {23, TreeBudget{1, 8}}, {22, TreeBudget{64, 8}}});
+      ASSERT_EQ(trees.size(), 3u);
+      for (const auto& [tree, round] : {std::pair{trees[0], 0}, {trees[2], 1}}) {
+        const nlohmann::json& t = rounds[round]["trees"][s];
+        test::expect_tree(
+            tree, t["tokens"].get<std::vector<int32_t>>(), t["parents"].get<std::vector<int32_t>>(),
+            "batched, setting " + std::to_string(s) + " round " + std::to_string(round));
+      }
+      EXPECT_EQ(trees[1].size(), 1);
+      for (RequestId id : {21, 22, 23}) p->end(id);
     }
-    p->observe(r1.feedback(22));
-    const std::vector<DraftTree> trees = p->propose_batch(
-        {{21, TreeBudget{64, 8}}, {23, TreeBudget{1, 8}}, {22, TreeBudget{64, 8}}});
-    ASSERT_EQ(trees.size(), 3u);
-    for (const auto& [tree, round] : {std::pair{trees[0], 0}, {trees[2], 1}}) {
-      const nlohmann::json& t = rounds[round]["trees"][s];
-      test::expect_tree(
-          tree, t["tokens"].get<std::vector<int32_t>>(), t["parents"].get<std::vector<int32_t>>(),
-          "batched, setting " + std::to_string(s) + " round " + std::to_string(round));
-    }
-    EXPECT_EQ(trees[1].size(), 1);
-    for (RequestId id : {21, 22, 23}) p->end(id);
-  }
 }
 
 TEST_P(EagleReference, TreeBudgetBoundsNodesAndDepth) {

@@ -366,7 +366,14 @@ void CpuBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t nu
     const int32_t* table =
         step_.block_tables.data() + static_cast<int64_t>(r) * step_.max_blocks_per_request;
     slots.resize(kv_len);
-    for (int64_t j = 0; j < kv_len; ++j) slots[j] = table[j / bs] * bs + j % bs;
+    const bool paths = !step_.key_path_base.empty();
+    const int64_t path_base = paths ? step_.key_path_base[r] : kv_len;
+    for (int64_t j = 0; j < kv_len; ++j) {
+      const int64_t jk =
+          j < path_base ? j
+                        : path_base + step_.key_path[step_.key_path_indptr[r] + (j - path_base)];
+      slots[j] = table[jk / bs] * bs + jk % bs;
+    }
     const bool causal = step_.mask_indptr[r] == step_.mask_indptr[r + 1];
     const int32_t words = (t_len + 31) / 32;
     const uint32_t* mask = step_.tree_mask.data() + step_.mask_indptr[r];
@@ -487,6 +494,74 @@ void CpuBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<
       values->push_back(row[static_cast<size_t>(id)]);
     }
   }
+}
+
+void CpuBackend::set_draft_vocab_map(std::span<const int64_t> offsets) {
+  vocab_offsets_.assign(offsets.begin(), offsets.end());
+}
+
+void CpuBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
+                                      std::span<const int32_t> ids, std::span<const float> values,
+                                      std::span<const int32_t> parent_rows,
+                                      std::span<const int32_t> positions,
+                                      std::span<const int64_t> slots) {
+  frontier_.begin(groups, k, max_depth, ids, values, parent_rows, positions, slots);
+}
+
+void CpuBackend::draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in) {
+  HostDraftFrontier& f = frontier_;
+  f.check_depth(depth, "draft_frontier_load");
+  const int32_t n = f.rows();
+  bool paths = step_.key_path_base.size() == static_cast<size_t>(n);
+  for (int32_t row = 0; paths && row < n; ++row)
+    paths = step_.key_path_indptr[static_cast<size_t>(row) + 1] -
+                step_.key_path_indptr[static_cast<size_t>(row)] >=
+            depth;
+  if (step_.num_tokens() != n || step_.num_requests() != n || !paths || in.rows != n ||
+      in.cols != source.cols)
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_load: depth " + std::to_string(depth) + " of " + std::to_string(n) +
+                    " rows, a step of " + std::to_string(step_.num_tokens()) + " tokens and " +
+                    std::to_string(step_.key_path.size()) + " path entries");
+  std::vector<int32_t> rows(static_cast<size_t>(n));
+  for (int32_t row = 0; row < n; ++row) {
+    const auto r = static_cast<size_t>(row);
+    const int32_t id = f.ids[r];
+    step_.token_ids[r] = vocab_offsets_.empty()
+                             ? id
+                             : static_cast<int32_t>(id + vocab_offsets_.at(static_cast<size_t>(id)));
+    step_.positions[r] = f.positions[r] + depth - 1;
+    step_.slot_mapping[r] = f.slots[static_cast<size_t>(depth - 1) * static_cast<size_t>(n) + r];
+    step_.committed_len[r] = step_.key_path_base[r] + depth - 1;
+    for (int32_t e = 0; e < depth; ++e)
+      step_.key_path[static_cast<size_t>(step_.key_path_indptr[r] + e)] =
+          f.path[r * static_cast<size_t>(f.max_depth) + static_cast<size_t>(e)];
+    rows[r] = f.parent[r];
+  }
+  gather_rows(source, rows, in);
+}
+
+void CpuBackend::draft_frontier_expand(int32_t depth, const Tensor& logits) {
+  if (logits.rows != frontier_.rows())
+    throw_error(ErrorCode::kInvalidArgument, "draft_frontier_expand: logits " +
+                                                 std::to_string(logits.rows) + " rows for " +
+                                                 std::to_string(frontier_.rows()));
+  std::vector<int32_t> ids;
+  std::vector<float> values;
+  top_k_log_softmax(logits, frontier_.k, &ids, &values);
+  frontier_.expand(depth, ids, values);
+}
+
+void CpuBackend::draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
+                                    std::vector<float>* values) {
+  const HostDraftFrontier& f = frontier_;
+  if (depths < 0 || depths > f.depths_logged())
+    throw_error(ErrorCode::kInvalidArgument, "draft_frontier_log: " + std::to_string(depths) +
+                                                 " depths of " + std::to_string(f.depths_logged()));
+  const size_t n =
+      static_cast<size_t>(depths) * static_cast<size_t>(f.rows()) * static_cast<size_t>(f.k);
+  ids->assign(f.log_ids.begin(), f.log_ids.begin() + static_cast<int64_t>(n));
+  values->assign(f.log_values.begin(), f.log_values.begin() + static_cast<int64_t>(n));
 }
 
 void CpuBackend::copy_kv(const std::vector<int64_t>& src_slots,

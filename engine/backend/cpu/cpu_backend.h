@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/draft_frontier.h"
 
 namespace arbor {
 
@@ -82,6 +83,16 @@ class CpuBackend final : public Backend {
                          std::vector<float>* values) override;
   void copy_kv(const std::vector<int64_t>& src_slots,
                const std::vector<int64_t>& dst_slots) override;
+  bool has_draft_frontier() const override { return true; }
+  void set_draft_vocab_map(std::span<const int64_t> offsets) override;
+  void draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
+                            std::span<const int32_t> ids, std::span<const float> values,
+                            std::span<const int32_t> parent_rows, std::span<const int32_t> positions,
+                            std::span<const int64_t> slots) override;
+  void draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in) override;
+  void draft_frontier_expand(int32_t depth, const Tensor& logits) override;
+  void draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
+                          std::vector<float>* values) override;
 
   // Direct access for tests: [num_blocks * block_size * num_kv_heads * head_dim] per layer.
   std::span<const float> k_cache(int64_t layer) const { return plane(k_cache_, layer); }
@@ -107,6 +118,8 @@ class CpuBackend final : public Backend {
                                 kv_shape_.num_kv_heads * kv_shape_.head_dim)};
   }
   StepInputs step_;
+  HostDraftFrontier frontier_;
+  std::vector<int64_t> vocab_offsets_;          // set_draft_vocab_map
   std::shared_ptr<HostCollective> collective_;  // null: no group
   int rank_ = 0;
 };

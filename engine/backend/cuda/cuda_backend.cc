@@ -35,6 +35,7 @@
 #include "kernels/kv/kv_cache_ops.h"
 #include "kernels/norm_rope/norm_rope.h"
 #include "kernels/sampling/argmax_rows.h"
+#include "kernels/sampling/draft_frontier.h"
 #include "kernels/sampling/gather_path_rows.h"
 #include "kernels/sampling/top_k_rows.h"
 #include "kernels/sampling/tree_sampling.h"
@@ -257,6 +258,22 @@ struct CudaBackend::State {
   const int32_t* d_mask_indptr = nullptr;
   const int32_t* d_logits_rows = nullptr;
   const int32_t* d_token_request = nullptr;
+  // Key paths (StepInputs::key_path*; nullptr when the step has none).
+  const int32_t* d_key_path_base = nullptr;
+  const int32_t* d_key_path_indptr = nullptr;
+  int32_t* d_key_path = nullptr;
+
+  // Draft trees grown on the device (Backend::draft_frontier_*): two frontiers (the current
+  // one and the next), then every depth's top-k log (ids, then values).
+  DeviceBuffer frontier;
+  DeviceBuffer vocab_offset;  // set_draft_vocab_map's [draft_vocab] int64 (empty: none)
+  bool has_vocab_offset = false;
+  int32_t fr_groups = 0, fr_k = 0, fr_max_depth = 0, fr_current = 0;
+  kernels::DraftFrontier fr[2];
+  int32_t* fr_positions0 = nullptr;
+  int64_t* fr_slots = nullptr;
+  int32_t* fr_log_ids = nullptr;
+  float* fr_log_values = nullptr;
 
   // Attention plan of this step (built at the first attention call, or by prepare_step_graph;
   // keyed by head count). A plan for a step graph launches plan_num_work CTAs (the work list
@@ -1383,6 +1400,11 @@ void CudaBackend::set_step(const StepInputs& step) {
   // The tree masks last: their size depends on how the tokens split into trees, which a step
   // graph's key leaves out, so it must not move the other sections.
   const size_t o_mask = pk.add(step.tree_mask);
+  // Key paths after them (draft steps have no tree masks, so their offsets are steady too).
+  const bool paths = !step.key_path_base.empty();
+  const size_t o_kp_base = paths ? pk.add(step.key_path_base, cap) : 0,
+               o_kp_indptr = paths ? pk.add(step.key_path_indptr, cap + 1) : 0,
+               o_kp = paths ? pk.add(step.key_path) : 0;
   uint8_t* host = s.meta.begin(pk.size(), "set_step");
   pk.write(host);
   s.meta.commit(pk.size(), s.stream, "set_step");
@@ -1397,6 +1419,9 @@ void CudaBackend::set_step(const StepInputs& step) {
   s.d_mask_indptr = s.meta_ptr<int32_t>(o_mask_ptr);
   s.d_logits_rows = s.meta_ptr<int32_t>(o_logits);
   s.d_token_request = s.meta_ptr<int32_t>(o_treq);
+  s.d_key_path_base = paths ? s.meta_ptr<int32_t>(o_kp_base) : nullptr;
+  s.d_key_path_indptr = paths ? s.meta_ptr<int32_t>(o_kp_indptr) : nullptr;
+  s.d_key_path = paths ? const_cast<int32_t*>(s.meta_ptr<int32_t>(o_kp)) : nullptr;
   s.plan_valid = false;
 }
 
@@ -1905,6 +1930,19 @@ void CudaBackend::paged_tree_attention(int64_t layer, const Tensor& q, int64_t n
     p.path = s.d_virt.path;
     p.num_requests = static_cast<int32_t>(s.plan.virt.committed_len.size());
   }
+  if (s.d_key_path != nullptr) {
+    // Causal requests only, so a batch-invariant plan's virtual requests are the real ones; the
+    // step's own arrays, which draft_frontier_load rewrites on the device, are read.
+    p.qo_indptr = s.d_qo_indptr;
+    p.committed_len = s.d_committed;
+    p.mask_indptr = s.d_mask_indptr;
+    p.token_request = s.d_token_request;
+    p.table_request = nullptr;
+    p.num_requests = r_count;
+    p.path_base = s.d_key_path_base;
+    p.path_indptr = s.d_key_path_indptr;
+    p.path = s.d_key_path;
+  }
   p.partial_out = static_cast<float*>(s.partial_out.ptr);
   p.partial_lse = static_cast<float*>(s.partial_lse.ptr);
   if (out.dtype == DType::kF32) p.out_bf16 = s.bf16_copy_for(out.data, out.numel());
@@ -2090,6 +2128,176 @@ void CudaBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector
   s.d2h(ids->data(), p.ids, n * 4, "top_k_log_softmax download");
   s.d2h(values->data(), p.values, n * 4, "top_k_log_softmax download");
   s.wait("top_k_log_softmax");
+}
+
+void CudaBackend::set_draft_vocab_map(std::span<const int64_t> offsets) {
+  s_->flush();
+  State& s = *s_;
+  s.has_vocab_offset = !offsets.empty();
+  if (offsets.empty()) return;
+  s.vocab_offset.ensure(offsets.size() * 8, "set_draft_vocab_map");
+  cuda_check(cudaMemcpyAsync(s.vocab_offset.ptr, offsets.data(), offsets.size() * 8,
+                             cudaMemcpyHostToDevice, s.stream),
+             "set_draft_vocab_map");
+  s.wait("set_draft_vocab_map");  // once per draft model: the host copy may go
+  s.transfers.h2d_bytes += static_cast<int64_t>(offsets.size() * 8);
+}
+
+void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
+                                       std::span<const int32_t> ids, std::span<const float> values,
+                                       std::span<const int32_t> parent_rows,
+                                       std::span<const int32_t> positions,
+                                       std::span<const int64_t> slots) {
+  s_->flush();
+  State& s = *s_;
+  const auto n = static_cast<size_t>(groups) * static_cast<size_t>(k);
+  const auto depth = static_cast<size_t>(max_depth);
+  if (groups < 1 || k < 1 || k > 32 || max_depth < 1 || max_depth > 32 || ids.size() != n ||
+      values.size() != n || parent_rows.size() != n || positions.size() != n ||
+      slots.size() != n * depth)
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_begin: " + std::to_string(groups) + " trees of width " +
+                    std::to_string(k) + " (1..32), " + std::to_string(max_depth) +
+                    " depths (1..32), " + std::to_string(ids.size()) + " ids, " +
+                    std::to_string(values.size()) + " values, " +
+                    std::to_string(parent_rows.size()) + " parent rows, " +
+                    std::to_string(positions.size()) + " positions, " +
+                    std::to_string(slots.size()) + " slots");
+  // Device layout (4-byte words): two frontiers (ids, scores, parents [n], paths [n, depth]),
+  // the depth-1 positions [n], every depth's slots [depth, n] (8 bytes each), then the top-k log
+  // (ids, then values, [depth, n, k] each). Step graphs record these addresses (epoch).
+  const size_t frontier_words = n * (3 + depth);
+  const size_t log_words = 2 * depth * n * static_cast<size_t>(k);
+  const size_t slot_words = (2 * depth * n + 1) / 2 * 2;  // 8-byte aligned
+  const size_t head_words = 2 * frontier_words + n + (n % 2);
+  s.frontier.epoch = &s.epoch;
+  s.frontier.ensure((head_words + slot_words + log_words) * 4, "draft_frontier_begin");
+  auto* base = static_cast<int32_t*>(s.frontier.ptr);
+  for (int i = 0; i < 2; ++i) {
+    int32_t* f = base + static_cast<size_t>(i) * frontier_words;
+    s.fr[i] = {f, reinterpret_cast<float*>(f + n), f + 2 * n, f + 3 * n};
+  }
+  s.fr_positions0 = base + 2 * frontier_words;
+  s.fr_slots = reinterpret_cast<int64_t*>(base + head_words);
+  s.fr_log_ids = base + head_words + slot_words;
+  s.fr_log_values = reinterpret_cast<float*>(s.fr_log_ids + log_words / 2);
+  // The top-k workspace for these rows, made here: nothing allocates inside a recording.
+  const size_t work = kernels::top_k_workspace_bytes(static_cast<int64_t>(n));
+  if (s.top_k_work.bytes < work) {
+    s.top_k_work.epoch = &s.epoch;
+    s.top_k_work.ensure(work, "draft_frontier_begin workspace");
+    cuda_check(cudaMemsetAsync(s.top_k_work.ptr, 0, s.top_k_work.bytes, s.stream),
+               "draft_frontier_begin workspace");
+  }
+  // The first frontier, the positions and the slots, staged in one upload.
+  std::vector<int32_t> first(head_words + slot_words, 0);
+  std::copy(ids.begin(), ids.end(), first.begin());
+  std::memcpy(first.data() + n, values.data(), n * 4);
+  std::copy(parent_rows.begin(), parent_rows.end(), first.begin() + static_cast<int64_t>(2 * n));
+  for (size_t row = 0; row < n; ++row)
+    first[3 * n + row * depth] = static_cast<int32_t>(row % static_cast<size_t>(k));
+  std::copy(positions.begin(), positions.end(),
+            first.begin() + static_cast<int64_t>(2 * frontier_words));
+  std::memcpy(first.data() + head_words, slots.data(), slots.size() * 8);
+  s.uploads.copy(s.fr[0].ids, first.data(), first.size() * 4, s.stream, "draft_frontier_begin");
+  s.transfers.h2d_bytes += static_cast<int64_t>(first.size() * 4);
+  s.fr_groups = groups;
+  s.fr_k = k;
+  s.fr_max_depth = max_depth;
+  s.fr_current = 0;
+}
+
+void CudaBackend::draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in) {
+  s_->flush();
+  State& s = *s_;
+  require_step(s.has_step, "draft_frontier_load");
+  const int32_t n = s.fr_groups * s.fr_k;
+  if (s.fr_groups == 0 || depth < 1 || depth > s.fr_max_depth || s.step.num_tokens() != n ||
+      s.step.num_requests() != n || s.d_key_path == nullptr ||
+      s.step.key_path.size() < static_cast<size_t>(n) * static_cast<size_t>(s.fr_max_depth) ||
+      in.rows != n || in.cols != source.cols || source.dtype != DType::kF32 ||
+      in.dtype != DType::kF32)
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_load: depth " + std::to_string(depth) + " of " +
+                    std::to_string(s.fr_max_depth) + " for " + std::to_string(n) +
+                    " rows, a step of " + std::to_string(s.step.num_tokens()) + " tokens and " +
+                    std::to_string(s.step.key_path.size()) + " path entries, in " + shape(in) +
+                    ", source " + shape(source));
+  kernels::DraftFrontierLoadParams p;
+  p.f = s.fr[s.fr_current];
+  p.vocab_offset = s.has_vocab_offset ? static_cast<const int64_t*>(s.vocab_offset.ptr) : nullptr;
+  p.positions0 = s.fr_positions0;
+  p.all_slots = s.fr_slots;
+  p.token_ids = const_cast<int32_t*>(s.d_token_ids);
+  p.positions = const_cast<int32_t*>(s.d_positions);
+  p.slots = const_cast<int64_t*>(s.d_slots);
+  p.committed_len = const_cast<int32_t*>(s.d_committed);
+  p.key_path_base = s.d_key_path_base;
+  p.key_path_indptr = s.d_key_path_indptr;
+  p.key_path = s.d_key_path;
+  p.rows = n;
+  p.depth = depth;
+  p.max_depth = s.fr_max_depth;
+  cuda_check(kernels::launch_draft_frontier_load(p, s.stream), "draft_frontier_load");
+  kernels::GatherRowsParams g;  // the parents' rows (parents index source's rows)
+  g.src = source.data;
+  g.dst = in.data;
+  g.index = s.fr[s.fr_current].parent;
+  g.num_rows = n;
+  g.cols = in.cols;
+  cuda_check(kernels::launch_gather_rows(g, s.stream), "draft_frontier_load rows");
+}
+
+void CudaBackend::draft_frontier_expand(int32_t depth, const Tensor& logits) {
+  s_->flush();
+  State& s = *s_;
+  const int32_t n = s.fr_groups * s.fr_k, k = s.fr_k;
+  if (s.fr_groups == 0 || depth < 1 || depth > s.fr_max_depth || logits.rows != n ||
+      logits.dtype != DType::kF32 || logits.cols < k || logits.cols >= (int64_t{1} << 31) - 1)
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_expand: depth " + std::to_string(depth) + " of " +
+                    std::to_string(s.fr_max_depth) + ", logits " + shape(logits) + " for " +
+                    std::to_string(n) + " rows of top-" + std::to_string(k));
+  const size_t per_depth = static_cast<size_t>(n) * static_cast<size_t>(k);
+  kernels::TopKRowsParams t;
+  t.x = static_cast<const float*>(logits.data);
+  t.ids = s.fr_log_ids + per_depth * static_cast<size_t>(depth - 1);
+  t.values = s.fr_log_values + per_depth * static_cast<size_t>(depth - 1);
+  t.rows = logits.rows;
+  t.cols = logits.cols;
+  t.k = k;
+  ARBOR_CHECK(s.top_k_work.bytes >= kernels::top_k_workspace_bytes(logits.rows));
+  t.workspace = s.top_k_work.ptr;
+  cuda_check(kernels::launch_top_k_log_softmax(t, s.stream), "draft_frontier_expand top-k");
+  if (depth == s.fr_max_depth) return;  // no frontier after the last depth
+  kernels::DraftFrontierSelectParams p;
+  p.in = s.fr[s.fr_current];
+  p.out = s.fr[1 - s.fr_current];
+  p.top_ids = t.ids;
+  p.top_values = t.values;
+  p.groups = s.fr_groups;
+  p.k = k;
+  p.depth = depth;
+  p.max_depth = s.fr_max_depth;
+  cuda_check(kernels::launch_draft_frontier_select(p, s.stream), "draft_frontier_expand select");
+  s.fr_current = 1 - s.fr_current;
+}
+
+void CudaBackend::draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
+                                     std::vector<float>* values) {
+  s_->flush();
+  State& s = *s_;
+  if (s.fr_groups == 0 || depths < 0 || depths > s.fr_max_depth)
+    throw_error(ErrorCode::kInvalidArgument, "draft_frontier_log: " + std::to_string(depths) +
+                                                 " depths of " + std::to_string(s.fr_max_depth));
+  const size_t n = static_cast<size_t>(depths) * static_cast<size_t>(s.fr_groups) *
+                   static_cast<size_t>(s.fr_k) * static_cast<size_t>(s.fr_k);
+  ids->resize(n);
+  values->resize(n);
+  if (n == 0) return;
+  s.d2h(ids->data(), s.fr_log_ids, n * 4, "draft_frontier_log");
+  s.d2h(values->data(), s.fr_log_values, n * 4, "draft_frontier_log");
+  s.wait("draft_frontier_log");
 }
 
 static_assert(sizeof(TreeSampleParams) == sizeof(kernels::TreeSampleItemParams) &&

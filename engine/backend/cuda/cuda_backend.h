@@ -154,6 +154,16 @@ class CudaBackend final : public Backend {
   void top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
                          std::vector<float>* values) override;
   bool has_sample_trees() const override { return true; }
+  bool has_draft_frontier() const override { return true; }
+  void set_draft_vocab_map(std::span<const int64_t> offsets) override;
+  void draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
+                            std::span<const int32_t> ids, std::span<const float> values,
+                            std::span<const int32_t> parent_rows, std::span<const int32_t> positions,
+                            std::span<const int64_t> slots) override;
+  void draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in) override;
+  void draft_frontier_expand(int32_t depth, const Tensor& logits) override;
+  void draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
+                          std::vector<float>* values) override;
   TransferStats transfer_stats() const override;
   void sample_trees_and_path_rows(const Tensor& logits, const TreeSampleBatch& batch,
                                   const PathRowsRequest& rows, TreeSampleResult* out) override;

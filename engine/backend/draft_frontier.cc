@@ -1,0 +1,90 @@
+#include "engine/backend/draft_frontier.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "engine/core/error.h"
+
+namespace arbor {
+
+void HostDraftFrontier::begin(int32_t g, int32_t kk, int32_t depth,
+                              std::span<const int32_t> first_ids, std::span<const float> values,
+                              std::span<const int32_t> parent_rows,
+                              std::span<const int32_t> first_positions,
+                              std::span<const int64_t> all_slots) {
+  const auto n = static_cast<size_t>(g) * static_cast<size_t>(kk);
+  if (g < 1 || kk < 1 || kk > 32 || depth < 1 || depth > 32 || first_ids.size() != n ||
+      values.size() != n || parent_rows.size() != n || first_positions.size() != n ||
+      all_slots.size() != n * static_cast<size_t>(depth))
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_begin: " + std::to_string(g) + " trees of width " +
+                    std::to_string(kk) + " (1..32), " + std::to_string(depth) +
+                    " depths (1..32), " + std::to_string(first_ids.size()) + " ids, " +
+                    std::to_string(values.size()) + " values, " +
+                    std::to_string(parent_rows.size()) + " parent rows, " +
+                    std::to_string(first_positions.size()) + " positions, " +
+                    std::to_string(all_slots.size()) + " slots");
+  groups = g;
+  k = kk;
+  max_depth = depth;
+  ids.assign(first_ids.begin(), first_ids.end());
+  scores.assign(values.begin(), values.end());
+  parent.assign(parent_rows.begin(), parent_rows.end());
+  positions.assign(first_positions.begin(), first_positions.end());
+  slots.assign(all_slots.begin(), all_slots.end());
+  path.assign(n * static_cast<size_t>(depth), 0);
+  for (size_t row = 0; row < n; ++row)
+    path[row * static_cast<size_t>(depth)] = static_cast<int32_t>(row % static_cast<size_t>(kk));
+  log_ids.clear();
+  log_values.clear();
+}
+
+void HostDraftFrontier::check_depth(int32_t depth, const char* op) const {
+  if (groups == 0 || depth != depths_logged() + 1 || depth > max_depth)
+    throw_error(ErrorCode::kInvalidArgument, std::string(op) + ": depth " + std::to_string(depth) +
+                                                 " after " + std::to_string(depths_logged()) +
+                                                 " of at most " + std::to_string(max_depth) +
+                                                 (groups == 0 ? " (no draft_frontier_begin)" : ""));
+}
+
+void HostDraftFrontier::expand(int32_t depth, std::span<const int32_t> top_ids,
+                               std::span<const float> top_values) {
+  check_depth(depth, "draft_frontier_expand");
+  const size_t n = static_cast<size_t>(rows()), kk = static_cast<size_t>(k);
+  ARBOR_CHECK(top_ids.size() == n * kk && top_values.size() == n * kk);
+  log_ids.insert(log_ids.end(), top_ids.begin(), top_ids.end());
+  log_values.insert(log_values.end(), top_values.begin(), top_values.end());
+  if (depth == max_depth) return;  // no frontier after the last depth
+  std::vector<int32_t> next_ids(n), next_parent(n), next_path(path.size());
+  std::vector<float> next_scores(n);
+  std::vector<float> cand(kk * kk);
+  std::vector<int32_t> order(kk * kk);
+  const auto width = static_cast<size_t>(max_depth);
+  for (size_t g = 0; g < static_cast<size_t>(groups); ++g) {
+    for (size_t c = 0; c < kk * kk; ++c) {
+      const size_t row = g * kk + c / kk;
+      cand[c] = scores[row] + top_values[row * kk + c % kk];
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(
+        order.begin(), order.begin() + static_cast<int64_t>(kk), order.end(),
+        [&](int32_t a, int32_t b) { return cand[a] > cand[b] || (cand[a] == cand[b] && a < b); });
+    for (size_t rank = 0; rank < kk; ++rank) {
+      const auto c = static_cast<size_t>(order[rank]);
+      const size_t row = g * kk + c / kk, out = g * kk + rank;
+      next_ids[out] = top_ids[row * kk + c % kk];
+      next_scores[out] = cand[c];
+      next_parent[out] = static_cast<int32_t>(row);
+      std::copy_n(path.begin() + static_cast<int64_t>(row * width), depth,
+                  next_path.begin() + static_cast<int64_t>(out * width));
+      next_path[out * width + static_cast<size_t>(depth)] = depth * k + static_cast<int32_t>(rank);
+    }
+  }
+  ids = std::move(next_ids);
+  scores = std::move(next_scores);
+  parent = std::move(next_parent);
+  path = std::move(next_path);
+}
+
+}  // namespace arbor

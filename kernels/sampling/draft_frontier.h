@@ -1,0 +1,57 @@
+// EAGLE-2's dynamic draft tree grown on the device (the engine's Backend::draft_frontier_*): the
+// frontier of G trees of width k, loaded into a draft step and chosen anew from each depth's
+// top-k, by the host rule of engine/backend/draft_frontier.cc bit for bit.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace arbor::kernels {
+
+// The frontier: rows g * k + r, r < k (best first).
+struct DraftFrontier {
+  int32_t* ids = nullptr;     // [G * k] draft ids
+  float* scores = nullptr;    // [G * k] cumulative log-probabilities
+  int32_t* parent = nullptr;  // [G * k] row of the next load's source
+  int32_t* path = nullptr;    // [G * k, max_depth] key offsets, ancestors first
+};
+
+// A step's rows from the frontier at depth `depth` (1-based): token_ids[row] = ids[row] +
+// vocab_offset[ids[row]] (no table: ids[row]); positions[row] = positions0[row] + depth - 1;
+// slots[row] = all_slots[(depth - 1) * rows + row]; committed_len[row] = key_path_base[row] +
+// depth - 1; key_path[key_path_indptr[row] + e] = path[row][e], e < depth.
+struct DraftFrontierLoadParams {
+  DraftFrontier f;
+  const int64_t* vocab_offset = nullptr;  // [draft_vocab] or nullptr
+  const int32_t* positions0 = nullptr;    // [G * k]
+  const int64_t* all_slots = nullptr;     // [max_depth, G * k]
+  int32_t* token_ids = nullptr;           // the step's [G * k] arrays
+  int32_t* positions = nullptr;
+  int64_t* slots = nullptr;
+  int32_t* committed_len = nullptr;
+  const int32_t* key_path_base = nullptr;
+  const int32_t* key_path_indptr = nullptr;
+  int32_t* key_path = nullptr;
+  int32_t rows = 0;  // G * k
+  int32_t depth = 0;
+  int32_t max_depth = 0;
+};
+cudaError_t launch_draft_frontier_load(const DraftFrontierLoadParams& p, cudaStream_t stream);
+
+// The next frontier `out` from `in` and depth d's top-k (top_ids, top_values [G * k, k]): per
+// tree the k best candidates c = r * k + j by score in.scores[g k + r] + top_values[(g k + r) k
+// + j], ties to the lower c; out row g k + rank: the candidate's draft id and score, parent g k +
+// r, path = in's row path then depth * k + rank. One block per tree; k <= 32.
+struct DraftFrontierSelectParams {
+  DraftFrontier in, out;
+  const int32_t* top_ids = nullptr;
+  const float* top_values = nullptr;
+  int32_t groups = 0;
+  int32_t k = 0;
+  int32_t depth = 0;
+  int32_t max_depth = 0;
+};
+cudaError_t launch_draft_frontier_select(const DraftFrontierSelectParams& p, cudaStream_t stream);
+
+}  // namespace arbor::kernels
