@@ -30,4 +30,10 @@ struct HostTensor {
 
 std::string shape_str(const std::vector<int64_t>& shape);
 
+// Matrices (or bias vectors) stacked by rows, e.g. q|k|v into one fused projection; shape-only
+// when every part is (dummy weights the backend fills itself). Missing bias parts (empty data,
+// given `rows`) become zeros. The parts must have the same width (ARBOR_CHECK).
+HostTensor stack_rows(const std::vector<const HostTensor*>& parts,
+                      const std::vector<int64_t>& rows = {});
+
 }  // namespace arbor

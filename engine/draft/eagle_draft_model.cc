@@ -116,37 +116,55 @@ EagleDraftModel::EagleDraftModel(std::unique_ptr<Backend> backend, const EagleWe
   b.allocate_kv(shape);
 
   auto opt = [&](const HostTensor& t) { return t.empty() ? Tensor{} : b.upload_weight(t); };
+  // A backend that prefers fused projections (as the target's layers use them) gets q|k|v and
+  // gate|up each as one matrix: one GEMM instead of three or two.
+  fused_ = b.fuse_projections();
+  const int64_t q_rows = c.num_heads * c.head_dim, kv_rows = c.num_kv_heads * c.head_dim;
+  const auto upload_qkv = [&](const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                              Tensor* wq, Tensor* wk, Tensor* wv, Tensor* wqkv) {
+    if (fused_) {
+      *wqkv = b.upload_weight(stack_rows({&q, &k, &v}));
+    } else {
+      *wq = b.upload_weight(q);
+      *wk = b.upload_weight(k);
+      *wv = b.upload_weight(v);
+    }
+  };
   embed_ = b.upload_weight(w.embed.empty() ? target_embed : w.embed);
   if (eagle3()) {
     fc_ = b.upload_weight(w.fc);
     input_norm_ = b.upload_weight(w.input_norm);
     hidden_norm_ = b.upload_weight(w.hidden_norm);
-    wq_ = b.upload_weight(columns(w.wq, 0, h));
-    wk_ = b.upload_weight(columns(w.wk, 0, h));
-    wv_ = b.upload_weight(columns(w.wv, 0, h));
-    wq_h_ = b.upload_weight(columns(w.wq, h, h));
-    wk_h_ = b.upload_weight(columns(w.wk, h, h));
-    wv_h_ = b.upload_weight(columns(w.wv, h, h));
+    upload_qkv(columns(w.wq, 0, h), columns(w.wk, 0, h), columns(w.wv, 0, h), &wq_, &wk_, &wv_,
+               &wqkv_);
+    upload_qkv(columns(w.wq, h, h), columns(w.wk, h, h), columns(w.wv, h, h), &wq_h_, &wk_h_,
+               &wv_h_, &wqkv_h_);
     norm_ = b.upload_weight(w.norm);
     lm_head_ = b.upload_weight(w.lm_head);
   } else {
     fc_emb_ = b.upload_weight(columns(w.fc, 0, h));
     fc_feat_ = b.upload_weight(columns(w.fc, h, h));
     fc_bias_ = opt(w.fc_bias);
-    wq_ = b.upload_weight(w.wq);
-    wk_ = b.upload_weight(w.wk);
-    wv_ = b.upload_weight(w.wv);
+    upload_qkv(w.wq, w.wk, w.wv, &wq_, &wk_, &wv_, &wqkv_);
     // A tied target hands the same tensor twice: upload it once.
     const bool shared = w.embed.empty() && &target_lm_head == &target_embed;
     lm_head_ = shared ? embed_ : b.upload_weight(target_lm_head);
   }
-  bq_ = opt(w.bq);
-  bk_ = opt(w.bk);
-  bv_ = opt(w.bv);
+  if (!fused_) {
+    bq_ = opt(w.bq);
+    bk_ = opt(w.bk);
+    bv_ = opt(w.bv);
+  } else if (!w.bq.empty() || !w.bk.empty() || !w.bv.empty()) {
+    bqkv_ = b.upload_weight(stack_rows({&w.bq, &w.bk, &w.bv}, {q_rows, kv_rows, kv_rows}));
+  }
   wo_ = b.upload_weight(w.wo);
   post_norm_ = b.upload_weight(w.post_norm);
-  w_gate_ = b.upload_weight(w.w_gate);
-  w_up_ = b.upload_weight(w.w_up);
+  if (fused_) {
+    w_gate_up_ = b.upload_weight(stack_rows({&w.w_gate, &w.w_up}));
+  } else {
+    w_gate_ = b.upload_weight(w.w_gate);
+    w_up_ = b.upload_weight(w.w_up);
+  }
   w_down_ = b.upload_weight(w.w_down);
   if (b.step_graphs_enabled()) {
     Backend* bp = backend_.get();
@@ -569,6 +587,31 @@ Tensor EagleDraftModel::layer(const Tensor& in, int64_t n, bool input_is_feature
   Tensor x;  // [N, h] residual stream
   Tensor tmp = b.scratch(n, h);
   Tensor q = b.scratch(n, q_width), k = b.scratch(n, kv_width), v = b.scratch(n, kv_width);
+  // q|k|v from one input (fused: one GEMM, then split), added onto `acc` when acc is set.
+  Tensor qkv = fused_ ? b.scratch(n, q_width + 2 * kv_width) : Tensor{};
+  const auto project_qkv = [&](const Tensor& in_x, const Tensor& wq, const Tensor& wk,
+                               const Tensor& wv, const Tensor& wqkv, bool bias, bool accumulate) {
+    if (fused_) {
+      if (!accumulate) {
+        b.linear(in_x, wqkv, bias ? bqkv_ : Tensor{}, qkv);
+      } else {
+        Tensor part = b.scratch(n, q_width + 2 * kv_width);
+        b.linear(in_x, wqkv, Tensor{}, part);
+        b.add(qkv, part, qkv);
+      }
+      return;
+    }
+    const Tensor parts[3] = {q, k, v}, weights[3] = {wq, wk, wv}, biases[3] = {bq_, bk_, bv_};
+    for (int i = 0; i < 3; ++i) {
+      if (!accumulate) {
+        b.linear(in_x, weights[i], bias ? biases[i] : Tensor{}, parts[i]);
+      } else {
+        Tensor part = b.scratch(n, parts[i].cols);
+        b.linear(in_x, weights[i], Tensor{}, part);
+        b.add(parts[i], part, parts[i]);
+      }
+    }
+  };
   if (!eagle3()) {
     // x = fc(concat(emb, feature)) = fc_emb emb + fc_feat feature (+ bias); no input_layernorm.
     ARBOR_CHECK(in_width == h);
@@ -576,9 +619,7 @@ Tensor EagleDraftModel::layer(const Tensor& in, int64_t n, bool input_is_feature
     b.linear(emb, fc_emb_, fc_bias_, x);
     b.linear(in, fc_feat_, Tensor{}, tmp);
     b.add(x, tmp, x);
-    b.linear(x, wq_, bq_, q);
-    b.linear(x, wk_, bk_, k);
-    b.linear(x, wv_, bv_, v);
+    project_qkv(x, wq_, wk_, wv_, wqkv_, true, false);
   } else {
     if (input_is_feature) {
       ARBOR_CHECK(in_width == 3 * c.target_hidden_size);
@@ -592,17 +633,10 @@ Tensor EagleDraftModel::layer(const Tensor& in, int64_t n, bool input_is_feature
     Tensor e = b.scratch(n, h), g = b.scratch(n, h);
     b.rms_norm(emb, input_norm_, eps, e);
     b.rms_norm(x, hidden_norm_, eps, g);
-    Tensor part_q = b.scratch(n, q_width), part_kv = b.scratch(n, kv_width);
-    b.linear(e, wq_, bq_, q);
-    b.linear(g, wq_h_, Tensor{}, part_q);
-    b.add(q, part_q, q);
-    b.linear(e, wk_, bk_, k);
-    b.linear(g, wk_h_, Tensor{}, part_kv);
-    b.add(k, part_kv, k);
-    b.linear(e, wv_, bv_, v);
-    b.linear(g, wv_h_, Tensor{}, part_kv);
-    b.add(v, part_kv, v);
+    project_qkv(e, wq_, wk_, wv_, wqkv_, true, false);
+    project_qkv(g, wq_h_, wk_h_, wv_h_, wqkv_h_, false, true);
   }
+  if (fused_) b.split_cols(qkv, {q, k, v});
   Tensor attn = b.scratch(n, q_width);
   b.rope(q, k, rope_);
   b.write_kv(0, k, v);
@@ -612,8 +646,14 @@ Tensor EagleDraftModel::layer(const Tensor& in, int64_t n, bool input_is_feature
   Tensor normed = b.scratch(n, h);
   Tensor gate = b.scratch(n, c.intermediate_size), up = b.scratch(n, c.intermediate_size);
   b.rms_norm(x, post_norm_, eps, normed);
-  b.linear(normed, w_gate_, Tensor{}, gate);
-  b.linear(normed, w_up_, Tensor{}, up);
+  if (fused_) {
+    Tensor gate_up = b.scratch(n, 2 * c.intermediate_size);
+    b.linear(normed, w_gate_up_, Tensor{}, gate_up);
+    b.split_cols(gate_up, {gate, up});
+  } else {
+    b.linear(normed, w_gate_, Tensor{}, gate);
+    b.linear(normed, w_up_, Tensor{}, up);
+  }
   b.silu_mul(gate, up, gate);
   b.linear(gate, w_down_, Tensor{}, tmp);
   b.add(x, tmp, x);

@@ -169,6 +169,9 @@ class EagleDraftModel {
   Tensor wq_, wk_, wv_;                // EAGLE-1/2: [out, h]; EAGLE-3: the halves reading emb
   Tensor wq_h_, wk_h_, wv_h_;          // EAGLE-3: the halves reading hidden_norm(h)
   Tensor bq_, bk_, bv_, wo_, post_norm_, w_gate_, w_up_, w_down_;
+  // Backend::fuse_projections(): q|k|v (EAGLE-3: of each input half) and gate|up stacked.
+  bool fused_ = false;
+  Tensor wqkv_, wqkv_h_, bqkv_, w_gate_up_;
   Tensor norm_, lm_head_;                   // EAGLE-3 own; EAGLE-1/2: lm_head_ = target's
   std::unique_ptr<StepGraphCache> graphs_;  // after backend_: released before it
 };
