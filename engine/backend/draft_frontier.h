@@ -10,14 +10,14 @@ namespace arbor {
 
 struct HostDraftFrontier {
   int32_t groups = 0, k = 0, max_depth = 0;
-  std::vector<int32_t> ids;       // [G * k] draft ids
-  std::vector<float> scores;      // [G * k] cumulative log-probabilities
-  std::vector<int32_t> parent;    // [G * k] row of the next load's source
+  std::vector<int32_t> ids;        // [G * k] draft ids
+  std::vector<float> scores;       // [G * k] cumulative log-probabilities
+  std::vector<int32_t> parent;     // [G * k] row of the next load's source
   std::vector<int32_t> path;       // [G * k, max_depth] key offsets, ancestors first
   std::vector<int32_t> positions;  // [G * k] RoPE positions at depth 1
   std::vector<int64_t> slots;      // [max_depth, G * k] K/V slots
-  std::vector<int32_t> log_ids;   // [depths][G * k][k]
-  std::vector<float> log_values;  // same
+  std::vector<int32_t> log_ids;    // [depths][G * k][k]
+  std::vector<float> log_values;   // same
 
   // Backend::draft_frontier_begin (kInvalidArgument naming the bad size).
   void begin(int32_t groups, int32_t k, int32_t max_depth, std::span<const int32_t> ids,

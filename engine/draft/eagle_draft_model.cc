@@ -211,7 +211,7 @@ std::vector<float> EagleDraftModel::append(SeqId seq, std::span<const int32_t> t
 }
 
 std::vector<float> EagleDraftModel::append_batch(std::span<const AppendItem> items, int32_t top_k,
-                                                 std::vector<TopKRows>* last_tops) {
+                                                 std::vector<TopKRows>* last_tops, bool download) {
   last_tops->clear();
   if (items.empty()) return {};
   SlotCopies copies;
@@ -231,7 +231,7 @@ std::vector<float> EagleDraftModel::append_batch(std::span<const AppendItem> ite
     if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
     TopKRows top;
     out = forward(rows, features, /*input_is_feature=*/true, top_k > 0 ? Head::kLast : Head::kNone,
-                  top_k, &top);
+                  top_k, &top, {}, download);
     if (top_k > 0)
       for (size_t i = 0; i < items.size(); ++i) last_tops->push_back(top.slice(i, i + 1));
   } catch (...) {
@@ -452,9 +452,17 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
   try {
     PhaseTimer timer(kFork);
     SlotCopies copies;
+    int32_t on_device = 0;  // items whose roots are rows of the last forward's outputs (first)
     for (const GrowItem& it : items) {
-      ARBOR_CHECK(it.root != nullptr && it.root->k == k && it.root->rows() == 1 &&
-                  static_cast<int64_t>(it.root_output.size()) == h);
+      ARBOR_CHECK(it.root != nullptr && it.root->k == k && it.root->rows() == 1);
+      if (it.root_row >= 0) {
+        ARBOR_CHECK(on_device == static_cast<int32_t>(committed.size()) && it.root_row < last_rows_,
+                    "grow_trees: root row " + std::to_string(it.root_row) + " of " +
+                        std::to_string(last_rows_) + " after host roots");
+        ++on_device;
+      } else {
+        ARBOR_CHECK(static_cast<int64_t>(it.root_output.size()) == h);
+      }
       committed.push_back(kv_.committed_len(it.seq));
       slots.push_back(reserve(it.seq, depths * k, &copies));
       ++reserved;
@@ -466,16 +474,24 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
       root_out_ = b.persistent(std::max(g_count, 2 * static_cast<int32_t>(root_out_.rows)), h);
     const Tensor roots{root_out_.data, DType::kF32, g_count, h};
     std::vector<float> root_rows;
-    std::vector<int32_t> ids, parents;
+    std::vector<int32_t> ids, parents, device_rows;
     std::vector<float> values;
     for (int32_t g = 0; g < g_count; ++g) {
       const GrowItem& it = items[static_cast<size_t>(g)];
-      root_rows.insert(root_rows.end(), it.root_output.begin(), it.root_output.end());
+      if (it.root_row >= 0)
+        device_rows.push_back(it.root_row);
+      else
+        root_rows.insert(root_rows.end(), it.root_output.begin(), it.root_output.end());
       ids.insert(ids.end(), it.root->ids.begin(), it.root->ids.end());
       values.insert(values.end(), it.root->values.begin(), it.root->values.end());
       parents.insert(parents.end(), static_cast<size_t>(k), g);
     }
-    b.upload(root_rows.data(), roots);
+    if (on_device > 0)
+      b.gather_rows(Tensor{last_out_.data, DType::kF32, last_rows_, h}, device_rows,
+                    Tensor{root_out_.data, DType::kF32, on_device, h});
+    if (on_device < g_count)
+      b.upload(root_rows.data(), Tensor{static_cast<float*>(root_out_.data) + on_device * h,
+                                        DType::kF32, g_count - on_device, h});
     if (!d2t_.empty() && !vocab_map_set_) {
       b.set_draft_vocab_map(d2t_);
       vocab_map_set_ = true;
@@ -543,7 +559,8 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
       const bool prepared = b.prepare_step_graph(config_.num_heads, &key);
       timer.next(kRun);
       if (prepared) {
-        const StepGraphRun run = run_step_graph(*graphs_, b, key, [] {}, ops, &outs);
+        const StepGraphRun run = run_step_graph(
+            *graphs_, b, key, [] {}, ops, &outs);
         if (run == StepGraphRun::kReplayed) done = true;
         if (run == StepGraphRun::kRecordingFailed) {  // rewind what the recording took
           b.reset_scratch();
@@ -557,6 +574,7 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
     std::vector<int32_t> all_ids;
     std::vector<float> all_values;
     b.draft_frontier_log(depths, &all_ids, &all_values);  // the draft's one wait
+
     const size_t per_depth = static_cast<size_t>(n) * static_cast<size_t>(k);
     for (int32_t d = 0; d < depths; ++d) {
       const auto at = static_cast<int64_t>(per_depth * static_cast<size_t>(d));

@@ -67,8 +67,10 @@ class EagleDraftModel {
     std::span<const float> features;  // [tokens, feature_width()]
     int32_t position0;
   };
+  // With download false nothing is copied back (an empty return): the outputs stay on the
+  // backend as the last forward's (GrowItem::root_row reads them there).
   std::vector<float> append_batch(std::span<const AppendItem> items, int32_t top_k,
-                                  std::vector<TopKRows>* last_tops);
+                                  std::vector<TopKRows>* last_tops, bool download = true);
 
   // One tree-expansion step: row i forks parents[i] and appends (tokens[i], hidden row i) at
   // RoPE position `position`, where hidden [B, hidden] are earlier layer outputs (EAGLE-3 skips
@@ -97,7 +99,9 @@ class EagleDraftModel {
   // EAGLE-2's dynamic trees of several requests grown on the backend, every depth's frontier
   // chosen there (Backend::draft_frontier_*: no host wait between depths, one download at the
   // end). Item i's first frontier is its root's top-k (root->k == k entries), reading its root's
-  // output root_output [hidden] (host); its depth-d rows sit at RoPE position position + d - 1
+  // output: row root_row of the last forward's outputs (append_batch without download; the items
+  // reading such rows come first), else root_output [hidden] (host). Its depth-d rows sit at
+  // RoPE position position + d - 1
   // and attend to the sequence's committed rows and their ancestors, whose K/V live in depths * k
   // slots reserved after the committed rows for the call (released at its end). Returns
   // depth d's top-k rows (rows i * k .. i * k + k - 1 are item i's frontier rows in
@@ -109,6 +113,7 @@ class EagleDraftModel {
     int32_t position;
     const TopKRows* root;
     std::span<const float> root_output;
+    int32_t root_row = -1;
   };
   std::vector<TopKRows> grow_trees(std::span<const GrowItem> items, int32_t k, int32_t depths);
 

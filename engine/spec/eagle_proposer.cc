@@ -164,7 +164,8 @@ void EagleProposer::observe_batch(std::span<const TargetFeedback> feedbacks) {
   flush_backlogs(full);
 }
 
-void EagleProposer::flush_backlogs(const std::vector<RequestState*>& states) {
+void EagleProposer::flush_backlogs(const std::vector<RequestState*>& states,
+                                   bool outputs_on_device) {
   std::vector<EagleDraftModel::AppendItem> items;
   std::vector<RequestState*> ran;
   for (RequestState* s : states) {
@@ -176,12 +177,17 @@ void EagleProposer::flush_backlogs(const std::vector<RequestState*>& states) {
   // Every request's rows in one draft forward; each one's last row's top-k (the next tree's
   // root children) comes from the same device step.
   std::vector<TopKRows> tops;
-  const std::vector<float> out = draft_.append_batch(items, top_k(), &tops);
+  const std::vector<float> out = draft_.append_batch(items, top_k(), &tops, !outputs_on_device);
   const int64_t h = draft_.hidden_size();
   int64_t row = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     row += static_cast<int64_t>(items[i].tokens.size());
-    ran[i]->last_output.assign(out.begin() + (row - 1) * h, out.begin() + row * h);
+    if (outputs_on_device) {
+      ran[i]->last_output.clear();
+      ran[i]->device_row = static_cast<int32_t>(row - 1);
+    } else {
+      ran[i]->last_output.assign(out.begin() + (row - 1) * h, out.begin() + row * h);
+    }
     ran[i]->last_top = std::move(tops[i]);
     ran[i]->backlog_tokens.clear();
     ran[i]->backlog_features.clear();
@@ -280,12 +286,21 @@ std::vector<DraftTree> EagleProposer::propose_batch(
 
   std::vector<DynamicTreeParams> params(requests.size());
   growing.reserve(requests.size());
-  {  // the rows observed since each request's last draft, all in one forward
-    std::vector<RequestState*> states;
-    for (const auto& [request, budget] : requests)
-      if (budget.max_nodes > 1) states.push_back(&requests_.at(request));
-    flush_backlogs(states);
-  }
+  const bool on_backend = draft_.grows_on_backend() &&
+                          (options_.grow_on_backend == 1 ||
+                           (options_.grow_on_backend == -1 && draft_.backend_name() != "cpu"));
+  // The rows observed since each request's last draft, all in one forward; grown on the
+  // backend, their outputs stay there as the trees' roots (no wait for them).
+  std::vector<RequestState*> states;
+  for (const auto& [request, budget] : requests)
+    if (budget.max_nodes > 1) states.push_back(&requests_.at(request));
+  struct ClearDeviceRows {  // on every exit: device rows are valid within this call only
+    std::vector<RequestState*>& states;
+    ~ClearDeviceRows() {
+      for (RequestState* s : states) s->device_row = -1;
+    }
+  } clear_device_rows{states};
+  flush_backlogs(states, on_backend);
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& [request, budget] = requests[i];
     tracker_.check_budget(request, budget);
@@ -295,7 +310,9 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     params[i].depth = std::min(options_.tree.depth, budget.max_depth - 1);
     params[i].top_k = options_.tree.top_k;
     trees[i] = DraftTree::root_only(root);
-    if (s.last_output.empty() || params[i].total_tokens <= 1 || budget.max_depth < 1) continue;
+    if ((s.last_output.empty() && s.device_row < 0) || params[i].total_tokens <= 1 ||
+        budget.max_depth < 1)
+      continue;
     // The root's children: the top-k of its row, from observe()'s step.
     ARBOR_CHECK(s.last_top.k == top_k);
     growing.push_back({i,
@@ -305,31 +322,33 @@ std::vector<DraftTree> EagleProposer::propose_batch(
                        {},
                        s.first_position + draft_.length(s.seq)});
   }
-  if (growing.empty()) return trees;
-  const bool on_backend = draft_.grows_on_backend() &&
-                          (options_.grow_on_backend == 1 ||
-                           (options_.grow_on_backend == -1 && draft_.backend_name() != "cpu"));
   if (on_backend) {
     // Every depth on the draft's backend, then the growers replay the same choices from the
-    // downloaded top-k rows (the device picks each frontier by the grower's rule).
+    // downloaded top-k rows (the device picks each frontier by the grower's rule). Roots still
+    // on the device come first (grow_trees' order).
     std::vector<EagleDraftModel::GrowItem> items;
     std::vector<Growing*> grown;
     int32_t depths = 0;
-    for (Growing& g : growing) {
-      if (g.grower.done()) continue;
-      const RequestState& s = requests_.at(requests[g.index].first);
-      items.push_back({s.seq, g.position, &s.last_top, s.last_output});
-      grown.push_back(&g);
-      depths = std::max(depths, params[g.index].depth);
-    }
+    for (bool device_roots : {true, false})
+      for (Growing& g : growing) {
+        const RequestState& s = requests_.at(requests[g.index].first);
+        if (g.grower.done() || (s.device_row >= 0) != device_roots) continue;
+        items.push_back({s.seq, g.position, &s.last_top, s.last_output, s.device_row});
+        grown.push_back(&g);
+        depths = std::max(depths, params[g.index].depth);
+      }
     const std::vector<TopKRows> log = draft_.grow_trees(items, top_k, depths);
     const auto k = static_cast<size_t>(top_k);
     for (size_t i = 0; i < grown.size(); ++i)
       for (size_t d = 0; !grown[i]->grower.done(); ++d)
         grown[i]->grower.absorb(log.at(d).slice(i * k, (i + 1) * k));
     for (Growing& g : growing) trees[g.index] = g.grower.tree();
+    // The roots' outputs stay on the device (no wait for them): a request proposed for again
+    // before any new rows (none in steady state: every verify step feeds rows back) gets a
+    // root-only tree that once.
     return trees;
   }
+  if (growing.empty()) return trees;
   while (true) {
     std::vector<SeqId> parents;
     std::vector<int32_t> tokens, positions, last_rows;

@@ -64,7 +64,11 @@ class EagleProposer final : public Proposer {
     std::vector<float> pending_feature;  // feature of the last position while its next token is
                                          // unknown (next_token == -1)
     std::vector<float> last_output;      // [hidden] draft output of the last committed row
-    TopKRows last_top;                   // its top_k() best draft entries (from observe())
+    // Within propose_batch on the backend: the output of the last committed row is row
+    // device_row of the draft's last forward (not downloaded: grow_trees reads it there, and
+    // last_output stays empty); else -1.
+    int32_t device_row = -1;
+    TopKRows last_top;  // its top_k() best draft entries (from observe())
     // Rows observed but not yet run through the draft (see observe_batch): the draft forward
     // of committed rows is deferred to the next propose() for the request, or until
     // kMaxBacklogRows have gathered, so steps that do not speculate cost no draft forward.
@@ -77,7 +81,8 @@ class EagleProposer final : public Proposer {
   static constexpr size_t kMaxBacklogRows = 32;
   // Runs the backlogs of `states` through the draft in one forward: their last rows' outputs
   // and top-k become last_output / last_top.
-  void flush_backlogs(const std::vector<RequestState*>& states);
+  // outputs_on_device: leave the outputs on the draft's backend (device_row) instead.
+  void flush_backlogs(const std::vector<RequestState*>& states, bool outputs_on_device = false);
   // Children per node read from the draft (the tree's top_k, at most the draft vocabulary).
   int32_t top_k() const;
   // One feedback's new draft rows, before they run.

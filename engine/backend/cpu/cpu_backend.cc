@@ -527,9 +527,10 @@ void CpuBackend::draft_frontier_load(int32_t depth, const Tensor& source, const 
   for (int32_t row = 0; row < n; ++row) {
     const auto r = static_cast<size_t>(row);
     const int32_t id = f.ids[r];
-    step_.token_ids[r] = vocab_offsets_.empty()
-                             ? id
-                             : static_cast<int32_t>(id + vocab_offsets_.at(static_cast<size_t>(id)));
+    step_.token_ids[r] =
+        vocab_offsets_.empty()
+            ? id
+            : static_cast<int32_t>(id + vocab_offsets_.at(static_cast<size_t>(id)));
     step_.positions[r] = f.positions[r] + depth - 1;
     step_.slot_mapping[r] = f.slots[static_cast<size_t>(depth - 1) * static_cast<size_t>(n) + r];
     step_.committed_len[r] = step_.key_path_base[r] + depth - 1;
