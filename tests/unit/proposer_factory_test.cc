@@ -36,6 +36,8 @@ TEST(SpecConfig, ValidateNamesTheField) {
                ErrorCode::kInvalidArgument, {"spec max_ngram is 0", "min_ngram (1)"});
   expect_error([&] { with([](SpecConfig& c) { c.draft_kv_blocks = 0; }).validate(); },
                ErrorCode::kInvalidArgument, {"spec draft_kv_blocks is 0"});
+  expect_error([&] { with([](SpecConfig& c) { c.grow_on_device = 2; }).validate(); },
+               ErrorCode::kInvalidArgument, {"spec grow_on_device is 2", "-1 (auto), 0 or 1"});
   expect_error([&] { with([](SpecConfig& c) { c.method = SpecMethod::kEagle; }).validate(); },
                ErrorCode::kInvalidArgument, {"head_path is empty", "eagle"});
 }
