@@ -257,15 +257,21 @@ class Backend {
   virtual bool has_draft_frontier() const { return false; }
   // Draft id -> target id: id + offsets[id] (empty: the same ids); kept until the next call.
   virtual void set_draft_vocab_map(std::span<const int64_t> offsets);
+  // The top-k log-softmax of logits [R, vocab] (top_k_log_softmax's), kept on the backend for
+  // the next draft_frontier_begin: the roots' children of trees whose root rows were just run.
+  virtual void draft_frontier_roots(const Tensor& logits, int32_t k);
   // Starts G trees: row g * k + r of the first frontier is the draft id ids[g * k + r] with
-  // score values[g * k + r] (the root's top-k), input row parent_rows[g * k + r] of the first
-  // load's source, key path {r}. At most max_depth depths follow; at depth d row i sits at RoPE
-  // position positions[i] + d - 1 and writes its K/V to slots[(d - 1) * G * k + i].
+  // score values[g * k + r] (the root's top-k), or for g < root_rows.size() entry r of row
+  // root_rows[g] of the last draft_frontier_roots (ids and values there are ignored); input row
+  // parent_rows[g * k + r] of the first load's source, key path {r}. At most max_depth depths
+  // follow; at depth d row i sits at RoPE position positions[i] + d - 1 and writes its K/V to
+  // slots[(d - 1) * G * k + i].
   virtual void draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
                                     std::span<const int32_t> ids, std::span<const float> values,
                                     std::span<const int32_t> parent_rows,
                                     std::span<const int32_t> positions,
-                                    std::span<const int64_t> slots);
+                                    std::span<const int64_t> slots,
+                                    std::span<const int32_t> root_rows = {});
   // Depth d (1-based) of a step set for all of them (set_step: G * k rows, each its own causal
   // request whose key path holds max_depth entries from key_path_base, the request's committed
   // rows): writes the step's token ids (the frontier's target ids), positions, slots, committed
@@ -280,9 +286,11 @@ class Backend {
   // j-th entry is candidate r * k + j), best first; their rows of this depth's outputs are the
   // next load's source rows.
   virtual void draft_frontier_expand(int32_t depth, const Tensor& logits);
-  // Depths 1..depths' top-k, in one download: ids and values [depths][G * k][k], resized.
+  // Depths 1..depths' top-k, in one download: ids and values [depths][G * k][k], and the first
+  // frontier (the roots' top-k) root_ids and root_values [G][k], resized.
   virtual void draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
-                                  std::vector<float>* values);
+                                  std::vector<float>* values, std::vector<int32_t>* root_ids,
+                                  std::vector<float>* root_values);
 
   // Host <-> device traffic and host waits so far (the probe of spec-bench and the GPU tests).
   virtual TransferStats transfer_stats() const { return {}; }

@@ -9,18 +9,19 @@
 namespace arbor {
 
 void HostDraftFrontier::begin(int32_t g, int32_t kk, int32_t depth,
-                              std::span<const int32_t> first_ids, std::span<const float> values,
+                              std::span<const int32_t> start_ids, std::span<const float> values,
                               std::span<const int32_t> parent_rows,
                               std::span<const int32_t> first_positions,
-                              std::span<const int64_t> all_slots) {
+                              std::span<const int64_t> all_slots,
+                              std::span<const int32_t> root_rows) {
   const auto n = static_cast<size_t>(g) * static_cast<size_t>(kk);
-  if (g < 1 || kk < 1 || kk > 32 || depth < 1 || depth > 32 || first_ids.size() != n ||
+  if (g < 1 || kk < 1 || kk > 32 || depth < 1 || depth > 32 || start_ids.size() != n ||
       values.size() != n || parent_rows.size() != n || first_positions.size() != n ||
       all_slots.size() != n * static_cast<size_t>(depth))
     throw_error(ErrorCode::kInvalidArgument,
                 "draft_frontier_begin: " + std::to_string(g) + " trees of width " +
                     std::to_string(kk) + " (1..32), " + std::to_string(depth) +
-                    " depths (1..32), " + std::to_string(first_ids.size()) + " ids, " +
+                    " depths (1..32), " + std::to_string(start_ids.size()) + " ids, " +
                     std::to_string(values.size()) + " values, " +
                     std::to_string(parent_rows.size()) + " parent rows, " +
                     std::to_string(first_positions.size()) + " positions, " +
@@ -28,8 +29,27 @@ void HostDraftFrontier::begin(int32_t g, int32_t kk, int32_t depth,
   groups = g;
   k = kk;
   max_depth = depth;
-  ids.assign(first_ids.begin(), first_ids.end());
+  ids.assign(start_ids.begin(), start_ids.end());
   scores.assign(values.begin(), values.end());
+  if (root_rows.size() > static_cast<size_t>(g) || (!root_rows.empty() && root_k != kk))
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_begin: " + std::to_string(root_rows.size()) + " device roots for " +
+                    std::to_string(g) + " trees of width " + std::to_string(kk) +
+                    ", the last draft_frontier_roots kept width " + std::to_string(root_k));
+  const int32_t kept = root_k > 0 ? static_cast<int32_t>(root_ids.size()) / root_k : 0;
+  for (size_t t = 0; t < root_rows.size(); ++t) {
+    if (root_rows[t] < 0 || root_rows[t] >= kept)
+      throw_error(ErrorCode::kInvalidArgument, "draft_frontier_begin: root row " +
+                                                   std::to_string(root_rows[t]) + " of " +
+                                                   std::to_string(kept));
+    for (int32_t r = 0; r < kk; ++r) {
+      const auto from = static_cast<size_t>(root_rows[t] * kk + r);
+      ids[t * static_cast<size_t>(kk) + static_cast<size_t>(r)] = root_ids[from];
+      scores[t * static_cast<size_t>(kk) + static_cast<size_t>(r)] = root_values[from];
+    }
+  }
+  first_ids = ids;
+  first_values = scores;
   parent.assign(parent_rows.begin(), parent_rows.end());
   positions.assign(first_positions.begin(), first_positions.end());
   slots.assign(all_slots.begin(), all_slots.end());

@@ -18,11 +18,17 @@ struct HostDraftFrontier {
   std::vector<int64_t> slots;      // [max_depth, G * k] K/V slots
   std::vector<int32_t> log_ids;    // [depths][G * k][k]
   std::vector<float> log_values;   // same
+  std::vector<int32_t> first_ids;  // [G * k] the first frontier (the roots' top-k)
+  std::vector<float> first_values;
+  int32_t root_k = 0;  // draft_frontier_roots: [R, root_k] ids and values
+  std::vector<int32_t> root_ids;
+  std::vector<float> root_values;
 
   // Backend::draft_frontier_begin (kInvalidArgument naming the bad size).
   void begin(int32_t groups, int32_t k, int32_t max_depth, std::span<const int32_t> ids,
              std::span<const float> values, std::span<const int32_t> parent_rows,
-             std::span<const int32_t> positions, std::span<const int64_t> slots);
+             std::span<const int32_t> positions, std::span<const int64_t> slots,
+             std::span<const int32_t> root_rows);
   // Checks a load of depth d (1-based) is in order (kInvalidArgument otherwise).
   void check_depth(int32_t depth, const char* op) const;
   // Depth d's top-k rows [G * k][k] (ids, log-probabilities): logged, and the next frontier

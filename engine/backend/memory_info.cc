@@ -79,9 +79,13 @@ namespace {
 void Backend::set_draft_vocab_map(std::span<const int64_t>) {
   no_draft_frontier(*this, "set_draft_vocab_map");
 }
+void Backend::draft_frontier_roots(const Tensor&, int32_t) {
+  no_draft_frontier(*this, "draft_frontier_roots");
+}
 void Backend::draft_frontier_begin(int32_t, int32_t, int32_t, std::span<const int32_t>,
                                    std::span<const float>, std::span<const int32_t>,
-                                   std::span<const int32_t>, std::span<const int64_t>) {
+                                   std::span<const int32_t>, std::span<const int64_t>,
+                                   std::span<const int32_t>) {
   no_draft_frontier(*this, "draft_frontier_begin");
 }
 void Backend::draft_frontier_load(int32_t, const Tensor&, const Tensor&) {
@@ -90,7 +94,8 @@ void Backend::draft_frontier_load(int32_t, const Tensor&, const Tensor&) {
 void Backend::draft_frontier_expand(int32_t, const Tensor&) {
   no_draft_frontier(*this, "draft_frontier_expand");
 }
-void Backend::draft_frontier_log(int32_t, std::vector<int32_t>*, std::vector<float>*) {
+void Backend::draft_frontier_log(int32_t, std::vector<int32_t>*, std::vector<float>*,
+                                 std::vector<int32_t>*, std::vector<float>*) {
   no_draft_frontier(*this, "draft_frontier_log");
 }
 

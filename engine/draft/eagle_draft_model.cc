@@ -212,7 +212,7 @@ std::vector<float> EagleDraftModel::append(SeqId seq, std::span<const int32_t> t
 
 std::vector<float> EagleDraftModel::append_batch(std::span<const AppendItem> items, int32_t top_k,
                                                  std::vector<TopKRows>* last_tops, bool download) {
-  last_tops->clear();
+  if (last_tops != nullptr) last_tops->clear();
   if (items.empty()) return {};
   SlotCopies copies;
   std::vector<Row> rows;
@@ -231,13 +231,13 @@ std::vector<float> EagleDraftModel::append_batch(std::span<const AppendItem> ite
     if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
     TopKRows top;
     out = forward(rows, features, /*input_is_feature=*/true, top_k > 0 ? Head::kLast : Head::kNone,
-                  top_k, &top, {}, download);
-    if (top_k > 0)
+                  top_k, last_tops != nullptr ? &top : nullptr, {}, download);
+    if (top_k > 0 && last_tops != nullptr)
       for (size_t i = 0; i < items.size(); ++i) last_tops->push_back(top.slice(i, i + 1));
   } catch (...) {
     for (size_t i = 0; i < reserved; ++i)  // cancel the reservations
       kv_.apply(kv_.plan_commit(items[i].seq, {}, {}));
-    last_tops->clear();
+    if (last_tops != nullptr) last_tops->clear();
     throw;
   }
   for (const AppendItem& it : items) kv_.commit_all(it.seq, it.tokens);
@@ -371,7 +371,8 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   timer.next(kPrepare);
   // The LM head over every row or over each Row's last (the step's logits rows), in the same
   // step (recorded with the layer).
-  ARBOR_CHECK(head_rows_of == Head::kNone || (top != nullptr && top_k > 0));
+  // A head without `top` keeps its top-k on the backend (Backend::draft_frontier_roots).
+  ARBOR_CHECK(head_rows_of == Head::kNone || top_k > 0);
   const int64_t head_rows = head_rows_of == Head::kAll    ? n
                             : head_rows_of == Head::kLast ? static_cast<int64_t>(rows.size())
                                                           : 0;
@@ -420,9 +421,11 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   last_rows_ = n;
   b.split_cols(x, {Tensor{last_out_.data, DType::kF32, n, x.cols}});
   timer.next(kTopK);
-  if (head_rows > 0) {
+  if (head_rows > 0 && top != nullptr) {
     top->k = top_k;
     b.top_k_log_softmax(outs[1], top_k, &top->ids, &top->values);  // the step's one wait
+  } else if (head_rows > 0) {
+    b.draft_frontier_roots(outs[1], top_k);
   }
   timer.next(kDownload);
   std::vector<float> out;
@@ -433,12 +436,14 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
 }
 
 std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> items, int32_t k,
-                                                  int32_t depths) {
+                                                  int32_t depths,
+                                                  std::vector<TopKRows>* root_tops) {
   Backend& b = *backend_;
   const int64_t h = hidden_size();
   const auto g_count = static_cast<int32_t>(items.size());
   const int32_t n = g_count * k;  // rows per depth
   std::vector<TopKRows> log;
+  root_tops->clear();
   if (items.empty() || depths < 1) return log;
   ARBOR_CHECK(k >= 1 && k <= draft_vocab());
   // Every item's tree rows: depths * k slots after its committed rows, released at the end.
@@ -454,14 +459,14 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
     SlotCopies copies;
     int32_t on_device = 0;  // items whose roots are rows of the last forward's outputs (first)
     for (const GrowItem& it : items) {
-      ARBOR_CHECK(it.root != nullptr && it.root->k == k && it.root->rows() == 1);
       if (it.root_row >= 0) {
         ARBOR_CHECK(on_device == static_cast<int32_t>(committed.size()) && it.root_row < last_rows_,
                     "grow_trees: root row " + std::to_string(it.root_row) + " of " +
                         std::to_string(last_rows_) + " after host roots");
         ++on_device;
       } else {
-        ARBOR_CHECK(static_cast<int64_t>(it.root_output.size()) == h);
+        ARBOR_CHECK(it.root != nullptr && it.root->k == k && it.root->rows() == 1 &&
+                    static_cast<int64_t>(it.root_output.size()) == h);
       }
       committed.push_back(kv_.committed_len(it.seq));
       slots.push_back(reserve(it.seq, depths * k, &copies));
@@ -474,16 +479,20 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
       root_out_ = b.persistent(std::max(g_count, 2 * static_cast<int32_t>(root_out_.rows)), h);
     const Tensor roots{root_out_.data, DType::kF32, g_count, h};
     std::vector<float> root_rows;
-    std::vector<int32_t> ids, parents, device_rows;
+    std::vector<int32_t> ids, parents, device_rows, device_tops;
     std::vector<float> values;
     for (int32_t g = 0; g < g_count; ++g) {
       const GrowItem& it = items[static_cast<size_t>(g)];
-      if (it.root_row >= 0)
+      if (it.root_row >= 0) {
         device_rows.push_back(it.root_row);
-      else
+        device_tops.push_back(it.root_top_row);
+        ids.insert(ids.end(), static_cast<size_t>(k), 0);  // from the backend's kept top-k
+        values.insert(values.end(), static_cast<size_t>(k), 0.f);
+      } else {
         root_rows.insert(root_rows.end(), it.root_output.begin(), it.root_output.end());
-      ids.insert(ids.end(), it.root->ids.begin(), it.root->ids.end());
-      values.insert(values.end(), it.root->values.begin(), it.root->values.end());
+        ids.insert(ids.end(), it.root->ids.begin(), it.root->ids.end());
+        values.insert(values.end(), it.root->values.begin(), it.root->values.end());
+      }
       parents.insert(parents.end(), static_cast<size_t>(k), g);
     }
     if (on_device > 0)
@@ -535,7 +544,8 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
         step.key_path_indptr.push_back(static_cast<int32_t>(step.key_path.size()));
       }
     }
-    b.draft_frontier_begin(g_count, k, depths, ids, values, parents, positions, all_slots);
+    b.draft_frontier_begin(g_count, k, depths, ids, values, parents, positions, all_slots,
+                           device_tops);
     StepInputs padded;
     const StepInputs& chosen = graphs_ != nullptr ? with_graph_table_width(step, &padded) : step;
     timer.next(kSetStep);
@@ -564,16 +574,24 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
         if (run == StepGraphRun::kReplayed) done = true;
         if (run == StepGraphRun::kRecordingFailed) {  // rewind what the recording took
           b.reset_scratch();
-          b.draft_frontier_begin(g_count, k, depths, ids, values, parents, positions, all_slots);
+          b.draft_frontier_begin(g_count, k, depths, ids, values, parents, positions, all_slots,
+                                 device_tops);
         }
       }
     }
     if (timer.phase != kRun) timer.next(kRun);
     if (!done) outs = ops();
     timer.next(kDownload);
-    std::vector<int32_t> all_ids;
-    std::vector<float> all_values;
-    b.draft_frontier_log(depths, &all_ids, &all_values);  // the draft's one wait
+    std::vector<int32_t> all_ids, root_ids;
+    std::vector<float> all_values, root_values;
+    b.draft_frontier_log(depths, &all_ids, &all_values, &root_ids,
+                         &root_values);  // the draft's one wait
+    for (int32_t g = 0; g < g_count; ++g) {
+      const auto at = static_cast<int64_t>(g) * k;
+      root_tops->push_back({k,
+                            {root_ids.begin() + at, root_ids.begin() + at + k},
+                            {root_values.begin() + at, root_values.begin() + at + k}});
+    }
 
     const size_t per_depth = static_cast<size_t>(n) * static_cast<size_t>(k);
     for (int32_t d = 0; d < depths; ++d) {

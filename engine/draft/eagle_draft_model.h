@@ -68,7 +68,8 @@ class EagleDraftModel {
     int32_t position0;
   };
   // With download false nothing is copied back (an empty return): the outputs stay on the
-  // backend as the last forward's (GrowItem::root_row reads them there).
+  // backend as the last forward's (GrowItem::root_row reads them there), and with last_tops
+  // null too the last rows' top-k (Backend::draft_frontier_roots; GrowItem::root_top_row).
   std::vector<float> append_batch(std::span<const AppendItem> items, int32_t top_k,
                                   std::vector<TopKRows>* last_tops, bool download = true);
 
@@ -98,24 +99,29 @@ class EagleDraftModel {
 
   // EAGLE-2's dynamic trees of several requests grown on the backend, every depth's frontier
   // chosen there (Backend::draft_frontier_*: no host wait between depths, one download at the
-  // end). Item i's first frontier is its root's top-k (root->k == k entries), reading its root's
-  // output: row root_row of the last forward's outputs (append_batch without download; the items
-  // reading such rows come first), else root_output [hidden] (host). Its depth-d rows sit at
-  // RoPE position position + d - 1
-  // and attend to the sequence's committed rows and their ancestors, whose K/V live in depths * k
-  // slots reserved after the committed rows for the call (released at its end). Returns
-  // depth d's top-k rows (rows i * k .. i * k + k - 1 are item i's frontier rows in
-  // DynamicTreeGrower's order), d = 1..depths. kResourceExhausted when the KV pool is full.
+  // end). Item i's first frontier is its root's top-k (k entries) and reads its root's output:
+  //   device roots (root_row >= 0; these items come first): the root row was the last row of
+  //   an item of the last append_batch run without download and without last_tops, whose
+  //   outputs and top-k stayed on the backend: output row root_row, top-k row root_top_row;
+  //   host roots: *root and root_output [hidden].
+  // Its depth-d rows sit at RoPE position position + d - 1 and attend to the sequence's
+  // committed rows and their ancestors, whose K/V live in depths * k slots reserved after the
+  // committed rows for the call (released at its end). Returns depth d's top-k rows (rows
+  // i * k .. i * k + k - 1 are item i's frontier rows in DynamicTreeGrower's order), d =
+  // 1..depths, and in *root_tops every item's root top-k. kResourceExhausted when the KV pool is
+  // full.
   bool grows_on_backend() const { return backend_->has_draft_frontier(); }
   std::string backend_name() const { return backend_->name(); }
   struct GrowItem {
     SeqId seq;
     int32_t position;
-    const TopKRows* root;
+    const TopKRows* root = nullptr;
     std::span<const float> root_output;
     int32_t root_row = -1;
+    int32_t root_top_row = -1;
   };
-  std::vector<TopKRows> grow_trees(std::span<const GrowItem> items, int32_t k, int32_t depths);
+  std::vector<TopKRows> grow_trees(std::span<const GrowItem> items, int32_t k, int32_t depths,
+                                   std::vector<TopKRows>* root_tops);
 
   // Draft logits of layer outputs hidden [rows, hidden]: the target's LM head (EAGLE-1/2, no
   // final norm) or lm_head(norm(h)) (EAGLE-3). [rows, draft_vocab] host fp32.

@@ -177,18 +177,21 @@ void EagleProposer::flush_backlogs(const std::vector<RequestState*>& states,
   // Every request's rows in one draft forward; each one's last row's top-k (the next tree's
   // root children) comes from the same device step.
   std::vector<TopKRows> tops;
-  const std::vector<float> out = draft_.append_batch(items, top_k(), &tops, !outputs_on_device);
+  const std::vector<float> out =
+      draft_.append_batch(items, top_k(), outputs_on_device ? nullptr : &tops, !outputs_on_device);
   const int64_t h = draft_.hidden_size();
   int64_t row = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     row += static_cast<int64_t>(items[i].tokens.size());
     if (outputs_on_device) {
       ran[i]->last_output.clear();
+      ran[i]->last_top = TopKRows{};
       ran[i]->device_row = static_cast<int32_t>(row - 1);
+      ran[i]->device_top_row = static_cast<int32_t>(i);
     } else {
       ran[i]->last_output.assign(out.begin() + (row - 1) * h, out.begin() + row * h);
+      ran[i]->last_top = std::move(tops[i]);
     }
-    ran[i]->last_top = std::move(tops[i]);
     ran[i]->backlog_tokens.clear();
     ran[i]->backlog_features.clear();
   }
@@ -301,6 +304,57 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     }
   } clear_device_rows{states};
   flush_backlogs(states, on_backend);
+  if (on_backend) {
+    // Every depth on the draft's backend, then growers replay the same choices from the
+    // downloaded top-k rows (the device picks each frontier by the grower's rule). Roots still
+    // on the device (this call's backlog forward: their outputs and top-k) come first
+    // (grow_trees' order); the others' outputs and top-k are on the host.
+    struct Candidate {
+      size_t index;
+      RequestState* state;
+      int32_t root;
+    };
+    std::vector<Candidate> cands;
+    std::vector<EagleDraftModel::GrowItem> items;
+    int32_t depths = 0;
+    for (bool device_roots : {true, false})
+      for (size_t i = 0; i < requests.size(); ++i) {
+        const auto& [request, budget] = requests[i];
+        RequestState& s = requests_.at(request);
+        if ((s.device_row >= 0) != device_roots) continue;
+        tracker_.check_budget(request, budget);
+        const int32_t root = tracker_.root(request);
+        params[i].total_tokens = std::min(options_.tree.total_tokens, budget.max_nodes);
+        params[i].depth = std::min(options_.tree.depth, budget.max_depth - 1);
+        params[i].top_k = options_.tree.top_k;
+        trees[i] = DraftTree::root_only(root);
+        if ((s.last_output.empty() && s.device_row < 0) || params[i].total_tokens <= 1 ||
+            budget.max_depth < 1)
+          continue;
+        ARBOR_CHECK(s.device_row >= 0 || s.last_top.k == top_k);
+        cands.push_back({i, &s, root});
+        items.push_back({s.seq, s.first_position + draft_.length(s.seq),
+                         s.device_row >= 0 ? nullptr : &s.last_top, s.last_output, s.device_row,
+                         s.device_top_row});
+        depths = std::max(depths, params[i].depth);
+      }
+    if (items.empty()) return trees;
+    std::vector<TopKRows> roots;
+    // (At least one depth: a tree of the root's children alone still reads the roots' top-k.)
+    const std::vector<TopKRows> log = draft_.grow_trees(items, top_k, std::max(depths, 1), &roots);
+    const auto k = static_cast<size_t>(top_k);
+    for (size_t i = 0; i < cands.size(); ++i) {
+      RequestState& s = *cands[i].state;
+      if (s.device_row >= 0) s.last_top = roots[i];
+      DynamicTreeGrower grower(cands[i].root, roots[i], params[cands[i].index], to_target);
+      for (size_t d = 0; !grower.done(); ++d) grower.absorb(log.at(d).slice(i * k, (i + 1) * k));
+      trees[cands[i].index] = grower.tree();
+    }
+    // The roots' outputs stay on the device (no wait for them): a request proposed for again
+    // before any new rows (none in steady state: every verify step feeds rows back) gets a
+    // root-only tree that once.
+    return trees;
+  }
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& [request, budget] = requests[i];
     tracker_.check_budget(request, budget);
@@ -310,9 +364,7 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     params[i].depth = std::min(options_.tree.depth, budget.max_depth - 1);
     params[i].top_k = options_.tree.top_k;
     trees[i] = DraftTree::root_only(root);
-    if ((s.last_output.empty() && s.device_row < 0) || params[i].total_tokens <= 1 ||
-        budget.max_depth < 1)
-      continue;
+    if (s.last_output.empty() || params[i].total_tokens <= 1 || budget.max_depth < 1) continue;
     // The root's children: the top-k of its row, from observe()'s step.
     ARBOR_CHECK(s.last_top.k == top_k);
     growing.push_back({i,
@@ -321,32 +373,6 @@ std::vector<DraftTree> EagleProposer::propose_batch(
                        s.last_output,
                        {},
                        s.first_position + draft_.length(s.seq)});
-  }
-  if (on_backend) {
-    // Every depth on the draft's backend, then the growers replay the same choices from the
-    // downloaded top-k rows (the device picks each frontier by the grower's rule). Roots still
-    // on the device come first (grow_trees' order).
-    std::vector<EagleDraftModel::GrowItem> items;
-    std::vector<Growing*> grown;
-    int32_t depths = 0;
-    for (bool device_roots : {true, false})
-      for (Growing& g : growing) {
-        const RequestState& s = requests_.at(requests[g.index].first);
-        if (g.grower.done() || (s.device_row >= 0) != device_roots) continue;
-        items.push_back({s.seq, g.position, &s.last_top, s.last_output, s.device_row});
-        grown.push_back(&g);
-        depths = std::max(depths, params[g.index].depth);
-      }
-    const std::vector<TopKRows> log = draft_.grow_trees(items, top_k, depths);
-    const auto k = static_cast<size_t>(top_k);
-    for (size_t i = 0; i < grown.size(); ++i)
-      for (size_t d = 0; !grown[i]->grower.done(); ++d)
-        grown[i]->grower.absorb(log.at(d).slice(i * k, (i + 1) * k));
-    for (Growing& g : growing) trees[g.index] = g.grower.tree();
-    // The roots' outputs stay on the device (no wait for them): a request proposed for again
-    // before any new rows (none in steady state: every verify step feeds rows back) gets a
-    // root-only tree that once.
-    return trees;
   }
   if (growing.empty()) return trees;
   while (true) {

@@ -65,10 +65,12 @@ class EagleProposer final : public Proposer {
                                          // unknown (next_token == -1)
     std::vector<float> last_output;      // [hidden] draft output of the last committed row
     // Within propose_batch on the backend: the output of the last committed row is row
-    // device_row of the draft's last forward (not downloaded: grow_trees reads it there, and
-    // last_output stays empty); else -1.
+    // device_row of the draft's last forward and its top-k row device_top_row of the kept roots
+    // (neither downloaded: grow_trees reads them there; last_output stays empty and last_top
+    // comes back with the trees); else -1.
     int32_t device_row = -1;
-    TopKRows last_top;  // its top_k() best draft entries (from observe())
+    int32_t device_top_row = -1;  // with device_row: its top-k's row (draft_frontier_roots)
+    TopKRows last_top;            // its top_k() best draft entries (from observe())
     // Rows observed but not yet run through the draft (see observe_batch): the draft forward
     // of committed rows is deferred to the next propose() for the request, or until
     // kMaxBacklogRows have gathered, so steps that do not speculate cost no draft forward.

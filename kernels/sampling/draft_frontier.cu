@@ -45,7 +45,21 @@ __global__ void draft_frontier_select_kernel(DraftFrontierSelectParams p) {
   to[p.depth] = p.depth * k + rank;
 }
 
+__global__ void draft_frontier_roots_kernel(DraftFrontierRootsParams p) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= p.groups * p.k) return;
+  const int64_t from = static_cast<int64_t>(p.rows[i / p.k]) * p.k + i % p.k;
+  p.f.ids[i] = p.root_ids[from];
+  p.f.scores[i] = p.root_values[from];
+}
+
 }  // namespace
+
+cudaError_t launch_draft_frontier_roots(const DraftFrontierRootsParams& p, cudaStream_t stream) {
+  if (p.groups <= 0 || p.k <= 0) return cudaSuccess;
+  draft_frontier_roots_kernel<<<(p.groups * p.k + 127) / 128, 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_draft_frontier_load(const DraftFrontierLoadParams& p, cudaStream_t stream) {
   if (p.rows <= 0) return cudaSuccess;

@@ -54,4 +54,16 @@ struct DraftFrontierSelectParams {
 };
 cudaError_t launch_draft_frontier_select(const DraftFrontierSelectParams& p, cudaStream_t stream);
 
+// The first frontier of trees g < groups from kept root rows: ids[g k + r] = root_ids[rows[g] k
+// + r], scores likewise from root_values.
+struct DraftFrontierRootsParams {
+  DraftFrontier f;
+  const int32_t* root_ids = nullptr;   // [R, k]
+  const float* root_values = nullptr;  // [R, k]
+  const int32_t* rows = nullptr;       // [groups]
+  int32_t groups = 0;
+  int32_t k = 0;
+};
+cudaError_t launch_draft_frontier_roots(const DraftFrontierRootsParams& p, cudaStream_t stream);
+
 }  // namespace arbor::kernels

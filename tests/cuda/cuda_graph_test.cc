@@ -325,9 +325,9 @@ TEST_P(CudaDraftGraphs, EagleDraftReplaysEqualEagerSteps) {
 // the host after each depth's wait), for four requests of different lengths (one past a 64-key
 // tile, budgets of different depths) over several rounds of random feedback,
 // with and without step graphs; once its shapes have been seen, the draft waits for the device
-// twice per propose_batch (the top-k of the backlog's forward, whose outputs stay on the device
-// as the roots; the final download) where the host loop waits once more per depth and for the
-// backlog's outputs.
+// once per propose_batch (the final download: the backlog's forward leaves its outputs and
+// their top-k on the device as the roots) where the host loop waits for the backlog's outputs,
+// their top-k and once per depth.
 TEST_P(CudaDraftGraphs, EagleTreesGrownOnTheDeviceEqualTheHostLoop) {
   const ModelWeights& w = weights_of("stories260K");
   const EagleVersion version =
@@ -413,7 +413,7 @@ TEST_P(CudaDraftGraphs, EagleTreesGrownOnTheDeviceEqualTheHostLoop) {
     std::printf("  %s %s: %.1f device waits per propose_batch grown on the device\n",
                 GetParam().c_str(), graphs ? "graphs" : "eager",
                 static_cast<double>(waits) / static_cast<double>(calls));
-    EXPECT_LE(waits, 2 * calls);
+    EXPECT_LE(waits, calls);
     if (graphs) {  // every depth in one recording, replayed once the shape repeats
       const StepGraphStats st = device->draft_graph_stats();
       EXPECT_GT(st.replays, 0) << describe(st);

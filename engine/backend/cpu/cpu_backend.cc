@@ -500,12 +500,18 @@ void CpuBackend::set_draft_vocab_map(std::span<const int64_t> offsets) {
   vocab_offsets_.assign(offsets.begin(), offsets.end());
 }
 
+void CpuBackend::draft_frontier_roots(const Tensor& logits, int32_t k) {
+  top_k_log_softmax(logits, k, &frontier_.root_ids, &frontier_.root_values);
+  frontier_.root_k = k;
+}
+
 void CpuBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
                                       std::span<const int32_t> ids, std::span<const float> values,
                                       std::span<const int32_t> parent_rows,
                                       std::span<const int32_t> positions,
-                                      std::span<const int64_t> slots) {
-  frontier_.begin(groups, k, max_depth, ids, values, parent_rows, positions, slots);
+                                      std::span<const int64_t> slots,
+                                      std::span<const int32_t> root_rows) {
+  frontier_.begin(groups, k, max_depth, ids, values, parent_rows, positions, slots, root_rows);
 }
 
 void CpuBackend::draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in) {
@@ -554,7 +560,8 @@ void CpuBackend::draft_frontier_expand(int32_t depth, const Tensor& logits) {
 }
 
 void CpuBackend::draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
-                                    std::vector<float>* values) {
+                                    std::vector<float>* values, std::vector<int32_t>* root_ids,
+                                    std::vector<float>* root_values) {
   const HostDraftFrontier& f = frontier_;
   if (depths < 0 || depths > f.depths_logged())
     throw_error(ErrorCode::kInvalidArgument, "draft_frontier_log: " + std::to_string(depths) +
@@ -563,6 +570,8 @@ void CpuBackend::draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
       static_cast<size_t>(depths) * static_cast<size_t>(f.rows()) * static_cast<size_t>(f.k);
   ids->assign(f.log_ids.begin(), f.log_ids.begin() + static_cast<int64_t>(n));
   values->assign(f.log_values.begin(), f.log_values.begin() + static_cast<int64_t>(n));
+  *root_ids = f.first_ids;
+  *root_values = f.first_values;
 }
 
 void CpuBackend::copy_kv(const std::vector<int64_t>& src_slots,

@@ -87,12 +87,14 @@ class CpuBackend final : public Backend {
   void set_draft_vocab_map(std::span<const int64_t> offsets) override;
   void draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
                             std::span<const int32_t> ids, std::span<const float> values,
-                            std::span<const int32_t> parent_rows, std::span<const int32_t> positions,
-                            std::span<const int64_t> slots) override;
+                            std::span<const int32_t> parent_rows,
+                            std::span<const int32_t> positions, std::span<const int64_t> slots,
+                            std::span<const int32_t> root_rows) override;
+  void draft_frontier_roots(const Tensor& logits, int32_t k) override;
   void draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in) override;
   void draft_frontier_expand(int32_t depth, const Tensor& logits) override;
-  void draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
-                          std::vector<float>* values) override;
+  void draft_frontier_log(int32_t depths, std::vector<int32_t>* ids, std::vector<float>* values,
+                          std::vector<int32_t>* root_ids, std::vector<float>* root_values) override;
 
   // Direct access for tests: [num_blocks * block_size * num_kv_heads * head_dim] per layer.
   std::span<const float> k_cache(int64_t layer) const { return plane(k_cache_, layer); }

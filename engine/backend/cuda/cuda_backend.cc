@@ -272,6 +272,11 @@ struct CudaBackend::State {
   kernels::DraftFrontier fr[2];
   int32_t* fr_positions0 = nullptr;
   int64_t* fr_slots = nullptr;
+  int32_t* fr_first = nullptr;      // the first frontier's ids then scores [n] each (the log's)
+  int32_t* fr_root_rows = nullptr;  // begin's root_rows
+  // draft_frontier_roots: [rows, k] ids then values.
+  DeviceBuffer fr_roots;
+  int32_t fr_roots_k = 0, fr_roots_rows = 0;
   int32_t* fr_log_ids = nullptr;
   float* fr_log_values = nullptr;
 
@@ -2147,11 +2152,22 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
                                        std::span<const int32_t> ids, std::span<const float> values,
                                        std::span<const int32_t> parent_rows,
                                        std::span<const int32_t> positions,
-                                       std::span<const int64_t> slots) {
+                                       std::span<const int64_t> slots,
+                                       std::span<const int32_t> root_rows) {
   s_->flush();
   State& s = *s_;
   const auto n = static_cast<size_t>(groups) * static_cast<size_t>(k);
   const auto depth = static_cast<size_t>(max_depth);
+  if (root_rows.size() > static_cast<size_t>(groups) || (!root_rows.empty() && s.fr_roots_k != k))
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_begin: " + std::to_string(root_rows.size()) + " device roots for " +
+                    std::to_string(groups) + " trees of width " + std::to_string(k) +
+                    ", the last draft_frontier_roots kept width " + std::to_string(s.fr_roots_k));
+  for (int32_t r : root_rows)
+    if (r < 0 || r >= s.fr_roots_rows)
+      throw_error(ErrorCode::kInvalidArgument, "draft_frontier_begin: root row " +
+                                                   std::to_string(r) + " of " +
+                                                   std::to_string(s.fr_roots_rows));
   if (groups < 1 || k < 1 || k > 32 || max_depth < 1 || max_depth > 32 || ids.size() != n ||
       values.size() != n || parent_rows.size() != n || positions.size() != n ||
       slots.size() != n * depth)
@@ -2171,7 +2187,8 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   const size_t slot_words = (2 * depth * n + 1) / 2 * 2;  // 8-byte aligned
   const size_t head_words = 2 * frontier_words + n + (n % 2);
   s.frontier.epoch = &s.epoch;
-  s.frontier.ensure((head_words + slot_words + log_words) * 4, "draft_frontier_begin");
+  const size_t tail_words = 2 * n + static_cast<size_t>(groups);  // first frontier, root rows
+  s.frontier.ensure((head_words + slot_words + log_words + tail_words) * 4, "draft_frontier_begin");
   auto* base = static_cast<int32_t*>(s.frontier.ptr);
   for (int i = 0; i < 2; ++i) {
     int32_t* f = base + static_cast<size_t>(i) * frontier_words;
@@ -2181,6 +2198,8 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   s.fr_slots = reinterpret_cast<int64_t*>(base + head_words);
   s.fr_log_ids = base + head_words + slot_words;
   s.fr_log_values = reinterpret_cast<float*>(s.fr_log_ids + log_words / 2);
+  s.fr_first = s.fr_log_ids + log_words;
+  s.fr_root_rows = s.fr_first + 2 * n;
   // The top-k workspace for these rows, made here: nothing allocates inside a recording.
   const size_t work = kernels::top_k_workspace_bytes(static_cast<int64_t>(n));
   if (s.top_k_work.bytes < work) {
@@ -2201,10 +2220,58 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   std::memcpy(first.data() + head_words, slots.data(), slots.size() * 8);
   s.uploads.copy(s.fr[0].ids, first.data(), first.size() * 4, s.stream, "draft_frontier_begin");
   s.transfers.h2d_bytes += static_cast<int64_t>(first.size() * 4);
+  if (!root_rows.empty()) {  // those trees' first frontiers from the kept root rows
+    s.uploads.copy(s.fr_root_rows, root_rows.data(), root_rows.size() * 4, s.stream,
+                   "draft_frontier_begin");
+    s.transfers.h2d_bytes += static_cast<int64_t>(root_rows.size() * 4);
+    kernels::DraftFrontierRootsParams p;
+    p.f = s.fr[0];
+    p.root_ids = static_cast<const int32_t*>(s.fr_roots.ptr);
+    p.root_values = reinterpret_cast<const float*>(static_cast<const int32_t*>(s.fr_roots.ptr) +
+                                                   static_cast<size_t>(s.fr_roots_rows) *
+                                                       static_cast<size_t>(k));
+    p.rows = s.fr_root_rows;
+    p.groups = static_cast<int32_t>(root_rows.size());
+    p.k = k;
+    cuda_check(kernels::launch_draft_frontier_roots(p, s.stream), "draft_frontier_begin roots");
+  }
+  // The first frontier (ids, scores: adjacent) kept for the log.
+  cuda_check(
+      cudaMemcpyAsync(s.fr_first, s.fr[0].ids, 2 * n * 4, cudaMemcpyDeviceToDevice, s.stream),
+      "draft_frontier_begin");
   s.fr_groups = groups;
   s.fr_k = k;
   s.fr_max_depth = max_depth;
   s.fr_current = 0;
+}
+
+void CudaBackend::draft_frontier_roots(const Tensor& logits, int32_t k) {
+  s_->flush();
+  State& s = *s_;
+  if (logits.dtype != DType::kF32 || logits.rows < 1 || k < 1 || k > 32 || k > logits.cols ||
+      logits.cols >= (int64_t{1} << 31) - 1)
+    throw_error(ErrorCode::kInvalidArgument, "draft_frontier_roots: logits " + shape(logits) +
+                                                 ", k " + std::to_string(k) + " (1..32)");
+  const size_t n = static_cast<size_t>(logits.rows) * static_cast<size_t>(k);
+  s.fr_roots.ensure(n * 8, "draft_frontier_roots");
+  const size_t work = kernels::top_k_workspace_bytes(logits.rows);
+  if (s.top_k_work.bytes < work) {
+    s.top_k_work.epoch = &s.epoch;
+    s.top_k_work.ensure(work, "draft_frontier_roots workspace");
+    cuda_check(cudaMemsetAsync(s.top_k_work.ptr, 0, s.top_k_work.bytes, s.stream),
+               "draft_frontier_roots workspace");
+  }
+  kernels::TopKRowsParams t;
+  t.x = static_cast<const float*>(logits.data);
+  t.ids = static_cast<int32_t*>(s.fr_roots.ptr);
+  t.values = reinterpret_cast<float*>(t.ids + n);
+  t.rows = logits.rows;
+  t.cols = logits.cols;
+  t.k = k;
+  t.workspace = s.top_k_work.ptr;
+  cuda_check(kernels::launch_top_k_log_softmax(t, s.stream), "draft_frontier_roots");
+  s.fr_roots_k = k;
+  s.fr_roots_rows = static_cast<int32_t>(logits.rows);
 }
 
 void CudaBackend::draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in) {
@@ -2284,7 +2351,8 @@ void CudaBackend::draft_frontier_expand(int32_t depth, const Tensor& logits) {
 }
 
 void CudaBackend::draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
-                                     std::vector<float>* values) {
+                                     std::vector<float>* values, std::vector<int32_t>* root_ids,
+                                     std::vector<float>* root_values) {
   s_->flush();
   State& s = *s_;
   if (s.fr_groups == 0 || depths < 0 || depths > s.fr_max_depth)
@@ -2292,11 +2360,17 @@ void CudaBackend::draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
                                                  " depths of " + std::to_string(s.fr_max_depth));
   const size_t n = static_cast<size_t>(depths) * static_cast<size_t>(s.fr_groups) *
                    static_cast<size_t>(s.fr_k) * static_cast<size_t>(s.fr_k);
+  const size_t first = static_cast<size_t>(s.fr_groups) * static_cast<size_t>(s.fr_k);
   ids->resize(n);
   values->resize(n);
-  if (n == 0) return;
-  s.d2h(ids->data(), s.fr_log_ids, n * 4, "draft_frontier_log");
-  s.d2h(values->data(), s.fr_log_values, n * 4, "draft_frontier_log");
+  root_ids->resize(first);
+  root_values->resize(first);
+  s.d2h(root_ids->data(), s.fr_first, first * 4, "draft_frontier_log");
+  s.d2h(root_values->data(), s.fr_first + first, first * 4, "draft_frontier_log");
+  if (n > 0) {
+    s.d2h(ids->data(), s.fr_log_ids, n * 4, "draft_frontier_log");
+    s.d2h(values->data(), s.fr_log_values, n * 4, "draft_frontier_log");
+  }
   s.wait("draft_frontier_log");
 }
 

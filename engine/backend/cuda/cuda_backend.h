@@ -158,12 +158,14 @@ class CudaBackend final : public Backend {
   void set_draft_vocab_map(std::span<const int64_t> offsets) override;
   void draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
                             std::span<const int32_t> ids, std::span<const float> values,
-                            std::span<const int32_t> parent_rows, std::span<const int32_t> positions,
-                            std::span<const int64_t> slots) override;
+                            std::span<const int32_t> parent_rows,
+                            std::span<const int32_t> positions, std::span<const int64_t> slots,
+                            std::span<const int32_t> root_rows) override;
+  void draft_frontier_roots(const Tensor& logits, int32_t k) override;
   void draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in) override;
   void draft_frontier_expand(int32_t depth, const Tensor& logits) override;
-  void draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
-                          std::vector<float>* values) override;
+  void draft_frontier_log(int32_t depths, std::vector<int32_t>* ids, std::vector<float>* values,
+                          std::vector<int32_t>* root_ids, std::vector<float>* root_values) override;
   TransferStats transfer_stats() const override;
   void sample_trees_and_path_rows(const Tensor& logits, const TreeSampleBatch& batch,
                                   const PathRowsRequest& rows, TreeSampleResult* out) override;
