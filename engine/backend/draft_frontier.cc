@@ -8,40 +8,52 @@
 
 namespace arbor {
 
+void check_draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
+                                std::span<const int32_t> ids, std::span<const float> values,
+                                std::span<const int32_t> parent_rows,
+                                std::span<const int32_t> positions, std::span<const int64_t> slots,
+                                std::span<const int32_t> root_rows, int32_t kept_k,
+                                int32_t kept_rows) {
+  const auto n = static_cast<size_t>(std::max(groups, 0)) * static_cast<size_t>(std::max(k, 0));
+  if (groups < 1 || k < 1 || k > 32 || max_depth < 1 || max_depth > 32 || ids.size() != n ||
+      values.size() != n || parent_rows.size() != n || positions.size() != n ||
+      slots.size() != n * static_cast<size_t>(max_depth))
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_begin: " + std::to_string(groups) + " trees of width " +
+                    std::to_string(k) + " (1..32), " + std::to_string(max_depth) +
+                    " depths (1..32), " + std::to_string(ids.size()) + " ids, " +
+                    std::to_string(values.size()) + " values, " +
+                    std::to_string(parent_rows.size()) + " parent rows, " +
+                    std::to_string(positions.size()) + " positions, " +
+                    std::to_string(slots.size()) + " slots");
+  if (root_rows.size() > static_cast<size_t>(groups) || (!root_rows.empty() && kept_k != k))
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_begin: " + std::to_string(root_rows.size()) + " device roots for " +
+                    std::to_string(groups) + " trees of width " + std::to_string(k) +
+                    ", the last draft_frontier_roots kept width " + std::to_string(kept_k));
+  for (int32_t r : root_rows)
+    if (r < 0 || r >= kept_rows)
+      throw_error(ErrorCode::kInvalidArgument, "draft_frontier_begin: root row " +
+                                                   std::to_string(r) + " of " +
+                                                   std::to_string(kept_rows));
+}
+
 void HostDraftFrontier::begin(int32_t g, int32_t kk, int32_t depth,
                               std::span<const int32_t> start_ids, std::span<const float> values,
                               std::span<const int32_t> parent_rows,
                               std::span<const int32_t> first_positions,
                               std::span<const int64_t> all_slots,
                               std::span<const int32_t> root_rows) {
+  check_draft_frontier_begin(g, kk, depth, start_ids, values, parent_rows, first_positions,
+                             all_slots, root_rows, root_k,
+                             root_k > 0 ? static_cast<int32_t>(root_ids.size()) / root_k : 0);
   const auto n = static_cast<size_t>(g) * static_cast<size_t>(kk);
-  if (g < 1 || kk < 1 || kk > 32 || depth < 1 || depth > 32 || start_ids.size() != n ||
-      values.size() != n || parent_rows.size() != n || first_positions.size() != n ||
-      all_slots.size() != n * static_cast<size_t>(depth))
-    throw_error(ErrorCode::kInvalidArgument,
-                "draft_frontier_begin: " + std::to_string(g) + " trees of width " +
-                    std::to_string(kk) + " (1..32), " + std::to_string(depth) +
-                    " depths (1..32), " + std::to_string(start_ids.size()) + " ids, " +
-                    std::to_string(values.size()) + " values, " +
-                    std::to_string(parent_rows.size()) + " parent rows, " +
-                    std::to_string(first_positions.size()) + " positions, " +
-                    std::to_string(all_slots.size()) + " slots");
   groups = g;
   k = kk;
   max_depth = depth;
   ids.assign(start_ids.begin(), start_ids.end());
   scores.assign(values.begin(), values.end());
-  if (root_rows.size() > static_cast<size_t>(g) || (!root_rows.empty() && root_k != kk))
-    throw_error(ErrorCode::kInvalidArgument,
-                "draft_frontier_begin: " + std::to_string(root_rows.size()) + " device roots for " +
-                    std::to_string(g) + " trees of width " + std::to_string(kk) +
-                    ", the last draft_frontier_roots kept width " + std::to_string(root_k));
-  const int32_t kept = root_k > 0 ? static_cast<int32_t>(root_ids.size()) / root_k : 0;
-  for (size_t t = 0; t < root_rows.size(); ++t) {
-    if (root_rows[t] < 0 || root_rows[t] >= kept)
-      throw_error(ErrorCode::kInvalidArgument, "draft_frontier_begin: root row " +
-                                                   std::to_string(root_rows[t]) + " of " +
-                                                   std::to_string(kept));
+  for (size_t t = 0; t < root_rows.size(); ++t) {  // from the kept root rows
     for (int32_t r = 0; r < kk; ++r) {
       const auto from = static_cast<size_t>(root_rows[t] * kk + r);
       ids[t * static_cast<size_t>(kk) + static_cast<size_t>(r)] = root_ids[from];

@@ -8,6 +8,15 @@
 
 namespace arbor {
 
+// Backend::draft_frontier_begin's arguments against each other and the kept roots (the last
+// draft_frontier_roots: rows of width kept_k): kInvalidArgument naming the bad size or row.
+void check_draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
+                                std::span<const int32_t> ids, std::span<const float> values,
+                                std::span<const int32_t> parent_rows,
+                                std::span<const int32_t> positions, std::span<const int64_t> slots,
+                                std::span<const int32_t> root_rows, int32_t kept_k,
+                                int32_t kept_rows);
+
 struct HostDraftFrontier {
   int32_t groups = 0, k = 0, max_depth = 0;
   std::vector<int32_t> ids;        // [G * k] draft ids

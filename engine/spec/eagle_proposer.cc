@@ -304,6 +304,19 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     }
   } clear_device_rows{states};
   flush_backlogs(states, on_backend);
+  // Request i's budget checked, its tree parameters set and its tree root-only for now; true
+  // when a tree may grow from its root (whose output is on the host or, on the backend, there).
+  const auto may_grow = [&](size_t i) {
+    const auto& [request, budget] = requests[i];
+    tracker_.check_budget(request, budget);
+    const RequestState& s = requests_.at(request);
+    params[i].total_tokens = std::min(options_.tree.total_tokens, budget.max_nodes);
+    params[i].depth = std::min(options_.tree.depth, budget.max_depth - 1);
+    params[i].top_k = options_.tree.top_k;
+    trees[i] = DraftTree::root_only(tracker_.root(request));
+    return (!s.last_output.empty() || s.device_row >= 0) && params[i].total_tokens > 1 &&
+           budget.max_depth >= 1;
+  };
   if (on_backend) {
     // Every depth on the draft's backend, then growers replay the same choices from the
     // downloaded top-k rows (the device picks each frontier by the grower's rule). Roots still
@@ -312,27 +325,16 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     struct Candidate {
       size_t index;
       RequestState* state;
-      int32_t root;
     };
     std::vector<Candidate> cands;
     std::vector<EagleDraftModel::GrowItem> items;
     int32_t depths = 0;
     for (bool device_roots : {true, false})
       for (size_t i = 0; i < requests.size(); ++i) {
-        const auto& [request, budget] = requests[i];
-        RequestState& s = requests_.at(request);
-        if ((s.device_row >= 0) != device_roots) continue;
-        tracker_.check_budget(request, budget);
-        const int32_t root = tracker_.root(request);
-        params[i].total_tokens = std::min(options_.tree.total_tokens, budget.max_nodes);
-        params[i].depth = std::min(options_.tree.depth, budget.max_depth - 1);
-        params[i].top_k = options_.tree.top_k;
-        trees[i] = DraftTree::root_only(root);
-        if ((s.last_output.empty() && s.device_row < 0) || params[i].total_tokens <= 1 ||
-            budget.max_depth < 1)
-          continue;
+        RequestState& s = requests_.at(requests[i].first);
+        if ((s.device_row >= 0) != device_roots || !may_grow(i)) continue;
         ARBOR_CHECK(s.device_row >= 0 || s.last_top.k == top_k);
-        cands.push_back({i, &s, root});
+        cands.push_back({i, &s});
         items.push_back({s.seq, s.first_position + draft_.length(s.seq),
                          s.device_row >= 0 ? nullptr : &s.last_top, s.last_output, s.device_row,
                          s.device_top_row});
@@ -346,9 +348,10 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     for (size_t i = 0; i < cands.size(); ++i) {
       RequestState& s = *cands[i].state;
       if (s.device_row >= 0) s.last_top = roots[i];
-      DynamicTreeGrower grower(cands[i].root, roots[i], params[cands[i].index], to_target);
+      const size_t index = cands[i].index;
+      DynamicTreeGrower grower(trees[index].token[0], roots[i], params[index], to_target);
       for (size_t d = 0; !grower.done(); ++d) grower.absorb(log.at(d).slice(i * k, (i + 1) * k));
-      trees[cands[i].index] = grower.tree();
+      trees[index] = grower.tree();
     }
     // The roots' outputs stay on the device (no wait for them): a request proposed for again
     // before any new rows (none in steady state: every verify step feeds rows back) gets a
@@ -356,19 +359,12 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     return trees;
   }
   for (size_t i = 0; i < requests.size(); ++i) {
-    const auto& [request, budget] = requests[i];
-    tracker_.check_budget(request, budget);
-    const int32_t root = tracker_.root(request);
-    const RequestState& s = requests_.at(request);
-    params[i].total_tokens = std::min(options_.tree.total_tokens, budget.max_nodes);
-    params[i].depth = std::min(options_.tree.depth, budget.max_depth - 1);
-    params[i].top_k = options_.tree.top_k;
-    trees[i] = DraftTree::root_only(root);
-    if (s.last_output.empty() || params[i].total_tokens <= 1 || budget.max_depth < 1) continue;
+    if (!may_grow(i)) continue;
+    const RequestState& s = requests_.at(requests[i].first);
     // The root's children: the top-k of its row, from observe()'s step.
     ARBOR_CHECK(s.last_top.k == top_k);
     growing.push_back({i,
-                       DynamicTreeGrower(root, s.last_top, params[i], to_target),
+                       DynamicTreeGrower(trees[i].token[0], s.last_top, params[i], to_target),
                        {s.seq},
                        s.last_output,
                        {},

@@ -231,12 +231,17 @@ class CudaDraftGraphs : public ::testing::TestWithParam<std::string> {
   }
 };
 
+// The random EAGLE draft of tests/data/spec/random named `name` (eagle3_*: EAGLE-3) for
+// stories260K.
+EagleWeights random_draft(const std::string& name) {
+  const EagleVersion version =
+      name.rfind("eagle3", 0) == 0 ? EagleVersion::kEagle3 : EagleVersion::kEagle1;
+  return load_eagle_checkpoint(testing::test_data_dir() + "/spec/random/" + name, version);
+}
+
 TEST_P(CudaDraftGraphs, EagleDraftReplaysEqualEagerSteps) {
   const ModelWeights& w = weights_of("stories260K");
-  const EagleVersion version =
-      GetParam().rfind("eagle3", 0) == 0 ? EagleVersion::kEagle3 : EagleVersion::kEagle1;
-  const EagleWeights ck =
-      load_eagle_checkpoint(testing::test_data_dir() + "/spec/random/" + GetParam(), version);
+  const EagleWeights ck = random_draft(GetParam());
   auto make_draft = [&](bool graphs) {
     CudaBackendOptions o;
     o.cuda_graphs = graphs;
@@ -330,10 +335,7 @@ TEST_P(CudaDraftGraphs, EagleDraftReplaysEqualEagerSteps) {
 // their top-k and once per depth.
 TEST_P(CudaDraftGraphs, EagleTreesGrownOnTheDeviceEqualTheHostLoop) {
   const ModelWeights& w = weights_of("stories260K");
-  const EagleVersion version =
-      GetParam().rfind("eagle3", 0) == 0 ? EagleVersion::kEagle3 : EagleVersion::kEagle1;
-  const EagleWeights ck =
-      load_eagle_checkpoint(testing::test_data_dir() + "/spec/random/" + GetParam(), version);
+  const EagleWeights ck = random_draft(GetParam());
   for (bool graphs : {false, true}) {
     auto make = [&](int on_backend) {
       EagleOptions o;

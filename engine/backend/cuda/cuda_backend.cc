@@ -21,6 +21,7 @@
 #include <string>
 #include <tuple>
 
+#include "engine/backend/draft_frontier.h"
 #include "engine/backend/step_graphs.h"
 #include "engine/core/error.h"
 #include "kernels/attention/paged_tree_attention.h"
@@ -425,11 +426,35 @@ struct CudaBackend::State {
   // (CudaBackendOptions::tune_invariant_gemm); nullptr takes the heuristic's first.
   const LtAlgo& lt_algo(int64_t out_features, int64_t in_features, const void* weight = nullptr);
 
-  DeviceBuffer gemm_input;      // bf16 copy of linear()'s fp32 input
-  DeviceBuffer convert;         // fp32 staging for download/upload of 16-bit tensors
-  DeviceBuffer argmax_ids;      // [M] int32 argmax_rows() output
-  DeviceBuffer top_k_out;       // top_k_log_softmax's ids and values
-  DeviceBuffer top_k_work;      // its kernel's workspace (zero between launches)
+  DeviceBuffer gemm_input;  // bf16 copy of linear()'s fp32 input
+  DeviceBuffer convert;     // fp32 staging for download/upload of 16-bit tensors
+  DeviceBuffer argmax_ids;  // [M] int32 argmax_rows() output
+  DeviceBuffer top_k_out;   // top_k_log_softmax's ids and values
+  DeviceBuffer top_k_work;  // its kernel's workspace (zero between launches)
+  // The top-k log-softmax of logits' rows into device ids / values [rows, k], its workspace
+  // grown (and zeroed) first when too small: not inside a recording (draft_frontier_begin
+  // makes it for the recorded depths).
+  void ensure_top_k_work(int64_t rows, const char* what) {
+    const size_t work = kernels::top_k_workspace_bytes(rows);
+    if (top_k_work.bytes >= work) return;
+    ARBOR_CHECK(!capturing, std::string(what) + ": the top-k workspace grows in a recording");
+    top_k_work.epoch = &epoch;  // recorded draft depths point into it
+    top_k_work.ensure(work, what);
+    cuda_check(cudaMemsetAsync(top_k_work.ptr, 0, top_k_work.bytes, stream), what);
+  }
+  void launch_top_k(const Tensor& logits, int32_t k, int32_t* ids, float* values,
+                    const char* what) {
+    ensure_top_k_work(logits.rows, what);
+    kernels::TopKRowsParams p;
+    p.x = static_cast<const float*>(logits.data);
+    p.ids = ids;
+    p.values = values;
+    p.rows = logits.rows;
+    p.cols = logits.cols;
+    p.k = k;
+    p.workspace = top_k_work.ptr;
+    cuda_check(kernels::launch_top_k_log_softmax(p, stream), what);
+  }
   DeviceBuffer gather_buf;      // gather_values' indices and values
   StagedUpload sample_meta;     // sample_trees' batch
   DeviceBuffer sample_scratch;  // sample_trees' per-row / per-item scratch and outputs
@@ -2115,23 +2140,11 @@ void CudaBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector
   values->assign(n, 0.0f);
   if (n == 0) return;
   s.top_k_out.ensure(n * 8, "top_k_log_softmax");
-  kernels::TopKRowsParams p;
-  p.x = static_cast<const float*>(logits.data);
-  p.ids = static_cast<int32_t*>(s.top_k_out.ptr);
-  p.values = reinterpret_cast<float*>(static_cast<uint8_t*>(s.top_k_out.ptr) + n * 4);
-  p.rows = logits.rows;
-  p.cols = logits.cols;
-  p.k = k;
-  const size_t work = kernels::top_k_workspace_bytes(logits.rows);
-  if (s.top_k_work.bytes < work) {
-    s.top_k_work.ensure(work, "top_k_log_softmax workspace");
-    cuda_check(cudaMemsetAsync(s.top_k_work.ptr, 0, s.top_k_work.bytes, s.stream),
-               "top_k_log_softmax workspace");
-  }
-  p.workspace = s.top_k_work.ptr;
-  cuda_check(kernels::launch_top_k_log_softmax(p, s.stream), "top_k_log_softmax");
-  s.d2h(ids->data(), p.ids, n * 4, "top_k_log_softmax download");
-  s.d2h(values->data(), p.values, n * 4, "top_k_log_softmax download");
+  auto* d_ids = static_cast<int32_t*>(s.top_k_out.ptr);
+  auto* d_values = reinterpret_cast<float*>(d_ids + n);
+  s.launch_top_k(logits, k, d_ids, d_values, "top_k_log_softmax");
+  s.d2h(ids->data(), d_ids, n * 4, "top_k_log_softmax download");
+  s.d2h(values->data(), d_values, n * 4, "top_k_log_softmax download");
   s.wait("top_k_log_softmax");
 }
 
@@ -2158,27 +2171,8 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   State& s = *s_;
   const auto n = static_cast<size_t>(groups) * static_cast<size_t>(k);
   const auto depth = static_cast<size_t>(max_depth);
-  if (root_rows.size() > static_cast<size_t>(groups) || (!root_rows.empty() && s.fr_roots_k != k))
-    throw_error(ErrorCode::kInvalidArgument,
-                "draft_frontier_begin: " + std::to_string(root_rows.size()) + " device roots for " +
-                    std::to_string(groups) + " trees of width " + std::to_string(k) +
-                    ", the last draft_frontier_roots kept width " + std::to_string(s.fr_roots_k));
-  for (int32_t r : root_rows)
-    if (r < 0 || r >= s.fr_roots_rows)
-      throw_error(ErrorCode::kInvalidArgument, "draft_frontier_begin: root row " +
-                                                   std::to_string(r) + " of " +
-                                                   std::to_string(s.fr_roots_rows));
-  if (groups < 1 || k < 1 || k > 32 || max_depth < 1 || max_depth > 32 || ids.size() != n ||
-      values.size() != n || parent_rows.size() != n || positions.size() != n ||
-      slots.size() != n * depth)
-    throw_error(ErrorCode::kInvalidArgument,
-                "draft_frontier_begin: " + std::to_string(groups) + " trees of width " +
-                    std::to_string(k) + " (1..32), " + std::to_string(max_depth) +
-                    " depths (1..32), " + std::to_string(ids.size()) + " ids, " +
-                    std::to_string(values.size()) + " values, " +
-                    std::to_string(parent_rows.size()) + " parent rows, " +
-                    std::to_string(positions.size()) + " positions, " +
-                    std::to_string(slots.size()) + " slots");
+  check_draft_frontier_begin(groups, k, max_depth, ids, values, parent_rows, positions, slots,
+                             root_rows, s.fr_roots_k, s.fr_roots_rows);
   // Device layout (4-byte words): two frontiers (ids, scores, parents [n], paths [n, depth]),
   // the depth-1 positions [n], every depth's slots [depth, n] (8 bytes each), then the top-k log
   // (ids, then values, [depth, n, k] each). Step graphs record these addresses (epoch).
@@ -2201,13 +2195,7 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   s.fr_first = s.fr_log_ids + log_words;
   s.fr_root_rows = s.fr_first + 2 * n;
   // The top-k workspace for these rows, made here: nothing allocates inside a recording.
-  const size_t work = kernels::top_k_workspace_bytes(static_cast<int64_t>(n));
-  if (s.top_k_work.bytes < work) {
-    s.top_k_work.epoch = &s.epoch;
-    s.top_k_work.ensure(work, "draft_frontier_begin workspace");
-    cuda_check(cudaMemsetAsync(s.top_k_work.ptr, 0, s.top_k_work.bytes, s.stream),
-               "draft_frontier_begin workspace");
-  }
+  s.ensure_top_k_work(static_cast<int64_t>(n), "draft_frontier_begin workspace");
   // The first frontier, the positions and the slots, staged in one upload.
   std::vector<int32_t> first(head_words + slot_words, 0);
   std::copy(ids.begin(), ids.end(), first.begin());
@@ -2254,22 +2242,8 @@ void CudaBackend::draft_frontier_roots(const Tensor& logits, int32_t k) {
                                                  ", k " + std::to_string(k) + " (1..32)");
   const size_t n = static_cast<size_t>(logits.rows) * static_cast<size_t>(k);
   s.fr_roots.ensure(n * 8, "draft_frontier_roots");
-  const size_t work = kernels::top_k_workspace_bytes(logits.rows);
-  if (s.top_k_work.bytes < work) {
-    s.top_k_work.epoch = &s.epoch;
-    s.top_k_work.ensure(work, "draft_frontier_roots workspace");
-    cuda_check(cudaMemsetAsync(s.top_k_work.ptr, 0, s.top_k_work.bytes, s.stream),
-               "draft_frontier_roots workspace");
-  }
-  kernels::TopKRowsParams t;
-  t.x = static_cast<const float*>(logits.data);
-  t.ids = static_cast<int32_t*>(s.fr_roots.ptr);
-  t.values = reinterpret_cast<float*>(t.ids + n);
-  t.rows = logits.rows;
-  t.cols = logits.cols;
-  t.k = k;
-  t.workspace = s.top_k_work.ptr;
-  cuda_check(kernels::launch_top_k_log_softmax(t, s.stream), "draft_frontier_roots");
+  auto* ids = static_cast<int32_t*>(s.fr_roots.ptr);
+  s.launch_top_k(logits, k, ids, reinterpret_cast<float*>(ids + n), "draft_frontier_roots");
   s.fr_roots_k = k;
   s.fr_roots_rows = static_cast<int32_t>(logits.rows);
 }
@@ -2325,23 +2299,17 @@ void CudaBackend::draft_frontier_expand(int32_t depth, const Tensor& logits) {
                 "draft_frontier_expand: depth " + std::to_string(depth) + " of " +
                     std::to_string(s.fr_max_depth) + ", logits " + shape(logits) + " for " +
                     std::to_string(n) + " rows of top-" + std::to_string(k));
-  const size_t per_depth = static_cast<size_t>(n) * static_cast<size_t>(k);
-  kernels::TopKRowsParams t;
-  t.x = static_cast<const float*>(logits.data);
-  t.ids = s.fr_log_ids + per_depth * static_cast<size_t>(depth - 1);
-  t.values = s.fr_log_values + per_depth * static_cast<size_t>(depth - 1);
-  t.rows = logits.rows;
-  t.cols = logits.cols;
-  t.k = k;
-  ARBOR_CHECK(s.top_k_work.bytes >= kernels::top_k_workspace_bytes(logits.rows));
-  t.workspace = s.top_k_work.ptr;
-  cuda_check(kernels::launch_top_k_log_softmax(t, s.stream), "draft_frontier_expand top-k");
+  const size_t at =
+      static_cast<size_t>(n) * static_cast<size_t>(k) * static_cast<size_t>(depth - 1);
+  int32_t* top_ids = s.fr_log_ids + at;
+  float* top_values = s.fr_log_values + at;
+  s.launch_top_k(logits, k, top_ids, top_values, "draft_frontier_expand top-k");
   if (depth == s.fr_max_depth) return;  // no frontier after the last depth
   kernels::DraftFrontierSelectParams p;
   p.in = s.fr[s.fr_current];
   p.out = s.fr[1 - s.fr_current];
-  p.top_ids = t.ids;
-  p.top_values = t.values;
+  p.top_ids = top_ids;
+  p.top_values = top_values;
   p.groups = s.fr_groups;
   p.k = k;
   p.depth = depth;
