@@ -15,8 +15,10 @@
 #   bash scripts/gpu_bars.sh env-ab      # model_bench decode under each setting of ARBOR_AB_ENVS
 #   bash scripts/gpu_bars.sh stage       # (one call per part) SmolLM2's GGUF parts to /tmp/stage
 #   bash scripts/gpu_bars.sh e2e         # SmolLM2 spec-bench: n-gram / EAGLE / Medusa vs plain
+#                                        # (and EAGLE-3 with .stage/heads/eagle3.tar carried)
 #   bash scripts/gpu_bars.sh e2e-ab      # the same, this build's arbor against .gpu/base_arbor.tar.gz
 #   bash scripts/gpu_bars.sh e2e-sweep   # SmolLM2 spec-bench over tree shapes (ARBOR_E2E_SWEEP)
+#   bash scripts/gpu_bars.sh ncu-spec    # ncu's per-kernel times of a short SmolLM2 spec-bench
 # The SmolLM2 modes need only the CLI: carry .gpu/payload_cli.tar.gz (written by pack beside
 # the whole payload) and not .gpu/payload.tar.gz when a base binary must travel as well.
 # The tests alone: ARBOR_GPU_SKIP_SANITIZER=1 ARBOR_GPU_SKIP_BENCH=1 ARBOR_GPU_SKIP_MODEL_BENCH=1
@@ -88,13 +90,27 @@ unpack_payload "$PAYLOAD" "$BIN" && use_gpu_libs "$BIN"
 } | tee "$LOG/gpu_$MODE.txt"
 STATUS=0
 
+# The SmolLM2 heads for METHOD: ARBOR_E2E_HEADS/METHOD, else the committed ones, else those
+# scripts/gpu_train_heads.sh trained on this machine or sent back (EAGLE-3's is not committed:
+# carry .stage/heads/eagle3.tar, the tar its train phase writes to $OUT).
+heads_dir() {  # METHOD
+  local d
+  if [ ! -d "/tmp/heads_work/heads/$1" ] && [ -f ".stage/heads/$1.tar" ]; then
+    mkdir -p /tmp/heads_work/heads && tar -C /tmp/heads_work/heads -xf ".stage/heads/$1.tar"
+  fi
+  for d in "${ARBOR_E2E_HEADS:-}" tests/data/heads/smollm2 /tmp/heads_work/heads; do
+    [ -n "$d" ] && [ -d "$d/$1" ] && { echo "$d/$1"; return; }
+  done
+  echo "tests/data/heads/smollm2/$1"
+}
+
 # One SmolLM2 spec-bench run (the staged GGUF, the 16 held-out prompts, 128 tokens, greedy; the
 # trained heads for eagle and medusa): its table, step and draft lines appended to LOGFILE, a
 # failure recorded in STATUS.
 spec_bench_run() {  # LOGFILE "VAR=value ..." EXE METHOD BATCH [spec-bench options]
   local logfile=$1 envs=$2 exe=$3 method=$4 batch=$5 heads="" rc
   shift 5
-  [ "$method" != ngram ] && heads="--spec-heads tests/data/heads/smollm2/$method"
+  [ "$method" != ngram ] && heads="--spec-heads $(heads_dir "$method")"
   # shellcheck disable=SC2086
   env $envs timeout 150 "$exe" spec-bench --backend cuda -m /tmp/smol.gguf \
     --prompts .stage/heldout.jsonl --no-bos --max-tokens 128 --temperature 0 \
@@ -204,11 +220,13 @@ case "$MODE" in
     # held-out MT-bench prompts x 128 tokens greedy (.stage/heldout.jsonl, rendered with the
     # GGUF's chat template), speculation against plain decoding in the same process.
     cat /tmp/stage/smol.part.* >/tmp/smol.gguf && sha256sum /tmp/smol.gguf | tee "$LOG/e2e.log"
+    methods="ngram eagle medusa ngram-adaptive"
+    [ -d "$(heads_dir eagle3)" ] && methods="$methods eagle3"
     for batch in 1 8; do
-      for m in ngram eagle medusa ngram-adaptive; do
+      for m in $methods; do
         method=${m%-adaptive}
         extra=""
-        [ "$method" != ngram ] && extra="--spec-heads tests/data/heads/smollm2/$method"
+        [ "$method" != ngram ] && extra="--spec-heads $(heads_dir "$method")"
         [ "$m" = ngram-adaptive ] && extra="--adaptive-trees --cost-model measure"
         echo "== batch $batch $m" | tee -a "$LOG/e2e.log"
         # shellcheck disable=SC2086
@@ -279,8 +297,31 @@ case "$MODE" in
       done
     done
     ;;
+  ncu-spec)
+    # ncu's per-kernel GPU times of a short SmolLM2 spec-bench run ("method [spec-bench
+    # options]" in ARBOR_NCU_SPEC, default eagle; the first held-out prompt, 32 tokens, batch
+    # ARBOR_E2E_BATCH (1), no plain run) as CSV in $LOG/ncu_spec.csv; kernels in step graphs
+    # are profiled one by one (--graph-profiling node). Summarise with
+    # python3 scripts/ncu_kernel_summary.py ncu_spec.csv.
+    cat /tmp/stage/smol.part.* >/tmp/smol.gguf || { echo "SmolLM2 is not staged"; exit 1; }
+    NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+    [ -n "$NCU" ] || { echo "no ncu on this machine"; exit 1; }
+    read -r method args <<<"${ARBOR_NCU_SPEC:-eagle}"
+    heads=""
+    [ "$method" != ngram ] && heads="--spec-heads $(heads_dir "$method")"
+    echo "== ncu: spec-bench --spec $method $args, batch ${ARBOR_E2E_BATCH:-1}"
+    # shellcheck disable=SC2086
+    timeout 400 "$NCU" --graph-profiling node --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum --csv --log-file "$LOG/ncu_spec.csv" \
+      "$BIN/arbor" spec-bench --backend cuda -m /tmp/smol.gguf --prompts .stage/heldout.jsonl \
+      --no-bos --limit "${ARBOR_E2E_BATCH:-1}" --max-tokens 32 --temperature 0 \
+      --batch "${ARBOR_E2E_BATCH:-1}" --skip-plain --spec "$method" $heads $args \
+      >"$LOG/ncu_spec_run.log" 2>&1 || STATUS=1
+    grep -E '^(\||spec:|draft:)' "$LOG/ncu_spec_run.log" | grep -v -- '---'
+    wc -l "$LOG/ncu_spec.csv"
+    ;;
   *)
-    echo "unknown mode '$MODE' (attention | model | decode-ab | model-ab | env-ab | e2e | e2e-ab | e2e-sweep | stage | flashinfer)"
+    echo "unknown mode '$MODE' (attention | model | decode-ab | model-ab | env-ab | e2e | e2e-ab | e2e-sweep | ncu-spec | stage | flashinfer)"
     exit 2
     ;;
 esac

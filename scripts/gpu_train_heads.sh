@@ -267,12 +267,16 @@ spec_bench() {
   gguf=$(gguf_path) || return 0
   "$PY" scripts/render_chat_prompts.py --gguf "$gguf" --prompts "$W/prompts/outside.jsonl" \
     --out "$W/prompts/outside_rendered.jsonl" || return 1
+  local dir
   for m in medusa eagle eagle3; do
-    [ -d "$W/heads/$m" ] || continue
-    note "arbor spec-bench --spec $m on the outside prompts ($limit x $tokens tokens, greedy)"
+    # The heads trained in this work folder, else the committed ones.
+    dir="$W/heads/$m"
+    [ -d "$dir" ] || dir="tests/data/heads/smollm2/$m"
+    [ -d "$dir" ] || continue
+    note "arbor spec-bench --spec $m ($dir) on the outside prompts ($limit x $tokens tokens, greedy)"
     $NICE timeout 150 "$exe" spec-bench --backend "$backend" -m "$gguf" \
       --prompts "$W/prompts/outside_rendered.jsonl" --no-bos --limit "$limit" --max-tokens "$tokens" \
-      --temperature 0 --threads 1 --skip-plain --spec "$m" --spec-heads "$W/heads/$m" 2>&1 |
+      --temperature 0 --threads 1 --skip-plain --spec "$m" --spec-heads "$dir" 2>&1 |
       grep -v '^\[load\]' | tr '\r' '\n' | grep -vE '^\s*$' | tail -6 | tee -a "$LOG/heads.log"
     [ "${PIPESTATUS[0]}" = 0 ] || return 1
   done

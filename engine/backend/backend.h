@@ -189,6 +189,10 @@ class Backend {
   // output [N, w_j], the widths summing to x.cols; at most 3 outputs): unpacks a fused
   // projection's output (q|k|v, gate|up).
   virtual void split_cols(const Tensor& x, const std::vector<Tensor>& outs) = 0;
+  // out[:, first_col, first_col + x.cols) = x (fp32, the same rows; the other columns are left
+  // as they are): packs rows into part of a wider tensor, e.g. the residual stream of EAGLE-3's
+  // capture layers side by side. The default downloads both tensors and uploads `out`.
+  virtual void copy_cols(const Tensor& x, const Tensor& out, int64_t first_col);
   // out[i] = x's element at flat index[i] (row * cols + col), read back to the host (resized);
   // kInvalidArgument for an index outside x.
   virtual void gather_values(const Tensor& x, const std::vector<int64_t>& index,
@@ -352,6 +356,9 @@ class Backend {
   // arena, metadata and plan buffers, KV cache): recordings from another epoch must not run.
   virtual uint64_t step_graph_epoch() const { return 0; }
 };
+
+// Backend::copy_cols' argument check (kInvalidArgument naming the shapes).
+void check_copy_cols(const Tensor& x, const Tensor& out, int64_t first_col);
 
 // out->path_rows from host rows `source` [*, cols] (Backend::sample_trees_and_path_rows).
 void gather_path_rows_on_host(const float* source, int64_t cols, const TreeSampleBatch& batch,

@@ -1,6 +1,9 @@
+#include <algorithm>
 #include <cstdio>
+#include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/core/dtype.h"
 #include "engine/core/error.h"
 
 namespace arbor {
@@ -65,6 +68,26 @@ void Backend::gather_rows(const Tensor& src, std::span<const int32_t> rows, cons
                   host.begin() + static_cast<int64_t>(r + 1) * src.cols);
   }
   upload(picked.data(), out);
+}
+
+void Backend::copy_cols(const Tensor& x, const Tensor& out, int64_t first_col) {
+  check_copy_cols(x, out, first_col);
+  std::vector<float> src(static_cast<size_t>(x.numel())), dst(static_cast<size_t>(out.numel()));
+  download(x, src.data());
+  download(out, dst.data());
+  for (int64_t r = 0; r < x.rows; ++r)
+    std::copy_n(src.begin() + r * x.cols, x.cols, dst.begin() + r * out.cols + first_col);
+  upload(dst.data(), out);
+}
+
+void check_copy_cols(const Tensor& x, const Tensor& out, int64_t first_col) {
+  if (x.dtype != DType::kF32 || out.dtype != DType::kF32 || x.rows != out.rows || first_col < 0 ||
+      first_col + x.cols > out.cols)
+    throw_error(ErrorCode::kInvalidArgument,
+                "copy_cols: x [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "] " +
+                    dtype_name(x.dtype) + " into columns from " + std::to_string(first_col) +
+                    " of [" + std::to_string(out.rows) + ", " + std::to_string(out.cols) + "] " +
+                    dtype_name(out.dtype));
 }
 
 namespace {

@@ -176,10 +176,10 @@ namespace {
 // Prefill chunks and steps this large run eagerly: their shapes rarely repeat.
 constexpr int32_t kMaxGraphTokens = 1024;
 
-// Decode / verify steps: every request one token or a tree (no prefill chunk), no features of
-// inner layers (their downloads sit between the ops), not too many tokens.
-bool graph_eligible(const StepInputs& step, const ForwardRequest& want) {
-  if (!want.capture_layers.empty() || step.num_tokens() > kMaxGraphTokens) return false;
+// Decode / verify steps: every request one token or a tree (no prefill chunk), not too many
+// tokens.
+bool graph_eligible(const StepInputs& step, const ForwardRequest&) {
+  if (step.num_tokens() > kMaxGraphTokens) return false;
   for (int32_t r = 0; r < step.num_requests(); ++r)
     if (step.qo_indptr[r + 1] - step.qo_indptr[r] > 1 &&
         step.mask_indptr[r + 1] == step.mask_indptr[r])
@@ -235,6 +235,7 @@ int64_t LlamaModel::activation_bytes(int64_t n, int64_t m, const ForwardRequest&
   int64_t floats = n * (3 * hidden + 2 * q_width + 2 * kv_width + 2 * inter);
   if (fused_) floats += n * (q_width + 2 * kv_width + 2 * inter);
   if (want.final_hidden) floats += n * hidden;
+  floats += n * hidden * static_cast<int64_t>(want.capture_layers.size());
   floats += m * (2 * hidden + 2 * config_.vocab_size);
   if (ranks_.size() > 1)  // the rank's logits shard and the gathered shards
     floats += m * r.vocab_rows * (1 + static_cast<int64_t>(ranks_.size()));
@@ -246,7 +247,8 @@ StepGraphKey LlamaModel::graph_key(Rank& rank, const StepInputs& step, const For
   if (!rank.graphs || !graph_eligible(step, want)) return key;
   const int32_t r_count = step.num_requests();
   // Layout: tag, N, the request capacity (graph_request_capacity(R)), M, block-table width,
-  // final_hidden, raw logits copy, then the backend's part. How the N tokens split into the R
+  // final_hidden, raw logits copy, the capture layers (count, then each), then the backend's
+  // part. How the N tokens split into the R
   // requests (query counts, tree masks), R itself below its capacity, token ids, positions,
   // slots, committed lengths, block ids and mask bits are not in it: the recorded kernels read
   // them from device memory, where they sit at offsets that only N, the capacity, M and the
@@ -259,13 +261,15 @@ StepGraphKey LlamaModel::graph_key(Rank& rank, const StepInputs& step, const For
          static_cast<int64_t>(step.logits_rows.size()),
          step.max_blocks_per_request,
          want.final_hidden ? 1 : 0,
-         want.sample && want.top_logprobs >= 0 ? 1 : 0};
+         want.sample && want.top_logprobs >= 0 ? 1 : 0,
+         static_cast<int64_t>(want.capture_layers.size())};
+  for (int32_t c : want.capture_layers) key.push_back(c);
   if (!rank.backend->prepare_step_graph(rank.heads, &key)) return {};
   return key;
 }
 
 LlamaModel::StepTensors LlamaModel::run_ops(Rank& rank, const StepInputs& step,
-                                            const ForwardRequest& want, ForwardOutput* out) {
+                                            const ForwardRequest& want) {
   Backend& b = *rank.backend;
   const bool sharded = ranks_.size() > 1;
   const bool primary = &rank == &ranks_[0];
@@ -308,12 +312,13 @@ LlamaModel::StepTensors LlamaModel::run_ops(Rank& rank, const StepInputs& step,
       up = view(gate_up, inter, inter);
     }
   }
+  StepTensors t;
+  if (!want.capture_layers.empty() && primary)
+    t.captured = b.scratch(n, hidden * static_cast<int64_t>(want.capture_layers.size()));
   auto capture = [&](size_t layer_input) {
-    for (size_t c = 0; c < want.capture_layers.size(); ++c) {
-      if (want.capture_layers[c] != static_cast<int32_t>(layer_input) || !primary) continue;
-      out->captured[c].resize(static_cast<size_t>(n * hidden));
-      b.download(x, out->captured[c].data());
-    }
+    for (size_t c = 0; c < want.capture_layers.size() && primary; ++c)
+      if (want.capture_layers[c] == static_cast<int32_t>(layer_input))
+        b.copy_cols(x, t.captured, static_cast<int64_t>(c) * hidden);
   };
   for (size_t li = 0; li < rank.layers.size(); ++li) {
     capture(li);
@@ -347,7 +352,6 @@ LlamaModel::StepTensors LlamaModel::run_ops(Rank& rank, const StepInputs& step,
     b.add(x, proj, x);
   }
   capture(rank.layers.size());
-  StepTensors t;
   if (want.final_hidden) {
     t.hidden = b.scratch(n, hidden);
     b.rms_norm(x, rank.final_norm, eps, t.hidden);
@@ -414,28 +418,45 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
   if (!key.empty()) {
     std::vector<Tensor> outs;
     const auto ops = [&] {
-      t = run_ops(rank, step, want, out);
-      return std::vector<Tensor>{t.hidden, t.logits, t.raw_logits};
+      t = run_ops(rank, step, want);
+      return std::vector<Tensor>{t.hidden, t.logits, t.raw_logits, t.captured};
     };
     if (run_step_graph(
             *rank.graphs, b, key, [] {}, ops, &outs) == StepGraphRun::kReplayed) {
       t.hidden = outs[0];
       t.logits = outs[1];
       t.raw_logits = outs[2];
+      t.captured = outs[3];
       done = true;
     }
   }
   if (!done) {
     b.reset_scratch();  // rewinds (a failed recording took addresses)
-    t = run_ops(rank, step, want, out);
+    t = run_ops(rank, step, want);
   }
   if (rank_index != 0) return;  // the outputs are rank 0's
 
-  const bool path_hidden = want.path_hidden && want.final_hidden && want.sample != nullptr;
+  // The proposer's feature rows: the final hidden states or the capture layers' streams.
+  const bool captures = !want.capture_layers.empty();
+  const bool path_hidden =
+      want.path_hidden && want.final_hidden != captures && want.sample != nullptr;
+  const Tensor& features = captures ? t.captured : t.hidden;
   out->hidden.clear();
   if (want.final_hidden && !path_hidden) {
     out->hidden.resize(static_cast<size_t>(t.hidden.numel()));
     b.download(t.hidden, out->hidden.data());
+  }
+  if (captures && !path_hidden) {  // every row, one download, split by layer
+    const int64_t n = t.captured.rows, hidden = config_.hidden_size;
+    std::vector<float> all(static_cast<size_t>(t.captured.numel()));
+    b.download(t.captured, all.data());
+    for (size_t c = 0; c < want.capture_layers.size(); ++c) {
+      std::vector<float>& dst = out->captured[c];
+      dst.resize(static_cast<size_t>(n * hidden));
+      for (int64_t r = 0; r < n; ++r)
+        std::copy_n(all.begin() + r * t.captured.cols + static_cast<int64_t>(c) * hidden, hidden,
+                    dst.begin() + r * hidden);
+    }
   }
   const int64_t m = static_cast<int64_t>(step.logits_rows.size());
   out->logits.clear();
@@ -459,7 +480,7 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
     // Node g's hidden row: the flat row of its logits row.
     PathRowsRequest rows;
     if (path_hidden) {
-      rows.source = t.hidden;
+      rows.source = features;
       for (int32_t r : want.sample->logits_row) rows.node_row.push_back(step.logits_rows[r]);
     }
     if (b.has_sample_trees()) {
@@ -472,9 +493,9 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
       b.download(t.logits, host.data());
       sample_trees_on_host(host, t.logits.cols, *want.sample, &out->sampled);
       if (path_hidden) {
-        std::vector<float> hidden(static_cast<size_t>(t.hidden.numel()));
-        b.download(t.hidden, hidden.data());
-        gather_path_rows_on_host(hidden.data(), t.hidden.cols, *want.sample, rows.node_row,
+        std::vector<float> hidden(static_cast<size_t>(features.numel()));
+        b.download(features, hidden.data());
+        gather_path_rows_on_host(hidden.data(), features.cols, *want.sample, rows.node_row,
                                  &out->sampled);
       }
     }

@@ -31,9 +31,11 @@ struct ForwardRequest {
   // log-softmax entries of every logits row (ForwardOutput::top_*) and the raw log-probability
   // of every token the items emit (ForwardOutput::emitted_logprobs).
   int32_t top_logprobs = -1;
-  // With `sample` and final_hidden: instead of every row's hidden state in
-  // ForwardOutput::hidden, only the accepted paths' in ForwardOutput::sampled.path_rows
-  // (Backend::sample_trees_and_path_rows: gathered on the device, back with the ids).
+  // With `sample` and either final_hidden or capture_layers (not both): instead of every row's
+  // features in ForwardOutput::hidden / captured, only the accepted paths' in
+  // ForwardOutput::sampled.path_rows (Backend::sample_trees_and_path_rows: gathered on the
+  // device, back with the ids); a row is the final hidden state, or the capture layers'
+  // residual streams side by side ([capture_layers.size() * hidden]).
   bool path_hidden = false;
 };
 
@@ -118,6 +120,9 @@ class LlamaModel {
   // The scratch tensors a step's op sequence leaves its results in.
   struct StepTensors {
     Tensor hidden;  // [N, hidden] final-norm hidden states (want.final_hidden), else empty
+    // [N, C * hidden]: the residual stream at the input of want.capture_layers[c] in columns
+    // [c * hidden, (c + 1) * hidden) (C = capture_layers.size() > 0), else empty.
+    Tensor captured;
     Tensor logits;  // [M, vocab] fp32 logits of step.logits_rows
     // [M, vocab] copy of the logits (want.sample with top_logprobs >= 0: sample_trees then
     // processes `logits` in place, the logprobs read this). Part of the step (and its graph),
@@ -133,11 +138,9 @@ class LlamaModel {
   // outputs. The other ranks return after their ops.
   void forward_rank(int rank, const StepInputs& step, ForwardOutput* out,
                     const ForwardRequest& want);
-  // The device op sequence of a step on one rank (no host copies except rank 0's
-  // capture_layers downloads, which only eager steps have), after set_step() and
+  // The device op sequence of a step on one rank (no host copies), after set_step() and
   // reset_scratch().
-  StepTensors run_ops(Rank& r, const StepInputs& step, const ForwardRequest& want,
-                      ForwardOutput* out);
+  StepTensors run_ops(Rank& r, const StepInputs& step, const ForwardRequest& want);
   // The graph key of a decode / verify step (with the backend's part appended), or empty when
   // the step runs eagerly (prefill chunks, features of layers, graphs off or unsupported).
   StepGraphKey graph_key(Rank& r, const StepInputs& step, const ForwardRequest& want);

@@ -282,6 +282,11 @@ bool Engine::cancel_choice(ReqId id, int32_t choice) {
   return true;
 }
 
+int64_t Engine::feature_width() const {
+  const int64_t layers = static_cast<int64_t>(want_.capture_layers.size());
+  return model_.config().hidden_size * (want_.final_hidden || layers == 0 ? 1 : layers);
+}
+
 TargetFeedback Engine::PendingFeedback::view() const {
   TargetFeedback fb;
   fb.request = static_cast<RequestId>(sid);
@@ -313,10 +318,14 @@ void Engine::feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
       p.hidden.insert(p.hidden.end(), src, src + hs);
     }
   }
-  p.captured.assign(out_.captured.size(), {});
-  for (size_t l = 0; l < out_.captured.size(); ++l)
-    for (int32_t r : rows) {
-      const float* src = out_.captured[l].data() + (first_row + r) * hs;
+  // EAGLE-3's layers: a path row holds them side by side (ForwardRequest::path_hidden).
+  const size_t layers = want_.capture_layers.size();
+  p.captured.assign(layers, {});
+  for (size_t l = 0; l < layers; ++l)
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const float* src = path_rows != nullptr
+                             ? path_rows + (static_cast<int64_t>(i * layers + l)) * hs
+                             : out_.captured[l].data() + (first_row + rows[i]) * hs;
       p.captured[l].insert(p.captured[l].end(), src, src + hs);
     }
   if (defer == nullptr) proposer_->observe(now.view());
@@ -514,11 +523,11 @@ void Engine::forward(StepRun* run) {
     if (!it.decode && it.last_chunk && c.index == 0 && c.request->req.n > 1 && !c.request->forked)
       can_sample = false;
   }
-  // A drafter reading final hidden states gets only the accepted paths' (gathered on the
-  // backend, back with the ids) in steps of decode / verify items alone; prefill chunks feed it
-  // every row, and EAGLE-3's layer features are every row's.
+  // A drafter reading final hidden states or EAGLE-3's layer features gets only the accepted
+  // paths' rows (gathered on the backend, back with the ids) in steps of decode / verify items
+  // alone; prefill chunks feed it every row.
   const bool path_hidden =
-      want.final_hidden && want.capture_layers.empty() && !run->any_prefill && can_sample;
+      want.final_hidden != !want.capture_layers.empty() && !run->any_prefill && can_sample;
   // Else download argmax ids, not [M, vocab] logits, when no item needs more (mixed steps keep
   // the logits). n > 1 choices share their request's sampling parameters, so the first decides.
   want.argmax_only = !path_hidden;
@@ -749,9 +758,8 @@ void Engine::commit(StepRun* run) {
             item >= 0 && out_.sampled.path_indptr[item + 1] - out_.sampled.path_indptr[item] ==
                              static_cast<int32_t>(v.accepted_nodes.size()),
             "path rows do not match the accepted path");
-        path_rows =
-            out_.sampled.path_rows.data() +
-            static_cast<int64_t>(out_.sampled.path_indptr[item]) * model_.config().hidden_size;
+        path_rows = out_.sampled.path_rows.data() +
+                    static_cast<int64_t>(out_.sampled.path_indptr[item]) * feature_width();
       }
       feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token, &run->pending.back(),
            path_rows);

@@ -190,6 +190,9 @@ class Engine {
             const std::vector<int32_t>& rows, int32_t accepted, int32_t item);
   // The proposer observes the step's accepted paths in one call; the cost models learn.
   void observe(StepRun* run);
+  // Floats in one row of ForwardOutput::sampled.path_rows: the hidden size, times the capture
+  // layers for EAGLE-3.
+  int64_t feature_width() const;
 
   LlamaModel& model_;
   std::string kv_capacity_;  // before config_: set while config_ is sized

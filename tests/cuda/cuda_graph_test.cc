@@ -190,8 +190,12 @@ TEST_P(CudaGraphs, SpeculativeGreedyWithGraphsEqualsPlain) {
   const auto want = plain.run(reqs);
 
   std::vector<std::pair<std::string, std::string>> methods = {{"ngram", ""}};
-  const std::string eagle = testing::test_data_dir() + "/spec/random/eagle_" + GetParam();
-  if (std::filesystem::exists(eagle)) methods.push_back({"eagle", eagle});
+  // EAGLE-3's capture layers are copied into one step tensor, so its verify steps replay too.
+  for (const std::string method : {"eagle", "eagle3"}) {
+    const std::string heads =
+        testing::test_data_dir() + "/spec/random/" + method + "_" + GetParam();
+    if (std::filesystem::exists(heads)) methods.push_back({method, heads});
+  }
   for (const auto& [method, heads] : methods) {
     SpecConfig sc;
     sc.method = parse_spec_method(method);
@@ -208,6 +212,9 @@ TEST_P(CudaGraphs, SpeculativeGreedyWithGraphsEqualsPlain) {
                 spec.stats().acceptance.mean_emitted_per_step());
     expect_equal(got, want, GetParam() + " " + method + " + graphs == plain without");
     EXPECT_GT(s.replays, 0) << method;
+    if (method != "ngram") {
+      EXPECT_GT(spec.stats().path_feedback_steps, 0) << method;
+    }
     EXPECT_EQ(s.capture_failures, 0) << method;
   }
 }

@@ -634,6 +634,26 @@ TEST(CudaOps, SplitColsMatchesCpu) {
   }
 }
 
+// copy_cols (EAGLE-3's capture layers side by side in one step tensor): every column range of
+// a 3-wide layout, odd widths, outputs filled first so the columns left alone show.
+TEST(CudaOps, CopyColsMatchesCpu) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(9);
+  for (int width : {576, 7}) {
+    for (int rows : {1, 5, 61}) {
+      CpuGpu b(small_kv());
+      const int cols = 3 * width;
+      Both out = b.input(random_vector(rng, static_cast<size_t>(rows) * cols, 2.f), rows, cols);
+      for (int c = 2; c >= 0; --c) {  // out of order, as any layer order may ask
+        Both x = b.input(random_vector(rng, static_cast<size_t>(rows) * width, 2.f), rows, width);
+        b.cpu().copy_cols(x.c, out.c, static_cast<int64_t>(c) * width);
+        b.gpu().copy_cols(x.g, out.g, static_cast<int64_t>(c) * width);
+        expect_close(b.get(out), 0, "copy_cols at column " + std::to_string(c * width));
+      }
+    }
+  }
+}
+
 // A split whose next op is RoPE (+ KV write) of its q | k | v outputs, or SiLU * up of its
 // gate | up outputs, is not launched: that op reads the fused projection in place and writes the
 // split's outputs itself. Every output (q, k, v, gate, up, the cache slots) must still hold

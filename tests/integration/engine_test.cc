@@ -214,6 +214,37 @@ class CountingBackend final : public Backend {
   int64_t vocab_;
 };
 
+// copy_cols writes x into a column range of a wider tensor and leaves the other columns: the
+// CPU backend's own and Backend's default (download, place, upload; CountingBackend keeps it)
+// against values written out by hand; a range past the last column is refused.
+TEST(BackendOps, CopyColsPlacesRowsInAColumnRange) {
+  auto check = [](Backend& b, const std::string& which) {
+    b.reset_scratch();
+    Tensor x = b.scratch(2, 2), out = b.scratch(2, 5);
+    const std::vector<float> xs = {1, 2, 3, 4}, base = {9, 9, 9, 9, 9, 8, 8, 8, 8, 8};
+    b.upload(xs.data(), x);
+    b.upload(base.data(), out);
+    b.copy_cols(x, out, 3);
+    std::vector<float> got(10);
+    b.download(out, got.data());
+    EXPECT_EQ(got, (std::vector<float>{9, 9, 9, 1, 2, 8, 8, 8, 3, 4})) << which;
+    b.copy_cols(x, out, 0);
+    b.download(out, got.data());
+    EXPECT_EQ(got, (std::vector<float>{1, 2, 9, 1, 2, 3, 4, 8, 3, 4})) << which;
+    try {
+      b.copy_cols(x, out, 4);
+      ADD_FAILURE() << which << ": columns 4..6 of 5 accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << which;
+      EXPECT_NE(std::string(e.what()).find("copy_cols"), std::string::npos) << e.what();
+    }
+  };
+  auto cpu = make_cpu_backend(1);
+  check(*cpu, "cpu");
+  CountingBackend counted(make_cpu_backend(1), 512);
+  check(counted, "Backend default");
+}
+
 // Greedy steps without penalties or logprobs take only argmax ids from the backend
 // (ForwardRequest::argmax_only) and verify trees from them; the tokens equal those of steps that
 // download the logits: the same request with logprobs, and beside a sampled request (a mixed

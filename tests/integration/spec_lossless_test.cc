@@ -187,16 +187,19 @@ TEST_P(SpecLossless, GreedyEqualsPlainGreedy) {
   EXPECT_GE(total.mean_emitted_per_step(), 1.0);
 }
 
-// A drafter reading the target's final hidden states gets, in decode / verify steps, only the
-// rows of the accepted paths (ForwardRequest::path_hidden, gathered where the sampling runs)
-// instead of every tree row's: the same rows, so the same drafts. The trained stories260K heads
-// (long accepted paths) draft from them; with backend sampling off every row's hidden state is
+// A drafter reading the target's final hidden states, or EAGLE-3's capture layers (their
+// residual streams side by side in a row), gets, in decode / verify steps, only the rows of the
+// accepted paths (ForwardRequest::path_hidden, gathered where the sampling runs) instead of
+// every tree row's: the same rows, so the same drafts. The trained stories260K heads (long
+// accepted paths) draft from them; with backend sampling off every row's features are
 // downloaded and the feedback picks the path's rows itself. Same tokens, same acceptance per
 // request (a wrong row would change the drafts, so what they accept).
 TEST(SpecFeedback, PathHiddenRowsFeedTheSameDrafts) {
   const ModelWeights& w = weights_of("stories260K");
-  for (const auto& [method, heads] : std::vector<std::pair<std::string, std::string>>{
-           {"medusa", "heads/stories260K/medusa"}, {"eagle", "heads/stories260K/eagle"}}) {
+  for (const auto& [method, heads] :
+       std::vector<std::pair<std::string, std::string>>{{"medusa", "heads/stories260K/medusa"},
+                                                        {"eagle", "heads/stories260K/eagle"},
+                                                        {"eagle3", "heads/stories260K/eagle3"}}) {
     SpecConfig sc;
     sc.method = parse_spec_method(method);
     sc.head_path = std::string(ARBOR_TEST_DATA_DIR) + "/" + heads;

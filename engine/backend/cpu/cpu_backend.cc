@@ -463,6 +463,12 @@ void CpuBackend::split_cols(const Tensor& x, const std::vector<Tensor>& outs) {
   }
 }
 
+void CpuBackend::copy_cols(const Tensor& x, const Tensor& out, int64_t first_col) {
+  check_copy_cols(x, out, first_col);
+  for (int64_t r = 0; r < x.rows; ++r)
+    std::memcpy(f32(out) + r * out.cols + first_col, f32(x) + r * x.cols, sizeof(float) * x.cols);
+}
+
 void CpuBackend::gather_values(const Tensor& x, const std::vector<int64_t>& index,
                                std::vector<float>* out) {
   ARBOR_CHECK(x.dtype == DType::kF32);

@@ -77,6 +77,7 @@ class CpuBackend final : public Backend {
   void gather_logit_rows(const Tensor& x, const Tensor& out) override;
   void argmax_rows(const Tensor& logits, std::vector<int32_t>* out) override;
   void split_cols(const Tensor& x, const std::vector<Tensor>& outs) override;
+  void copy_cols(const Tensor& x, const Tensor& out, int64_t first_col) override;
   void gather_values(const Tensor& x, const std::vector<int64_t>& index,
                      std::vector<float>* out) override;
   void top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,

@@ -1650,6 +1650,20 @@ void CudaBackend::split_cols(const Tensor& x, const std::vector<Tensor>& outs) {
   s.split_pending = true;
 }
 
+void CudaBackend::copy_cols(const Tensor& x, const Tensor& out, int64_t first_col) {
+  State& s = *s_;
+  s.flush();
+  check_copy_cols(x, out, first_col);
+  if (x.numel() == 0) return;
+  // A pitched device-to-device copy: one memcpy node in a step graph, no kernel.
+  cuda_check(cudaMemcpy2DAsync(static_cast<float*>(out.data) + first_col,
+                               sizeof(float) * static_cast<size_t>(out.cols), x.data,
+                               sizeof(float) * static_cast<size_t>(x.cols),
+                               sizeof(float) * static_cast<size_t>(x.cols),
+                               static_cast<size_t>(x.rows), cudaMemcpyDeviceToDevice, s.stream),
+             "copy_cols");
+}
+
 void CudaBackend::gather_values(const Tensor& x, const std::vector<int64_t>& index,
                                 std::vector<float>* out) {
   State& s = *s_;

@@ -140,6 +140,7 @@ class CudaBackend final : public Backend {
   void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
   void split_cols(const Tensor& x, const std::vector<Tensor>& outs) override;
+  void copy_cols(const Tensor& x, const Tensor& out, int64_t first_col) override;
   void gather_values(const Tensor& x, const std::vector<int64_t>& index,
                      std::vector<float>* out) override;
   bool fuse_projections() const override;
