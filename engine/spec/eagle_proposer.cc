@@ -161,7 +161,30 @@ void EagleProposer::observe_batch(std::span<const TargetFeedback> feedbacks) {
     s.last_output.clear();  // stale until the backlog runs
     if (s.backlog_tokens.size() >= kMaxBacklogRows) full.push_back(&s);
   }
-  flush_backlogs(full);
+  run_backlog_prefixes(full);
+}
+
+void EagleProposer::run_backlog_prefixes(const std::vector<RequestState*>& states) {
+  std::vector<EagleDraftModel::AppendItem> items;
+  std::vector<RequestState*> ran;
+  const auto width = static_cast<size_t>(draft_.feature_width());
+  for (RequestState* s : states) {
+    const size_t n = s->backlog_tokens.size();
+    if (n < 2) continue;
+    items.push_back({s->seq, std::span<const int32_t>(s->backlog_tokens).first(n - 1),
+                     std::span<const float>(s->backlog_features).first((n - 1) * width),
+                     s->backlog_position});
+    ran.push_back(s);
+  }
+  if (items.empty()) return;
+  draft_.append_batch(items, /*top_k=*/0, /*last_tops=*/nullptr, /*download=*/false);
+  for (RequestState* s : ran) {
+    const size_t n = s->backlog_tokens.size();
+    s->backlog_tokens.erase(s->backlog_tokens.begin(), s->backlog_tokens.end() - 1);
+    s->backlog_features.erase(s->backlog_features.begin(),
+                              s->backlog_features.end() - static_cast<std::ptrdiff_t>(width));
+    s->backlog_position += static_cast<int32_t>(n - 1);
+  }
 }
 
 void EagleProposer::flush_backlogs(const std::vector<RequestState*>& states,

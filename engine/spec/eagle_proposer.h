@@ -73,7 +73,8 @@ class EagleProposer final : public Proposer {
     TopKRows last_top;            // its top_k() best draft entries (from observe())
     // Rows observed but not yet run through the draft (see observe_batch): the draft forward
     // of committed rows is deferred to the next propose() for the request, or until
-    // kMaxBacklogRows have gathered, so steps that do not speculate cost no draft forward.
+    // kMaxBacklogRows have gathered (then all but the last run, without a wait), so steps that
+    // do not speculate cost no draft forward.
     std::vector<int32_t> backlog_tokens;
     std::vector<float> backlog_features;
     int32_t backlog_position = 0;
@@ -85,6 +86,10 @@ class EagleProposer final : public Proposer {
   // and top-k become last_output / last_top.
   // outputs_on_device: leave the outputs on the draft's backend (device_row) instead.
   void flush_backlogs(const std::vector<RequestState*>& states, bool outputs_on_device = false);
+  // Runs every row but the last of each of `states`' backlogs into the draft's KV in one
+  // forward: no head, nothing copied back, so no wait for the device. The last row stays, to
+  // run with the request's next proposal, which needs its output and top-k.
+  void run_backlog_prefixes(const std::vector<RequestState*>& states);
   // Children per node read from the draft (the tree's top_k, at most the draft vocabulary).
   int32_t top_k() const;
   // One feedback's new draft rows, before they run.

@@ -286,31 +286,46 @@ TEST(EagleProposer, ProposeReleasesItsDraftBlocksAndEndFreesTheRest) {
 }
 
 // Steps that do not speculate (the adaptive policy declining) run no draft forward: observed rows
-// wait until the request is proposed for, or until 32 have gathered, then run in one forward.
+// wait until the request is proposed for, or until 32 have gathered; then all but the last run
+// (no head, no wait), the last waiting for the proposal. The tree is the one a proposer that
+// ran all 40 rows at the proposal drafts.
 TEST(EagleProposer, ObservedRowsWaitForProposeOrAFullBacklog) {
   const Fixture f = load("eagle_stories260K");
-  auto p = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
   const int64_t h = f.target->config.hidden_size;
   std::vector<int32_t> tokens;
   for (int i = 0; i < 42; ++i) tokens.push_back(3 + (i * 7) % 200);
-  p->begin(1, std::span<const int32_t>(tokens.data(), 1));
-  std::vector<float> hidden(static_cast<size_t>(h));
-  for (int i = 0; i < 40; ++i) {
-    for (int64_t j = 0; j < h; ++j) hidden[j] = 0.01f * static_cast<float>((i * 31 + j) % 97 - 48);
+  std::vector<float> hidden(static_cast<size_t>(40 * h));
+  for (int i = 0; i < 40; ++i)
+    for (int64_t j = 0; j < h; ++j)
+      hidden[i * h + j] = 0.01f * static_cast<float>((i * 31 + j) % 97 - 48);
+  auto feedback = [&](int32_t first, int32_t n) {
     TargetFeedback fb;
     fb.request = 1;
-    fb.start = i;
-    fb.tokens = std::span<const int32_t>(&tokens[i], 1);
-    fb.hidden = hidden;
-    fb.next_token = tokens[i + 1];
-    p->observe(fb);
-    // Row i pairs feature i with token i + 1; 32 rows run together.
-    EXPECT_EQ(p->draft().length(0), i + 1 < 32 ? 0 : 32) << "after " << i + 1 << " rows";
+    fb.start = first;
+    fb.tokens = std::span<const int32_t>(&tokens[first], n);
+    fb.hidden = std::span<const float>(hidden).subspan(first * h, n * h);
+    fb.next_token = tokens[first + n];
+    return fb;
+  };
+  auto p = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
+  p->begin(1, std::span<const int32_t>(tokens.data(), 1));
+  for (int i = 0; i < 40; ++i) {
+    p->observe(feedback(i, 1));
+    // Row i pairs feature i with token i + 1; the 32nd row runs the first 31 together.
+    EXPECT_EQ(p->draft().length(0), i + 1 < 32 ? 0 : 31) << "after " << i + 1 << " rows";
   }
   const DraftTree tree = p->propose(1, TreeBudget{64, 8});
   EXPECT_EQ(p->draft().length(0), 40);
   EXPECT_GT(tree.size(), 1);
   validate_draft_tree(tree, f.target->config.vocab_size, TreeBudget{64, 8});
+
+  auto all_at_once = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
+  all_at_once->begin(1, std::span<const int32_t>(tokens.data(), 1));
+  all_at_once->observe(feedback(0, 40));
+  EXPECT_EQ(all_at_once->draft().length(0), 39);  // all but the last row, in one forward
+  const DraftTree want = all_at_once->propose(1, TreeBudget{64, 8});
+  EXPECT_EQ(tree.token, want.token);
+  EXPECT_EQ(tree.parent, want.parent);
 }
 
 TEST(EagleProposer, FirstFeedbackMayStartPastACachedPrefix) {
