@@ -147,7 +147,8 @@ TEST(TensorParallel, SpeculativeGreedyEqualsPlain) {
        std::vector<std::pair<std::string, std::string>>{{"", ""},
                                                         {"ngram", ""},
                                                         {"medusa", "heads/stories260K/medusa"},
-                                                        {"eagle", "heads/stories260K/eagle"}}) {
+                                                        {"eagle", "heads/stories260K/eagle"},
+                                                        {"eagle3", "heads/stories260K/eagle3"}}) {
     std::unique_ptr<Proposer> proposer;
     if (!method.empty()) {
       SpecConfig sc;
