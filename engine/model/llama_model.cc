@@ -442,14 +442,27 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
       want.path_hidden && want.final_hidden != captures && want.sample != nullptr;
   const Tensor& features = captures ? t.captured : t.hidden;
   out->hidden.clear();
-  if (want.final_hidden && !path_hidden) {
-    out->hidden.resize(static_cast<size_t>(t.hidden.numel()));
-    b.download(t.hidden, out->hidden.data());
-  }
-  if (captures && !path_hidden) {  // every row, one download, split by layer
-    const int64_t n = t.captured.rows, hidden = config_.hidden_size;
-    std::vector<float> all(static_cast<size_t>(t.captured.numel()));
-    b.download(t.captured, all.data());
+  out->feature_rows.clear();
+  // Some rows only: gathered into scratch after the step's own, so only in steps that ran
+  // eagerly (a replayed step's tensors are not below the arena's mark).
+  const bool some_rows = !path_hidden && !done && !want.feature_rows.empty() &&
+                         static_cast<int64_t>(want.feature_rows.size()) < step.num_tokens();
+  if (some_rows) out->feature_rows = want.feature_rows;
+  auto fetch = [&](const Tensor& src, std::vector<float>* dst) {
+    Tensor rows = src;
+    if (some_rows) {
+      rows = b.scratch(static_cast<int64_t>(want.feature_rows.size()), src.cols);
+      b.gather_rows(src, want.feature_rows, rows);
+    }
+    dst->resize(static_cast<size_t>(rows.numel()));
+    b.download(rows, dst->data());
+  };
+  if (want.final_hidden && !path_hidden) fetch(t.hidden, &out->hidden);
+  if (captures && !path_hidden) {  // one download, split by layer
+    std::vector<float> all;
+    fetch(t.captured, &all);
+    const int64_t hidden = config_.hidden_size;
+    const int64_t n = static_cast<int64_t>(all.size()) / t.captured.cols;
     for (size_t c = 0; c < want.capture_layers.size(); ++c) {
       std::vector<float>& dst = out->captured[c];
       dst.resize(static_cast<size_t>(n * hidden));

@@ -37,6 +37,12 @@ struct ForwardRequest {
   // device, back with the ids); a row is the final hidden state, or the capture layers'
   // residual streams side by side ([capture_layers.size() * hidden]).
   bool path_hidden = false;
+  // Otherwise, the flat rows whose features (final hidden states, capture layers) come back,
+  // ascending (empty: every row): ForwardOutput::hidden / captured then hold these rows only, in
+  // this order, and ForwardOutput::feature_rows repeats the list. Steps that run eagerly gather
+  // them on the backend first, so only they cross to the host (prefill steps: the rows of the
+  // requests whose drafter reads them); replayed steps bring every row back.
+  std::vector<int32_t> feature_rows;
 };
 
 struct ForwardOutput {
@@ -56,6 +62,9 @@ struct ForwardOutput {
   std::vector<int32_t> emitted_indptr;
   std::vector<float> hidden;  // [N, hidden] final-norm hidden states of all rows (if requested)
   std::vector<std::vector<float>> captured;  // per capture_layers entry: [N, hidden]
+  // The flat rows hidden / captured hold, in order, when only some came back
+  // (ForwardRequest::feature_rows); empty: all N.
+  std::vector<int32_t> feature_rows;
 };
 
 class LlamaModel {

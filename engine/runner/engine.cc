@@ -309,12 +309,19 @@ void Engine::feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
   p.tokens = tokens;
   p.next = next;
   const int64_t hs = model_.config().hidden_size;
+  // Where flat row r's features sit in out_.hidden / captured.
+  auto at = [&](int32_t r) -> int64_t {
+    if (feature_index_.empty()) return r;
+    const int32_t i = feature_index_.at(static_cast<size_t>(r));
+    ARBOR_CHECK(i >= 0, "features of row " + std::to_string(r) + " did not come back");
+    return i;
+  };
   p.hidden.clear();
   if (want_.final_hidden) {
     p.hidden.reserve(rows.size() * hs);
     for (size_t i = 0; i < rows.size(); ++i) {
       const float* src = path_rows != nullptr ? path_rows + static_cast<int64_t>(i) * hs
-                                              : out_.hidden.data() + (first_row + rows[i]) * hs;
+                                              : out_.hidden.data() + at(first_row + rows[i]) * hs;
       p.hidden.insert(p.hidden.end(), src, src + hs);
     }
   }
@@ -325,7 +332,7 @@ void Engine::feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
     for (size_t i = 0; i < rows.size(); ++i) {
       const float* src = path_rows != nullptr
                              ? path_rows + (static_cast<int64_t>(i * layers + l)) * hs
-                             : out_.captured[l].data() + (first_row + rows[i]) * hs;
+                             : out_.captured[l].data() + at(first_row + rows[i]) * hs;
       p.captured[l].insert(p.captured[l].end(), src, src + hs);
     }
   if (defer == nullptr) proposer_->observe(now.view());
@@ -567,12 +574,26 @@ void Engine::forward(StepRun* run) {
   }
   run->backend_sample = backend_sample;
   run->path_hidden = backend_sample && path_hidden;
+  if ((want.final_hidden || !want.capture_layers.empty()) && !run->path_hidden) {
+    // Every row's features would come back: only the speculating items' are read (a prefill
+    // chunk of a request that does not speculate may be most of the step).
+    for (size_t k = 0; k < plan.items.size(); ++k)
+      if (choices_.at(plan.items[k].id)->speculate)
+        for (int32_t r = run->inputs.qo_indptr[k]; r < run->inputs.qo_indptr[k + 1]; ++r)
+          want.feature_rows.push_back(r);
+  }
   if (run->path_hidden) stats_.path_feedback_steps++;
   if (!backend_sample) want.top_logprobs = -1;
   if (!run->argmax_only && !backend_sample) stats_.logits_downloads++;
   const StepGraphStats graphs_before = model_.step_graph_stats();
   const auto t0 = std::chrono::steady_clock::now();
   model_.forward(run->inputs, &out_, want);
+  feature_index_.clear();  // flat row -> row of out_.hidden / captured when only some came back
+  if (!out_.feature_rows.empty()) {
+    feature_index_.assign(static_cast<size_t>(run->inputs.num_tokens()), -1);
+    for (size_t i = 0; i < out_.feature_rows.size(); ++i)
+      feature_index_[static_cast<size_t>(out_.feature_rows[i])] = static_cast<int32_t>(i);
+  }
   // A step whose shape ran eagerly on its way to a recording, or was recorded, is a warm-up:
   // several times slower than the replays that follow, so it would mislead the cost model.
   const StepGraphStats graphs_after = model_.step_graph_stats();

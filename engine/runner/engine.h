@@ -203,6 +203,8 @@ class Engine {
   EngineStats stats_;
   ForwardRequest want_;
   ForwardOutput out_;
+  // out_.feature_rows inverted: flat row -> its row in out_.hidden / captured (empty: the same).
+  std::vector<int32_t> feature_index_;
   std::unordered_map<ReqId, std::shared_ptr<Request>> requests_;
   std::unordered_map<uint64_t, std::unique_ptr<Choice>> choices_;  // by scheduler id
   uint64_t next_sid_ = 1;

@@ -132,12 +132,13 @@ TEST_F(EngineTest, SpeculativeLogprobsEqualPlain) {
 }
 
 // Forwards every op to the CPU backend and counts the host copies of logits-sized tensors
-// ([rows, vocab]) and the argmax_rows calls.
+// ([rows, vocab]), the rows of [rows, hidden] tensors copied (with hidden > 0) and the
+// argmax_rows calls.
 class CountingBackend final : public Backend {
  public:
-  CountingBackend(std::unique_ptr<Backend> inner, int64_t vocab)
-      : inner_(std::move(inner)), vocab_(vocab) {}
-  int64_t logits_downloads = 0, argmax_calls = 0, sample_calls = 0;
+  CountingBackend(std::unique_ptr<Backend> inner, int64_t vocab, int64_t hidden = 0)
+      : inner_(std::move(inner)), vocab_(vocab), hidden_(hidden) {}
+  int64_t logits_downloads = 0, argmax_calls = 0, sample_calls = 0, hidden_rows_downloaded = 0;
 
   std::string name() const override { return inner_->name(); }
   Tensor upload_weight(const HostTensor& w) override { return inner_->upload_weight(w); }
@@ -145,9 +146,13 @@ class CountingBackend final : public Backend {
   void reset_scratch() override { inner_->reset_scratch(); }
   void download(const Tensor& src, float* dst) override {
     logits_downloads += src.cols == vocab_;
+    if (src.cols == hidden_) hidden_rows_downloaded += src.rows;
     inner_->download(src, dst);
   }
   void upload(const float* src, const Tensor& dst) override { inner_->upload(src, dst); }
+  void gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& out) override {
+    inner_->gather_rows(src, rows, out);
+  }
   void allocate_kv(const KvCacheShape& shape) override { inner_->allocate_kv(shape); }
   const KvCacheShape& kv_shape() const override { return inner_->kv_shape(); }
   int64_t kv_cache_bytes(const KvCacheShape& shape) const override {
@@ -211,7 +216,7 @@ class CountingBackend final : public Backend {
 
  private:
   std::unique_ptr<Backend> inner_;
-  int64_t vocab_;
+  int64_t vocab_, hidden_;
 };
 
 // copy_cols writes x into a column range of a wider tensor and leaves the other columns: the
@@ -306,6 +311,60 @@ TEST_F(EngineTest, GreedyArgmaxStepsEqualFullLogitsSteps) {
   EXPECT_GT(mixed_backend->sample_calls, 0);
   EXPECT_GT(host_mixed_backend->logits_downloads, 0);
   EXPECT_EQ(host_mixed_backend->sample_calls, 0);
+}
+
+// A step with prefill chunks brings back only the features of the requests whose drafter reads
+// them (ForwardRequest::feature_rows, gathered on the backend): a long prompt that does not
+// speculate, prefilled in the same step as a short one that does, sends none of its rows. Both
+// outputs equal plain greedy decoding, and the speculating request drafts as it does alone.
+TEST_F(EngineTest, PrefillStepsBringBackOnlyTheSpeculatingRequestsFeatures) {
+  std::string text;
+  for (int i = 0; i < 8; ++i)
+    text += "Once upon a time there was a little girl who liked to play. ";
+  const std::vector<int32_t> long_prompt = bundle_->tokenizer->encode(text, true, false);
+  const std::vector<int32_t> short_prompt =
+      bundle_->tokenizer->encode("Lily and Ben went to the park", true, false);
+  ASSERT_GT(long_prompt.size(), 100u);
+  const int64_t vocab = bundle_->weights.config.vocab_size;
+  const int64_t hidden = bundle_->weights.config.hidden_size;
+  struct Run {
+    std::vector<int32_t> long_tokens, short_tokens;
+    int64_t first_step_rows = 0;  // feature rows copied back by the first step (both prefills)
+    AcceptanceStats acceptance;
+  };
+  auto run = [&](bool speculate, bool with_long) {
+    CountingBackend backend(make_cpu_backend(1), vocab, hidden);
+    LlamaModel model(backend, bundle_->weights);
+    auto proposer = eagle();
+    Engine engine(model, EngineConfig{}, speculate ? proposer.get() : nullptr);
+    GenerationRequest l = greedy(long_prompt, 24);
+    l.speculate = false;
+    if (with_long) engine.add(1, l);
+    engine.add(2, greedy(short_prompt, 24));
+    Run out;
+    std::map<std::pair<ReqId, int32_t>, std::vector<EngineEvent>> events;
+    for (int guard = 0; !engine.idle() && guard < 10000; ++guard) {
+      for (EngineEvent& ev : engine.step()) events[{ev.id, ev.choice}].push_back(std::move(ev));
+      if (guard == 0) out.first_step_rows = backend.hidden_rows_downloaded;
+    }
+    EXPECT_TRUE(engine.idle());
+    out.long_tokens = tokens_of(events[{1, 0}]);
+    out.short_tokens = tokens_of(events[{2, 0}]);
+    out.acceptance = engine.stats().acceptance;
+    return out;
+  };
+  const Run plain = run(false, true), both = run(true, true), alone = run(true, false);
+  ASSERT_EQ(plain.long_tokens.size(), 24u);
+  EXPECT_EQ(both.long_tokens, plain.long_tokens);
+  EXPECT_EQ(both.short_tokens, plain.short_tokens);
+  EXPECT_EQ(alone.short_tokens, plain.short_tokens);
+  // The first step prefilled both prompts (one chunk each) and copied back the short one's rows.
+  EXPECT_EQ(both.first_step_rows, static_cast<int64_t>(short_prompt.size()));
+  EXPECT_EQ(alone.first_step_rows, static_cast<int64_t>(short_prompt.size()));
+  EXPECT_EQ(plain.first_step_rows, 0);
+  EXPECT_EQ(both.acceptance.steps, alone.acceptance.steps);
+  EXPECT_EQ(both.acceptance.emitted, alone.acceptance.emitted);
+  EXPECT_GT(alone.acceptance.mean_emitted_per_step(), 1.2);
 }
 
 // Sampled requests (temperature, top-k, top-p, min-p, every penalty) with and without EAGLE
