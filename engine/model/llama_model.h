@@ -151,7 +151,7 @@ class LlamaModel {
   // reset_scratch().
   StepTensors run_ops(Rank& r, const StepInputs& step, const ForwardRequest& want);
   // The graph key of a decode / verify step (with the backend's part appended), or empty when
-  // the step runs eagerly (prefill chunks, features of layers, graphs off or unsupported).
+  // the step runs eagerly (prefill chunks, more than 1024 tokens, graphs off or unsupported).
   StepGraphKey graph_key(Rank& r, const StepInputs& step, const ForwardRequest& want);
   ModelConfig config_;
   RopeParams rope_;

@@ -117,7 +117,8 @@ bool EagleProposer::stage(const TargetFeedback& f, Staged* out) {
       dst->insert(dst->end(), row.begin(), row.end());
       return;
     }
-    const size_t th = static_cast<size_t>(width / 3);  // concat(low, mid, high)
+    // concat(low, mid, high): the capture layers side by side (the tracker checked the count)
+    const size_t th = static_cast<size_t>(width) / f.captured.size();
     for (const std::span<const float>& layer : f.captured) {
       auto row = layer.subspan(i * th, th);
       dst->insert(dst->end(), row.begin(), row.end());
