@@ -178,7 +178,7 @@ constexpr int32_t kMaxGraphTokens = 1024;
 
 // Decode / verify steps: every request one token or a tree (no prefill chunk), not too many
 // tokens.
-bool graph_eligible(const StepInputs& step, const ForwardRequest&) {
+bool graph_eligible(const StepInputs& step) {
   if (step.num_tokens() > kMaxGraphTokens) return false;
   for (int32_t r = 0; r < step.num_requests(); ++r)
     if (step.qo_indptr[r + 1] - step.qo_indptr[r] > 1 &&
@@ -244,7 +244,7 @@ int64_t LlamaModel::activation_bytes(int64_t n, int64_t m, const ForwardRequest&
 
 StepGraphKey LlamaModel::graph_key(Rank& rank, const StepInputs& step, const ForwardRequest& want) {
   StepGraphKey key;
-  if (!rank.graphs || !graph_eligible(step, want)) return key;
+  if (!rank.graphs || !graph_eligible(step)) return key;
   const int32_t r_count = step.num_requests();
   // Layout: tag, N, the request capacity (graph_request_capacity(R)), M, block-table width,
   // final_hidden, raw logits copy, the capture layers (count, then each), then the backend's
@@ -406,9 +406,8 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
   // buckets per power of two, as before, made SmolLM2's n-gram verify steps at batch 1 see ~100
   // keys over 16 prompts: a fifth of the steps ran eagerly.)
   StepInputs padded;
-  const StepInputs& step = rank.graphs && graph_eligible(step_in, want)
-                               ? with_graph_table_width(step_in, &padded)
-                               : step_in;
+  const StepInputs& step =
+      rank.graphs && graph_eligible(step_in) ? with_graph_table_width(step_in, &padded) : step_in;
   b.set_step(step);
   b.reset_scratch();  // before the key: a scratch arena merged here moves the memory epoch
 
