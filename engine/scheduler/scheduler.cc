@@ -206,9 +206,14 @@ void Scheduler::admit(StepPlan* plan) {
       // speculating (no drafting, no feature bookkeeping). It starts from what other requests
       // measured, and shares the step's drafting cost with the running requests that speculate.
       // (A probe starts regardless: without it a pessimistic estimate would never be revised.)
+      // The load it joins includes the requests behind it that this step may admit too (they
+      // count as plain decodes): a burst of arrivals is judged at the batch it will decode in,
+      // not request by request from an empty batch up.
       r.acceptance = global_acceptance_;
       std::vector<TreeCandidate> cands;
-      int32_t plain = 0;
+      const int32_t ahead = static_cast<int32_t>(std::min<size_t>(
+          waiting_.size() - 1, static_cast<size_t>(config_.max_running) - running_.size() - 1));
+      int32_t plain = ahead;
       for (ReqId id : running_) {
         const Req& o = get(id);
         if (o.speculate) {
@@ -218,12 +223,16 @@ void Scheduler::admit(StepPlan* plan) {
         }
       }
       cands.push_back({&r.acceptance});
-      const int32_t batch = static_cast<int32_t>(running_.size()) + 1;
+      const int32_t batch = static_cast<int32_t>(running_.size()) + 1 + ahead;
       const auto b =
           choose_tree_budgets(cands, plain, plain, batch, cost_, draft_cost_.cost(), config_.tree);
       if (b.back().max_nodes <= 1) r.speculate = false;
     }
     if (probe) r.probe_steps = config_.detach_after;
+    if (trace_trees())
+      std::fprintf(stderr, "tree admit: request %llu running %zu speculate %d probe %d\n",
+                   (unsigned long long)waiting_.front(), running_.size(), r.speculate ? 1 : 0,
+                   probe ? 1 : 0);
     // A proposer needs the target's features of every position, so speculating requests do not
     // skip cached prefix tokens.
     const auto created = r.speculate ? kv_.create_sequence() : kv_.create_sequence(r.context);

@@ -474,6 +474,39 @@ TEST(TreePolicy, SpeculationShrinksThenTurnsOffAsTheBatchGrows) {
   for (int32_t n : b64) EXPECT_EQ(n, 1) << "batch 64 is compute-bound: no speculation";
 }
 
+TEST(SchedulerTicks, ABurstOfArrivalsIsJudgedAtTheBatchItJoins) {
+  // Trees pay alone and not at batch 64 (gpu_curve). 64 requests arriving at once are admitted
+  // in one step and decode at batch 64: none of them starts speculating, though the first ones
+  // would have if each were judged by the requests admitted before it.
+  SchedulerConfig c;
+  c.max_step_tokens = 8192;
+  c.max_running = 64;
+  c.tree = policy();
+  c.tree.max_tree = {8, 3};
+  c.cost = gpu_curve();
+  c.probe_every = 0;
+  Harness h(4096, 4, c);
+  h.add("A", 4, /*spec=*/true);
+  EXPECT_EQ(h.tick(), "+A A:P4*");
+  EXPECT_TRUE(h.sched.speculating(h.ids["A"]));  // nothing measured yet: it starts
+  VerifyResult good;                             // every tree accepts a chain of 3
+  good.accepted_nodes = {0, 1, 2, 3};
+  good.accepted_tokens = {1, 2, 3};
+  good.children_tried = {1, 1, 1, 1};
+  for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["A"], good, 8);
+  h.sched.remove(h.ids["A"]);
+  for (int i = 0; i < 64; ++i) h.add("R" + std::to_string(i), 4, true, 10 + i);
+  h.tick();
+  EXPECT_EQ(h.sched.num_running(), 64u);
+  for (int i = 0; i < 64; ++i)
+    EXPECT_FALSE(h.sched.speculating(h.ids["R" + std::to_string(i)])) << i;
+  // The same estimate admits a request arriving alone speculating.
+  for (int i = 0; i < 64; ++i) h.sched.remove(h.ids["R" + std::to_string(i)]);
+  h.add("B", 4, true, 200);
+  h.tick();
+  EXPECT_TRUE(h.sched.speculating(h.ids["B"]));
+}
+
 TEST(TreePolicy, LowAcceptanceOrLinearCostMeansNoSpeculation) {
   // (Free drafting on a flat curve makes even 2% acceptance a hair faster; drafting is not free.)
   for (int32_t n : budgets(4, 0.02, gpu_curve(), DraftCost{0.1, 0.05})) EXPECT_EQ(n, 1);
