@@ -293,6 +293,18 @@ void EngineService::update_gauges() {
   metrics_->set("arbor_preemptions_total", static_cast<double>(es.preemptions));
   metrics_->set("arbor_spec_verify_steps_total", static_cast<double>(es.acceptance.steps));
   metrics_->set("arbor_spec_emitted_tokens_total", static_cast<double>(es.acceptance.emitted));
+  metrics_->set("arbor_spec_speculating_sequences", static_cast<double>(sched.num_speculating()));
+  metrics_->set("arbor_spec_draft_seconds_total", es.draft_seconds);
+  metrics_->set("arbor_spec_feedback_seconds_total", es.feedback_seconds);
+  metrics_->set("arbor_engine_step_seconds_total", es.prefill_seconds, "phase=\"prefill\"");
+  metrics_->set("arbor_engine_step_seconds_total", es.decode_seconds, "phase=\"decode\"");
+  metrics_->set("arbor_engine_step_seconds_total", es.mixed_seconds, "phase=\"mixed\"");
+  const StepGraphStats gs = engine_.model().step_graph_stats();
+  metrics_->set("arbor_step_graphs_total", static_cast<double>(gs.replays), "outcome=\"replay\"");
+  metrics_->set("arbor_step_graphs_total", static_cast<double>(gs.captures), "outcome=\"capture\"");
+  metrics_->set("arbor_step_graphs_total", static_cast<double>(gs.eager), "outcome=\"eager\"");
+  metrics_->set("arbor_step_graphs_total", static_cast<double>(gs.capture_failures),
+                "outcome=\"failed\"");
   for (size_t d = 0; d < es.acceptance.offered.size(); ++d) {
     const std::string label = "depth=\"" + std::to_string(d + 1) + "\"";
     metrics_->set("arbor_spec_draft_offered_total", static_cast<double>(es.acceptance.offered[d]),

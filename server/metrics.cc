@@ -42,6 +42,17 @@ Metrics::Metrics() {
   define("arbor_spec_verify_steps_total", "counter",
          "Decode steps that verified a tree (> 1 node).");
   define("arbor_spec_emitted_tokens_total", "counter", "Tokens emitted by tree verify steps.");
+  define("arbor_spec_speculating_sequences", "gauge",
+         "Running sequences that may draft trees (the adaptive policy has not turned them off).");
+  define("arbor_spec_draft_seconds_total", "counter", "Proposer time drafting trees.");
+  define("arbor_spec_feedback_seconds_total", "counter",
+         "Proposer time folding accepted tokens into its state.");
+  define("arbor_engine_step_seconds_total", "counter",
+         "Forward time of engine steps, by what they carried: prefill, decode or mixed.");
+  define("arbor_step_graphs_total", "counter",
+         "Graph-eligible steps by outcome: replay (an earlier recording relaunched), capture "
+         "(recorded and launched), eager (run op by op while its shape was not steady), failed "
+         "(recording refused, ran op by op).");
 }
 
 void Metrics::define(const std::string& name, const std::string& type, const std::string& help,

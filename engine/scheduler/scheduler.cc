@@ -473,6 +473,11 @@ void Scheduler::record_acceptance(ReqId id, const VerifyResult& result, int32_t 
   global_acceptance_.update(one.offered, one.accepted);
 }
 
+size_t Scheduler::num_speculating() const {
+  return static_cast<size_t>(
+      std::count_if(running_.begin(), running_.end(), [&](ReqId id) { return get(id).speculate; }));
+}
+
 void Scheduler::set_cost(CostModelConfig cost) {
   cost_ = CostModel(cost);  // validates
   config_.cost = std::move(cost);

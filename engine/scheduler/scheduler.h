@@ -137,6 +137,8 @@ class Scheduler {
   int32_t lookahead() const { return lookahead_; }
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
+  // Running requests that may draft trees (admitted speculating and not detached).
+  size_t num_speculating() const;
   bool idle() const { return waiting_.empty() && running_.empty(); }
   const KvCacheManager& kv() const { return kv_; }
   const CostModel& cost() const { return cost_; }

@@ -312,6 +312,11 @@ class SpeculatingServer(unittest.TestCase):
             self.assertEqual(o.usage.model_extra["speculation"]["accepted_draft_tokens"], 0)
         self.assertGreater(m['arbor_spec_draft_accepted_total{depth="1"}'], 0)
         self.assertGreater(m["arbor_spec_verify_steps_total"], 0)
+        self.assertGreater(m["arbor_spec_draft_seconds_total"], 0)
+        self.assertGreater(m["arbor_spec_feedback_seconds_total"], 0)
+        self.assertGreater(m['arbor_engine_step_seconds_total{phase="decode"}'], 0)
+        self.assertIn("arbor_spec_speculating_sequences", m)
+        self.assertIn('arbor_step_graphs_total{outcome="replay"}', m)
 
     def test_spec_override_rejected_without_a_proposer(self):
         with ArborServer([], grpc=False) as srv:
