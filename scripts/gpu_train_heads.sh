@@ -26,6 +26,7 @@
 # ARBOR_HEADS_SELF_PROMPTS (0: Magpie-style self-written prompts on top), ARBOR_HEADS_MAX_NEW
 # (384), ARBOR_HEADS_GEN_BATCH (1024), ARBOR_HEADS_GEN_S (480: generation time per call),
 # ARBOR_HEADS_TRAIN_S (420: training time per head), ARBOR_HEADS_BATCH_TOKENS (16384),
+# ARBOR_HEADS_EAGLE3_VOCAB (8192: EAGLE-3's draft vocabulary, the most frequent reply tokens),
 # ARBOR_HEADS_SPEC_BENCH (1: eval also runs arbor spec-bench on the outside set when a payload
 # from run_gpu_suite.sh pack and the GGUF are there). ARBOR_HEADS_TINY=1: the CPU dry run (32
 # prompts, 32 new tokens, 3 training steps, ARBOR_HEADS_ARBOR = a CPU arbor binary to load the
@@ -188,7 +189,8 @@ train_one() {  # KIND
   case "$1" in
     medusa) $NICE "$PY" scripts/train_medusa.py $common --out "$out" --share-lm-head --lr 1e-3 ;;
     eagle) $NICE "$PY" scripts/train_eagle.py $common --out "$out" --ttt-steps 3 --lr 5e-4 ;;
-    eagle3) $NICE "$PY" scripts/train_eagle.py $common --out "$out" --version 3 --draft-vocab 2048 \
+    eagle3) $NICE "$PY" scripts/train_eagle.py $common --out "$out" --version 3 \
+      --draft-vocab "${ARBOR_HEADS_EAGLE3_VOCAB:-8192}" \
       --ttt-steps 4 --lr 5e-4 ;;
   esac
 }

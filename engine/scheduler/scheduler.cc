@@ -315,8 +315,9 @@ PlannedStep Scheduler::plan_step() {
                  cost_.step_ms(batch, tokens), dc.fixed_ms, dc.per_level_ms);
     for (size_t c = 0; c < cands.size(); ++c)
       std::fprintf(stderr, " %d/%d [%.2f %.2f %.2f]", budgets[c].max_nodes, budgets[c].max_depth,
-                   cands[c].acceptance->rate(1), cands[c].acceptance->rate(2),
-                   cands[c].acceptance->rate(3));
+                   cands[c].acceptance->rate(1, budgets[c].max_nodes),
+                   cands[c].acceptance->rate(2, budgets[c].max_nodes),
+                   cands[c].acceptance->rate(3, budgets[c].max_nodes));
     std::fprintf(stderr, "\n");
   }
   // A probe's first decode steps draft a small tree whatever the policy says (probe_every).
@@ -469,8 +470,8 @@ void Scheduler::record_acceptance(ReqId id, const VerifyResult& result, int32_t 
   if (tree_nodes <= 1) return;
   AcceptanceStats one;
   one.add(result);
-  get(id).acceptance.update(one.offered, one.accepted);
-  global_acceptance_.update(one.offered, one.accepted);
+  get(id).acceptance.update(one.offered, one.accepted, tree_nodes);
+  global_acceptance_.update(one.offered, one.accepted, tree_nodes);
 }
 
 size_t Scheduler::num_speculating() const {

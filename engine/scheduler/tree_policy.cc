@@ -1,41 +1,77 @@
 #include "engine/scheduler/tree_policy.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "engine/core/error.h"
 
 namespace arbor {
 
+size_t AcceptanceEstimate::size_class(int32_t nodes) {
+  size_t c = 0;
+  while ((int64_t{4} << c) <= nodes) ++c;
+  return c;
+}
+
 void AcceptanceEstimate::update(const std::vector<int64_t>& offered,
-                                const std::vector<int64_t>& accepted) {
-  if (rate_.size() < offered.size()) {
-    rate_.resize(offered.size(), prior_);
-    seen_.resize(offered.size(), 0);
+                                const std::vector<int64_t>& accepted, int32_t tree_nodes) {
+  if (tree_nodes < 2) return;
+  const size_t c = size_class(tree_nodes);
+  if (rate_.size() <= c) {
+    rate_.resize(c + 1);
+    seen_.resize(c + 1);
+  }
+  std::vector<double>& rate = rate_[c];
+  std::vector<int64_t>& seen = seen_[c];
+  if (rate.size() < offered.size()) {
+    rate.resize(offered.size(), prior_);
+    seen.resize(offered.size(), 0);
   }
   bool any = false;
   for (size_t d = 0; d < offered.size(); ++d) {
     if (offered[d] <= 0) continue;
     const double a = (d < accepted.size() && accepted[d] > 0) ? 1.0 : 0.0;
-    rate_[d] = seen_[d] == 0 ? 0.5 * (prior_ + a) : (1 - ema_) * rate_[d] + ema_ * a;
-    seen_[d]++;
+    rate[d] = seen[d] == 0 ? 0.5 * (prior_ + a) : (1 - ema_) * rate[d] + ema_ * a;
+    seen[d]++;
     any = true;
   }
   if (any) samples_++;
 }
 
-double AcceptanceEstimate::rate(int32_t depth) const {
+double AcceptanceEstimate::rate(int32_t depth, int32_t nodes) const {
   const size_t d = static_cast<size_t>(depth - 1);
-  if (d < rate_.size() && seen_[d] > 0) return rate_[d];
-  // Unseen depth: no better than the deepest depth seen so far (acceptance falls with depth).
-  for (size_t k = std::min(d, rate_.size()); k-- > 0;)
-    if (seen_[k] > 0) return std::min(prior_, rate_[k]);
-  return prior_;
+  const size_t c = size_class(std::max(nodes, 2));
+  if (seen(c, d)) return rate_[c][d];
+  // The nearest size classes measured at this depth, narrower and wider.
+  size_t lo = SIZE_MAX, hi = SIZE_MAX;
+  for (size_t k = c; k-- > 0;)
+    if (seen(k, d)) {
+      lo = k;
+      break;
+    }
+  for (size_t k = c + 1; k < seen_.size(); ++k)
+    if (seen(k, d)) {
+      hi = k;
+      break;
+    }
+  if (lo != SIZE_MAX && hi != SIZE_MAX) {
+    const double t = static_cast<double>(c - lo) / static_cast<double>(hi - lo);
+    return (1 - t) * rate_[lo][d] + t * rate_[hi][d];
+  }
+  // One side measured: each doubling of the tree leaves miss_per_doubling of the misses.
+  if (lo != SIZE_MAX)
+    return 1 - (1 - rate_[lo][d]) * std::pow(miss_per_doubling_, static_cast<double>(c - lo));
+  if (hi != SIZE_MAX)
+    return std::max(
+        0.0, 1 - (1 - rate_[hi][d]) / std::pow(miss_per_doubling_, static_cast<double>(hi - c)));
+  // A depth no tree reached yet: no better than the level above it (acceptance falls with depth).
+  return depth <= 1 ? prior_ : std::min(prior_, rate(depth - 1, nodes));
 }
 
-double AcceptanceEstimate::expected_emitted(int32_t depth) const {
+double AcceptanceEstimate::expected_emitted(int32_t nodes, int32_t depth) const {
   double e = 1, p = 1;
   for (int32_t d = 1; d <= depth; ++d) {
-    p *= rate(d);
+    p *= rate(d, nodes);
     e += p;
   }
   return e;
@@ -59,8 +95,10 @@ void DraftCostEstimate::observe(int32_t depth, double ms) {
   samples_++;
   const double var = xx_ - x_ * x_;
   if (var < 0.25) {
-    // One depth (or nearly): the line is not determined; every level costs the same.
-    cost_.fixed_ms = cost_.per_level_ms = y_ / (x_ + 1);
+    // One depth (or nearly): the line is not determined; each further level costs level_share
+    // of the first.
+    cost_.fixed_ms = y_ / (1 + level_share_ * x_);
+    cost_.per_level_ms = level_share_ * cost_.fixed_ms;
     return;
   }
   double slope = (xy_ - x_ * y_) / var;
@@ -104,7 +142,7 @@ class BudgetSearch {
     return nodes <= 1 ? 0 : budget_depth(nodes, config_.max_tree.max_depth);
   }
   double emitted(size_t i, int32_t nodes) const {
-    return nodes <= 1 ? 1.0 : c_[i].acceptance->expected_emitted(depth_of(nodes));
+    return nodes <= 1 ? 1.0 : c_[i].acceptance->expected_emitted(nodes, depth_of(nodes));
   }
   double value(double emitted, int32_t tokens, int32_t depth) const {
     return emitted / (cost_.step_ms(batch_, tokens) + draft_.ms(depth));

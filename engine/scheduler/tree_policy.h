@@ -19,24 +19,40 @@
 
 namespace arbor {
 
-// Running acceptance by tree depth (EMA of accepted / offered per depth), with a prior for
-// depths not yet seen.
+// Running acceptance by tree size and depth (EMA of accepted / offered per depth), with a prior
+// for what was not seen. A wider tree offers more candidates at each depth, so it accepts more
+// often: rates measured with 2-node trees (one child per level) say little about a 64-node tree
+// (a proposer's top-k children at each level), and a policy judging big trees by small ones
+// never grows past what it first tried. So rates are kept per size class (floor(log2(nodes)) of
+// the verified tree: 2-3, 4-7, ..., 64-127 nodes), and a class not measured at a depth borrows
+// from its nearest measured neighbours: interpolated between two, else each doubling of the
+// tree leaves `miss_per_doubling` of the misses (0.9: SmolLM2's EAGLE-2 head accepts 45% of
+// single children at depth 1 and 68% with 10, five doublings apart). Nothing measured at a
+// depth: no better than the level above, nor the prior.
 class AcceptanceEstimate {
  public:
-  explicit AcceptanceEstimate(double prior = 0.6, double ema = 0.1) : prior_(prior), ema_(ema) {}
-  // One verify step: offered[d] / accepted[d] say whether a node at depth d + 1 was tested /
-  // accepted (the AcceptanceStats delta of that step).
-  void update(const std::vector<int64_t>& offered, const std::vector<int64_t>& accepted);
-  double rate(int32_t depth) const;  // depth >= 1
-  // Expected tokens a tree reaching `depth` emits: 1 + sum_d prod_{j<=d} rate(j).
-  double expected_emitted(int32_t depth) const;
+  explicit AcceptanceEstimate(double prior = 0.6, double ema = 0.1, double miss_per_doubling = 0.9)
+      : prior_(prior), ema_(ema), miss_per_doubling_(miss_per_doubling) {}
+  // One verify step of a tree of `tree_nodes` nodes: offered[d] / accepted[d] say whether a node
+  // at depth d + 1 was tested / accepted (the AcceptanceStats delta of that step).
+  void update(const std::vector<int64_t>& offered, const std::vector<int64_t>& accepted,
+              int32_t tree_nodes);
+  // Acceptance at `depth` (>= 1) of a tree of `nodes` (>= 2) nodes.
+  double rate(int32_t depth, int32_t nodes) const;
+  // Expected tokens a tree of `nodes` reaching `depth` emits: 1 + sum_d prod_{j<=d} rate(j).
+  double expected_emitted(int32_t nodes, int32_t depth) const;
   int64_t samples() const { return samples_; }
 
  private:
+  static size_t size_class(int32_t nodes);  // floor(log2(nodes)) - 1, nodes >= 2
+  bool seen(size_t cls, size_t d) const {
+    return cls < seen_.size() && d < seen_[cls].size() && seen_[cls][d] > 0;
+  }
   double prior_;
   double ema_;
-  std::vector<double> rate_;  // [depth - 1]
-  std::vector<int64_t> seen_;
+  double miss_per_doubling_;
+  std::vector<std::vector<double>> rate_;  // [size class][depth - 1]
+  std::vector<std::vector<int64_t>> seen_;
   int64_t samples_ = 0;
 };
 
@@ -66,17 +82,22 @@ struct DraftCost {
 
 // DraftCost measured online: an exponentially weighted least-squares line through (depth - 1,
 // measured ms) of the steps that drafted. While every sample has the same depth the line is not
-// determined, and the cost is taken as proportional to depth (each level, the first included,
-// costs the same), the shape of a draft model's lockstep expansion.
+// determined, and each further level is taken to cost `level_share` of the first (which also
+// pays the proposer's feedback forward and root top-k): 0.5 is what EAGLE's device-grown trees
+// measure on an H200 (about 0.2 ms, then 0.1 ms per level, for SmolLM2). A proportional split
+// (every level costing the first's) made a draft measured at depth 1 look five times as dear
+// at depth 5, and the policy never tried the deeper trees that pay.
 class DraftCostEstimate {
  public:
-  explicit DraftCostEstimate(double ema = 0.1) : ema_(ema) {}
+  explicit DraftCostEstimate(double ema = 0.1, double level_share = 0.5)
+      : ema_(ema), level_share_(level_share) {}
   void observe(int32_t depth, double ms);
   DraftCost cost() const { return cost_; }
   int64_t samples() const { return samples_; }
 
  private:
   double ema_;
+  double level_share_;
   double x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;  // weighted moments of (depth - 1, ms)
   DraftCost cost_;
   int64_t samples_ = 0;

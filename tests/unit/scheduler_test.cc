@@ -5,6 +5,7 @@
 // accepts a chain of `accept` nodes. KV invariants are checked every tick.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <map>
 
@@ -570,11 +571,14 @@ TEST(TreePolicy, PredictedThroughputMatchesTheWrittenOutModel) {
 TEST(TreePolicy, DraftCostEstimateFitsTheMeasuredSteps) {
   DraftCostEstimate one_depth;
   for (int i = 0; i < 20; ++i) one_depth.observe(4, 2.0);
-  // Only depth 4 seen: proportional to depth.
+  // Only depth 4 seen: each level after the first costs half the first (level_share 0.5).
   EXPECT_NEAR(one_depth.cost().ms(4), 2.0, 1e-9);
-  EXPECT_NEAR(one_depth.cost().ms(1), 0.5, 1e-9);
-  EXPECT_NEAR(one_depth.cost().ms(8), 4.0, 1e-9);
+  EXPECT_NEAR(one_depth.cost().ms(1), 0.8, 1e-9);
+  EXPECT_NEAR(one_depth.cost().ms(8), 0.8 + 7 * 0.4, 1e-9);
   EXPECT_EQ(one_depth.cost().ms(0), 0.0);
+  DraftCostEstimate proportional(0.1, 1.0);  // level_share 1: every level costs the first's
+  for (int i = 0; i < 20; ++i) proportional.observe(4, 2.0);
+  EXPECT_NEAR(proportional.cost().ms(1), 0.5, 1e-9);
 
   DraftCostEstimate line(0.2);
   for (int i = 0; i < 200; ++i) {
@@ -608,14 +612,61 @@ TEST(TreePolicy, NeverPredictsSlowerThanPlainDecoding) {
 
 TEST(TreePolicy, AcceptanceEstimateFollowsObservedSteps) {
   AcceptanceEstimate est(0.6, 0.2);
-  EXPECT_DOUBLE_EQ(est.rate(1), 0.6);
-  for (int i = 0; i < 50; ++i) est.update({1, 1}, {1, 0});  // depth 1 always, depth 2 never
-  EXPECT_GT(est.rate(1), 0.95);
-  EXPECT_LT(est.rate(2), 0.05);
-  EXPECT_LT(est.rate(3), 0.05);  // unseen deeper levels are no better than the deepest seen
-  EXPECT_NEAR(est.expected_emitted(3),
-              1 + est.rate(1) + est.rate(1) * est.rate(2) + est.rate(1) * est.rate(2) * est.rate(3),
+  EXPECT_DOUBLE_EQ(est.rate(1, 8), 0.6);
+  for (int i = 0; i < 50; ++i) est.update({1, 1}, {1, 0}, 8);  // depth 1 always, depth 2 never
+  EXPECT_GT(est.rate(1, 8), 0.95);
+  EXPECT_LT(est.rate(2, 8), 0.05);
+  EXPECT_LT(est.rate(3, 8), 0.05);  // unseen deeper levels are no better than the deepest seen
+  EXPECT_NEAR(est.expected_emitted(8, 3),
+              1 + est.rate(1, 8) + est.rate(1, 8) * est.rate(2, 8) +
+                  est.rate(1, 8) * est.rate(2, 8) * est.rate(3, 8),
               1e-12);
+  est.update({1}, {1}, 1);  // a root alone is no tree: ignored
+  EXPECT_EQ(est.samples(), 50);
+}
+
+TEST(TreePolicy, AcceptanceIsKeptPerTreeSize) {
+  // Chains of single children (2-node trees) accept 45% at depth 1; the proposer's 64-node
+  // trees 68%. Each size class keeps its own rate, and a size not measured is extrapolated from
+  // the nearest measured one (a tenth of the misses fewer per doubling), not read as the
+  // narrow trees' rate.
+  AcceptanceEstimate est(0.6, 0.05);
+  // Bresenham-spread outcomes: 9 of every 20 accepted, evenly.
+  for (int i = 0; i < 400; ++i) est.update({1}, {(i + 1) * 9 / 20 - i * 9 / 20}, 2);
+  const double narrow = est.rate(1, 2);
+  EXPECT_NEAR(narrow, 0.45, 0.08);
+  const double extrapolated = 1 - (1 - narrow) * std::pow(0.9, 5);  // 2 -> 64 nodes
+  EXPECT_NEAR(est.rate(1, 64), extrapolated, 1e-12);
+  EXPECT_NEAR(est.rate(1, 3), narrow, 1e-12);  // the same class
+  for (int i = 0; i < 400; ++i) est.update({1}, {(i + 1) * 17 / 25 - i * 17 / 25}, 64);
+  const double wide = est.rate(1, 64);
+  EXPECT_NEAR(wide, 0.68, 0.08);
+  EXPECT_NEAR(est.rate(1, 16), narrow + (wide - narrow) * 3.0 / 5.0, 1e-12);  // interpolated
+  EXPECT_NEAR(est.rate(1, 127), wide, 1e-12);
+  EXPECT_NEAR(est.rate(1, 128), 1 - (1 - wide) * 0.9, 1e-12);
+}
+
+TEST(TreePolicy, SmallTreesMeasuredFirstDoNotCapTheBudget) {
+  // What a server saw at one client (SmolLM2 + EAGLE on an H200): its first trees were 2-node
+  // chains (depth 1, 45% accepted, 0.3 ms of drafting), while verification stays nearly free up
+  // to 64 tokens. Read as the acceptance of any tree and a draft whose every level costs the
+  // first's, that kept every later tree at 2 nodes (then none); a fixed 60-node tree ran 1.25x
+  // plain. The budget now grows.
+  AcceptanceEstimate est(0.6, 0.05);
+  for (int i = 0; i < 200; ++i) est.update({1}, {(i + 1) * 9 / 20 - i * 9 / 20}, 2);
+  DraftCostEstimate draft;
+  for (int i = 0; i < 20; ++i) draft.observe(1, 0.3);
+  CostModelConfig cc;
+  cc.curves[1] = {{1, 1.0}, {16, 1.04}, {64, 1.15}, {128, 1.4}};
+  cc.online = false;
+  const CostModel cost(cc);
+  TreePolicyConfig tp;
+  tp.max_tree = {64, 6};
+  const std::vector<TreeCandidate> one = {TreeCandidate{&est}};
+  const auto b = choose_tree_budgets(one, 0, 0, 1, cost, draft.cost(), tp);
+  EXPECT_GE(b[0].max_nodes, 16);
+  EXPECT_GT(predicted_throughput(one, {b[0].max_nodes}, 0, 0, 1, cost, draft.cost(), tp),
+            predicted_throughput(one, {2}, 0, 0, 1, cost, draft.cost(), tp));
 }
 
 TEST(CostModel, CurveInterpolatesAndOnlineObservationsCorrectTheLevel) {
