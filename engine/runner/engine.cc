@@ -369,6 +369,7 @@ struct Engine::StepRun {
   // draft
   double drafted_ms = 0;
   int32_t drafted_depth = 0;
+  bool draft_warmup = false;  // the draft ran a new shape eagerly or recorded its graph
   // reserve
   StepPlan plan;
   // forward
@@ -413,10 +414,14 @@ std::vector<int32_t> Engine::draft(const std::vector<std::pair<ReqId, TreeBudget
   for (const auto& [sid, budget] : wanted)
     requests.push_back({static_cast<RequestId>(sid), budget});
   // The drafting time is the step's, recorded against its deepest budget.
+  const StepGraphStats graphs_before = proposer_->draft_graph_stats();
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<DraftTree> trees = proposer_->propose_batch(requests);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const StepGraphStats graphs_after = proposer_->draft_graph_stats();
+  run->draft_warmup =
+      graphs_after.eager != graphs_before.eager || graphs_after.captures != graphs_before.captures;
   stats_.draft_seconds += ms * 1e-3;
   run->drafted_ms += ms;
   for (const auto& w : wanted)
@@ -802,10 +807,11 @@ void Engine::observe(StepRun* run) {
     stats_.feedback_seconds += observe_ms * 1e-3;
     // What trees cost beyond verification: drafting them and folding the accepted paths into
     // the proposer's state (steps without a tree do not tell it).
-    // A warm-up step (a new step shape) usually drafts new shapes too, whose one-time work
-    // (GEMM tuning, draft graph recording: 19.5 ms against 0.1 for SmolLM2's Medusa heads) would
-    // set the draft cost estimate's level.
-    if (run->drafted_depth > 0 && !run->warmup)
+    // A warm-up step (a new step shape, or a draft of a new depth or batch run eagerly or
+    // recorded) pays one-time work (GEMM tuning, graph recording: 19.5 ms against 0.1 for
+    // SmolLM2's Medusa heads) that would set the draft cost estimate's level: one such step of
+    // a deeper tree once made every level look four times as dear.
+    if (run->drafted_depth > 0 && !run->warmup && !run->draft_warmup)
       sched_.record_draft_step(run->drafted_depth, run->drafted_ms + observe_ms);
   }
   // The cost model learns the whole step but the proposer's part (which the draft cost model

@@ -143,6 +143,8 @@ class Scheduler {
   const KvCacheManager& kv() const { return kv_; }
   const CostModel& cost() const { return cost_; }
   const AcceptanceEstimate& acceptance(ReqId id) const;
+  // The drafting cost learned from the steps that drafted (record_draft_step).
+  const DraftCostEstimate& draft_cost() const { return draft_cost_; }
   const SchedulerConfig& config() const { return config_; }
 
  private:

@@ -3,9 +3,11 @@
 // (prefilled once) and, with speculation, the proposer state; cancellation frees blocks at once.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
@@ -559,6 +561,58 @@ TEST_F(EngineTest, CancellationFreesBlocksAtOnce) {
         << err.what();
   }
   EXPECT_TRUE(e.idle());
+}
+
+// The real EAGLE proposer on the CPU, reporting a draft graph recorded in each of its first
+// `warm` drafting steps, which take `warm_ms` longer (what a recording costs on the GPU).
+class WarmingProposer final : public Proposer {
+ public:
+  WarmingProposer(std::unique_ptr<Proposer> inner, int warm, double warm_ms)
+      : inner_(std::move(inner)), warm_(warm), warm_ms_(warm_ms) {}
+  std::string name() const override { return inner_->name(); }
+  bool needs_hidden() const override { return inner_->needs_hidden(); }
+  std::vector<int32_t> capture_layers() const override { return inner_->capture_layers(); }
+  void begin(RequestId r, std::span<const int32_t> p) override { inner_->begin(r, p); }
+  void observe(const TargetFeedback& f) override { inner_->observe(f); }
+  void observe_batch(std::span<const TargetFeedback> f) override { inner_->observe_batch(f); }
+  DraftTree propose(RequestId r, const TreeBudget& b) override { return inner_->propose(r, b); }
+  std::vector<DraftTree> propose_batch(
+      const std::vector<std::pair<RequestId, TreeBudget>>& requests) override {
+    auto out = inner_->propose_batch(requests);
+    if (calls_++ < warm_) {
+      stats_.captures++;
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(warm_ms_));
+    }
+    return out;
+  }
+  void end(RequestId r) override { inner_->end(r); }
+  StepGraphStats draft_graph_stats() const override { return stats_; }
+
+ private:
+  std::unique_ptr<Proposer> inner_;
+  int warm_;
+  double warm_ms_;
+  int calls_ = 0;
+  StepGraphStats stats_;
+};
+
+TEST_F(EngineTest, DraftStepsThatRecordAGraphDoNotSetTheDraftCost) {
+  const std::vector<int32_t> prompt = bundle_->tokenizer->encode("Once upon a time", true, false);
+  for (int warm : {0, 3}) {
+    SCOPED_TRACE(warm);
+    WarmingProposer proposer(eagle(), warm, 200.0);
+    EngineConfig ec;
+    ec.adaptive_trees = false;  // every step drafts the same tree
+    auto backend = make_cpu_backend(1);
+    LlamaModel model(*backend, bundle_->weights);
+    Engine e(model, ec, &proposer);
+    e.add(1, greedy(prompt, 24));
+    drain(e);
+    const DraftCostEstimate& dc = e.scheduler().draft_cost();
+    EXPECT_GT(dc.samples(), 0);
+    // The three 200 ms steps are not drafting costs (a step of this draft takes ~1 ms).
+    EXPECT_LT(dc.cost().ms(5), 50.0);
+  }
 }
 
 }  // namespace
