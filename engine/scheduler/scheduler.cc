@@ -10,7 +10,8 @@ namespace arbor {
 
 namespace {
 
-// ARBOR_TREE_TRACE=1: one stderr line per decode step with the tree policy's inputs and choice.
+// ARBOR_TREE_TRACE=1: one stderr line per decode step with the tree policy's inputs and choice,
+// one per admission and per detach.
 bool trace_trees() {
   static const bool on = [] {
     const char* e = std::getenv("ARBOR_TREE_TRACE");
