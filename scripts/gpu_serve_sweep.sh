@@ -23,7 +23,7 @@
 #   then:   tar -xzf serve_sweep.tar.gz; python3 scripts/bench_serve.py plot ... (the plots
 #           are drawn there too when matplotlib is installed)
 #
-# Modes: all | smollm2 | llama8b. Environment: SWEEP_DIR (default: this script's folder),
+# Modes: all | smollm2 | llama8b | plain-ab (run_plain_ab, below). Environment: SWEEP_DIR (default: this script's folder),
 # ARBOR (the arbor binary; default: the payload's), SMOL (the GGUF; default: the parts joined),
 # PROMPTS (MT-bench JSONL), and for a dry run of the script on the CPU: BACKEND (default cuda),
 # QUICK=1 (a few requests per level), CONCS (default "1 8 32 64"), RATES (default
@@ -169,15 +169,22 @@ merge() {
 
 SMOL_CHAT=(--endpoint chat --dataset mt-bench --dataset-path "$PROMPTS" --max-tokens "$MAX_TOKENS"
   --ignore-eos)
-run_smollm2() {
+# The SmolLM2 GGUF: parts carried by earlier calls to /tmp/serve_sweep, the last one here.
+smol_gguf() {
   local smol="${SMOL:-/tmp/serve_sweep/smol.gguf}"
-  if [ ! -f "$smol" ]; then  # parts carried by earlier calls to /tmp/serve_sweep, the last here
+  if [ ! -f "$smol" ]; then
     mkdir -p /tmp/serve_sweep && cp "$SWEEP_DIR"/smol.part.* /tmp/serve_sweep/ 2>/dev/null
     cat /tmp/serve_sweep/smol.part.* >"$smol" || return 1
   fi
   if [ -f "$SWEEP_DIR/smol.sha256" ] && [ "$(sha256sum "$smol" | cut -d' ' -f1)" != "$(cat "$SWEEP_DIR/smol.sha256")" ]; then
     say "SmolLM2 GGUF checksum mismatch"; rm -f "$smol"; return 1
   fi
+  echo "$smol"
+}
+
+run_smollm2() {
+  local smol
+  smol=$(smol_gguf) || return 1
   local common=(--config configs/h200.yaml --model "$smol")
   local warm=("${SMOL_CHAT[@]}" --concurrency 64 --num-prompts 64 --max-tokens 32)
   [ "$QUICK" = 1 ] && warm=("${SMOL_CHAT[@]}" --concurrency 2 --num-prompts 2 --max-tokens 4)
@@ -209,6 +216,36 @@ run_smollm2_measured() {
   stop_server eagle-measured
 }
 
+# Plain requests at one client, each server fresh and again after a 64-client load: `--spec off`
+# against the EAGLE server with "speculate": false (which ran 0.86-0.93x at one client in four
+# sweeps): is it the proposer or the process's age? Two rounds.
+run_plain_ab() {
+  local smol r
+  smol=$(smol_gguf) || return 1
+  local common=(--config configs/h200.yaml --model "$smol") ns=(--extra-body '{"speculate": false}')
+  local one=16 load=192
+  [ "$QUICK" = 1 ] && one=2 load=4
+  for r in 1 2; do
+    start_server "off-$r" "${common[@]}" --spec off || return 1
+    bench ab "off_fresh_$r" "${SMOL_CHAT[@]}" --concurrency 1 --num-prompts "$one"
+    bench load "off_$r" "${SMOL_CHAT[@]}" --concurrency 64 --num-prompts "$load"
+    bench ab "off_aged_$r" "${SMOL_CHAT[@]}" --concurrency 1 --num-prompts "$one"
+    stop_server "off-$r"
+    start_server "eagle-$r" "${common[@]}" || return 1
+    bench ab "eagle_nospec_fresh_$r" "${SMOL_CHAT[@]}" --concurrency 1 --num-prompts "$one" "${ns[@]}"
+    bench load "eagle_$r" "${SMOL_CHAT[@]}" --concurrency 64 --num-prompts "$load" "${ns[@]}"
+    bench ab "eagle_nospec_aged_$r" "${SMOL_CHAT[@]}" --concurrency 1 --num-prompts "$one" "${ns[@]}"
+    stop_server "eagle-$r"
+  done
+  python3 - "$WORK/results" <<'PY' | tee -a "$SUMMARY"
+import glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "ab_*.json"))):
+    lv = json.load(open(f))["levels"][0]
+    print(f"{os.path.basename(f)[3:-5]}: {lv['output_throughput']:.0f} tok/s, "
+          f"TPOT p50 {lv['median_tpot_ms']:.3f} ms")
+PY
+}
+
 run_llama8b() {
   say "== $DUMMY (random weights), plain decoding"
   local flags=(--dataset random --token-id-range "${DUMMY_IDS:-0:128000}" --random-input-len 512
@@ -224,12 +261,13 @@ run_llama8b() {
 case "$MODE" in
   smollm2) run_smollm2 && run_smollm2_measured ;;
   llama8b) run_llama8b ;;
+  plain-ab) run_plain_ab ;;
   all)
     run_smollm2 && smol_ok=1
     run_llama8b
     [ -n "${smol_ok:-}" ] && run_smollm2_measured
     ;;
-  *) echo "unknown mode '$MODE' (prepare | all | smollm2 | llama8b)"; exit 2 ;;
+  *) echo "unknown mode '$MODE' (prepare | all | smollm2 | llama8b | plain-ab)"; exit 2 ;;
 esac
 [ -n "$SERVER_PID" ] && stop_server last
 say "[$(elapsed) s] done"
