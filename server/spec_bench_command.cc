@@ -148,9 +148,12 @@ int run_spec_bench(const SpecBenchOptions& o) {
     return model->backend().transfer_stats() +
            (p != nullptr ? p->draft_transfer_stats() : TransferStats{});
   };
-  auto timed = [&](Proposer* p, GeneratorStats* st, StepGraphStats* g, TransferStats* x) {
+  using Timings = LlamaModel::ForwardTimings;
+  auto timed = [&](Proposer* p, GeneratorStats* st, StepGraphStats* g, TransferStats* x,
+                   Timings* ft) {
     const StepGraphStats g0 = model->step_graph_stats();
     const TransferStats x0 = transfers(p);
+    const Timings f0 = model->forward_timings();
     Generator gen(*model, gc, p);
     const auto t0 = std::chrono::steady_clock::now();
     auto res = gen.run(reqs);
@@ -163,6 +166,11 @@ int run_spec_bench(const SpecBenchOptions& o) {
     g->replays = g1.replays - g0.replays;
     g->evictions = g1.evictions - g0.evictions;
     *x = transfers(p) - x0;
+    const Timings& f1 = model->forward_timings();
+    ft->steps = f1.steps - f0.steps;
+    ft->set_step_s = f1.set_step_s - f0.set_step_s;
+    ft->launch_s = f1.launch_s - f0.launch_s;
+    ft->finish_s = f1.finish_s - f0.finish_s;
     return std::make_pair(std::move(res), secs);
   };
   // Warm-up, untimed: the first use of each GEMM shape tunes its algorithm and the first
@@ -188,11 +196,14 @@ int run_spec_bench(const SpecBenchOptions& o) {
   GeneratorStats spec_stats, plain_stats;
   StepGraphStats spec_graphs, plain_graphs;
   TransferStats spec_x, plain_x;
-  const auto [spec_res, spec_secs] = timed(proposer.get(), &spec_stats, &spec_graphs, &spec_x);
+  Timings spec_ft, plain_ft;
+  const auto [spec_res, spec_secs] =
+      timed(proposer.get(), &spec_stats, &spec_graphs, &spec_x, &spec_ft);
   std::vector<GenerationResult> plain_res;
   double plain_secs = 0;
   if (!o.skip_plain)
-    std::tie(plain_res, plain_secs) = timed(nullptr, &plain_stats, &plain_graphs, &plain_x);
+    std::tie(plain_res, plain_secs) =
+        timed(nullptr, &plain_stats, &plain_graphs, &plain_x, &plain_ft);
 
   AcceptanceStats acc;
   int64_t spec_tokens = 0, plain_tokens = 0, identical = 0;
@@ -248,7 +259,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
     return std::string(buf);
   };
   auto breakdown = [&](const char* what, const GeneratorStats& st, double secs,
-                       const StepGraphStats& g, const TransferStats& x) {
+                       const StepGraphStats& g, const TransferStats& x, const Timings& ft) {
     const double steps = static_cast<double>(std::max<int64_t>(st.steps, 1));
     const double fwd = st.decode_seconds + st.mixed_seconds + st.prefill_seconds;
     std::printf(
@@ -263,12 +274,19 @@ int run_spec_bench(const SpecBenchOptions& o) {
         "%s transfers: per step %.2f host syncs, %.1f KB device->host, %.1f KB "
         "host->device\n",
         what, x.syncs / steps, x.d2h_bytes / steps / 1024, x.h2d_bytes / steps / 1024);
+    // The forward's host phases (LlamaModel::ForwardTimings): the device's time is in the
+    // finish, which ends with the wait for it.
+    const double fs = static_cast<double>(std::max<int64_t>(ft.steps, 1));
+    std::printf(
+        "%s forward: per forward %.3f ms set_step (metadata built and uploaded) + %.3f launch + "
+        "%.3f finish (sampling, downloads, the wait for the device)\n",
+        what, ft.set_step_s / fs * 1e3, ft.launch_s / fs * 1e3, ft.finish_s / fs * 1e3);
   };
-  breakdown("spec", spec_stats, spec_secs, spec_graphs, spec_x);
+  breakdown("spec", spec_stats, spec_secs, spec_graphs, spec_x, spec_ft);
   // The draft model's own recordings (EAGLE), warm-up included.
   const StepGraphStats dg = proposer->draft_graph_stats();
   if (dg.captures + dg.replays + dg.eager > 0) std::printf("draft: %s\n", graph_words(dg).c_str());
-  if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs, plain_graphs, plain_x);
+  if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs, plain_graphs, plain_x, plain_ft);
   return 0;
 }
 

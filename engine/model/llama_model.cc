@@ -1,6 +1,7 @@
 #include "engine/model/llama_model.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "engine/core/error.h"
 #include "engine/verify/device_verify.h"
@@ -405,11 +406,14 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
   // Decode / verify steps get a power-of-two block-table width (with_graph_table_width). (Four
   // buckets per power of two, as before, made SmolLM2's n-gram verify steps at batch 1 see ~100
   // keys over 16 prompts: a fifth of the steps ran eagerly.)
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t_start = Clock::now();
   StepInputs padded;
   const StepInputs& step =
       rank.graphs && graph_eligible(step_in) ? with_graph_table_width(step_in, &padded) : step_in;
   b.set_step(step);
   b.reset_scratch();  // before the key: a scratch arena merged here moves the memory epoch
+  const Clock::time_point t_set = Clock::now();
 
   StepTensors t;
   bool done = false;
@@ -434,6 +438,20 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
     t = run_ops(rank, step, want);
   }
   if (rank_index != 0) return;  // the outputs are rank 0's
+  // Rank 0's phases, the last one recorded on every return below.
+  struct Finish {
+    ForwardTimings& t;
+    Clock::time_point start, set, launched;
+    ~Finish() {
+      const auto secs = [](Clock::time_point a, Clock::time_point b) {
+        return std::chrono::duration<double>(b - a).count();
+      };
+      t.steps++;
+      t.set_step_s += secs(start, set);
+      t.launch_s += secs(set, launched);
+      t.finish_s += secs(launched, Clock::now());
+    }
+  } finish{timings_, t_start, t_set, Clock::now()};
 
   // The proposer's feature rows: the final hidden states or the capture layers' streams.
   const bool captures = !want.capture_layers.empty();

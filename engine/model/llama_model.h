@@ -109,6 +109,16 @@ class LlamaModel {
   bool step_graphs() const { return ranks_[0].graphs != nullptr; }
   StepGraphStats step_graph_stats() const;
 
+  // Host time of forward() on rank 0, by phase, summed over steps: the step's metadata
+  // (Backend::set_step: built and uploaded), launching the ops (one replay, or the op sequence
+  // of an eager step), and the rest (feature downloads, sampling / verification launches, the
+  // result download and the wait for the device, which ends there).
+  struct ForwardTimings {
+    int64_t steps = 0;
+    double set_step_s = 0, launch_s = 0, finish_s = 0;
+  };
+  const ForwardTimings& forward_timings() const { return timings_; }
+
  private:
   bool fused_ = false;  // Backend::fuse_projections() at construction
   struct Layer {
@@ -159,6 +169,7 @@ class LlamaModel {
   std::vector<Rank> ranks_;
   std::unique_ptr<RankThreads> threads_;  // null with one rank
   StepGraphStats stats_of_dropped_;       // counters of rank 0's caches dropped
+  ForwardTimings timings_;                // rank 0's
 };
 
 }  // namespace arbor
