@@ -23,9 +23,10 @@
 #   then:   tar -xzf serve_sweep.tar.gz; python3 scripts/bench_serve.py plot ... (the plots
 #           are drawn there too when matplotlib is installed)
 #
-# Modes: all | smollm2 | llama8b | plain-ab (run_plain_ab, below). Environment: SWEEP_DIR (default: this script's folder),
-# ARBOR (the arbor binary; default: the payload's), SMOL (the GGUF; default: the parts joined),
-# PROMPTS (MT-bench JSONL), and for a dry run of the script on the CPU: BACKEND (default cuda),
+# Modes: all | smollm2 | llama8b | plain-ab (run_plain_ab, below). Environment: SWEEP_DIR
+# (default: this script's folder), ARBOR (the arbor binary; default: the payload's), SMOL (the
+# GGUF; default: the parts joined), PROMPTS (MT-bench JSONL), and for a dry run of the script
+# on the CPU: BACKEND (default cuda),
 # QUICK=1 (a few requests per level), CONCS (default "1 8 32 64"), RATES (default
 # "4 8 16 32 64 inf"), MAX_TOKENS (default 128), DUMMY (default dummy:llama-3-8b),
 # DUMMY_IDS (default 0:128000), SERVE_ARGS (added to every `arbor serve`).

@@ -166,11 +166,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
     g->replays = g1.replays - g0.replays;
     g->evictions = g1.evictions - g0.evictions;
     *x = transfers(p) - x0;
-    const Timings& f1 = model->forward_timings();
-    ft->steps = f1.steps - f0.steps;
-    ft->set_step_s = f1.set_step_s - f0.set_step_s;
-    ft->launch_s = f1.launch_s - f0.launch_s;
-    ft->finish_s = f1.finish_s - f0.finish_s;
+    *ft = model->forward_timings() - f0;
     return std::make_pair(std::move(res), secs);
   };
   // Warm-up, untimed: the first use of each GEMM shape tunes its algorithm and the first

@@ -29,6 +29,11 @@ struct StepGraphStats {
   int64_t capture_failures = 0;  // recordings the backend refused (the step ran eagerly)
   int64_t evictions = 0;         // recordings dropped for the max_graphs cap
   int64_t invalidations = 0;     // times every recording was dropped (memory epoch moved)
+  // Whether the steps since `before` warmed up a shape (ran it eagerly on its way to a
+  // recording, or recorded it): one-time work, several times slower than a replay.
+  bool warmed_up_since(const StepGraphStats& before) const {
+    return eager != before.eager || captures != before.captures;
+  }
 };
 
 // The smallest value >= n of the form k * 2^e with 2^e = max(1, floor_pow2(n) / steps):

@@ -116,6 +116,10 @@ class LlamaModel {
   struct ForwardTimings {
     int64_t steps = 0;
     double set_step_s = 0, launch_s = 0, finish_s = 0;
+    ForwardTimings operator-(const ForwardTimings& o) const {
+      return {steps - o.steps, set_step_s - o.set_step_s, launch_s - o.launch_s,
+              finish_s - o.finish_s};
+    }
   };
   const ForwardTimings& forward_timings() const { return timings_; }
 

@@ -419,9 +419,7 @@ std::vector<int32_t> Engine::draft(const std::vector<std::pair<ReqId, TreeBudget
   std::vector<DraftTree> trees = proposer_->propose_batch(requests);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  const StepGraphStats graphs_after = proposer_->draft_graph_stats();
-  run->draft_warmup =
-      graphs_after.eager != graphs_before.eager || graphs_after.captures != graphs_before.captures;
+  run->draft_warmup = proposer_->draft_graph_stats().warmed_up_since(graphs_before);
   stats_.draft_seconds += ms * 1e-3;
   run->drafted_ms += ms;
   for (const auto& w : wanted)
@@ -601,9 +599,7 @@ void Engine::forward(StepRun* run) {
   }
   // A step whose shape ran eagerly on its way to a recording, or was recorded, is a warm-up:
   // several times slower than the replays that follow, so it would mislead the cost model.
-  const StepGraphStats graphs_after = model_.step_graph_stats();
-  run->warmup =
-      graphs_after.eager != graphs_before.eager || graphs_after.captures != graphs_before.captures;
+  run->warmup = model_.step_graph_stats().warmed_up_since(graphs_before);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_.steps++;
   (run->any_prefill && run->any_decode ? stats_.mixed_seconds
