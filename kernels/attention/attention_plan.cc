@@ -94,11 +94,14 @@ AttentionVirtualRequests make_virtual_requests(const AttentionPlanInputs& in) {
     for (int32_t i = 0; i < t; ++i) {
       const uint32_t* row = mask + static_cast<int64_t>(i) * words;
       int32_t len = 0;
-      for (int32_t k = 0; k < t; ++k)
-        if ((row[k / 32] >> (k % 32)) & 1u) {
-          v.path.push_back(k);
+      for (int32_t w = 0; w < words; ++w) {  // the set bits: the node's ancestors and itself
+        uint32_t m = row[w];
+        if (w == words - 1 && t % 32 != 0) m &= (1u << (t % 32)) - 1;
+        for (; m != 0; m &= m - 1) {
+          v.path.push_back(w * 32 + __builtin_ctz(m));
           ++len;
         }
+      }
       // The node is the one new key of its virtual request: keys [0, committed + len), the
       // last visible tree key (the node itself in an ancestor mask) playing the new token.
       v.committed_len.push_back(committed + len - 1);
