@@ -277,6 +277,12 @@ int run_spec_bench(const SpecBenchOptions& o) {
         "%s forward: per forward %.3f ms set_step (metadata built and uploaded) + %.3f launch + "
         "%.3f finish (sampling, downloads, the wait for the device)\n",
         what, ft.set_step_s / fs * 1e3, ft.launch_s / fs * 1e3, ft.finish_s / fs * 1e3);
+    // The replayed steps alone (the averages above include prefill steps and warm-ups, whose
+    // ops launch one by one).
+    const double rs = static_cast<double>(std::max<int64_t>(ft.replayed_steps, 1));
+    std::printf("%s forward, %lld replayed: per forward %.3f ms launch + %.3f finish\n", what,
+                static_cast<long long>(ft.replayed_steps), ft.replayed_launch_s / rs * 1e3,
+                ft.replayed_finish_s / rs * 1e3);
   };
   breakdown("spec", spec_stats, spec_secs, spec_graphs, spec_x, spec_ft);
   // The draft model's own recordings (EAGLE), warm-up included.

@@ -11,21 +11,12 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backend/tensor.h"
 #include "engine/backend/tree_sampling.h"
 #include "engine/core/dtype.h"
 #include "engine/core/host_tensor.h"
 
 namespace arbor {
-
-// A non-owning 2-D view of backend memory: [rows, cols] row-major. Activations are
-// [num_tokens, features]; weights are [out_features, in_features].
-struct Tensor {
-  void* data = nullptr;
-  DType dtype = DType::kF32;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  int64_t numel() const { return rows * cols; }
-};
 
 // Geometry of the paged KV cache. Per layer K and V: [num_blocks, block_size, num_kv_heads,
 // head_dim]. A slot is block_id * block_size + offset.
@@ -66,6 +57,13 @@ struct StepInputs {
   std::vector<int32_t> key_path_indptr;
   std::vector<int32_t> key_path;
   int32_t key_path_span = 0;
+  // Token ids still on the backend (a drafter's tree tokens, Backend::top_k_ids): empty, or [N]
+  // flat indices into token_source (int32, backend memory the backend can read:
+  // Backend::shares_memory_with); row n's id is token_source[token_source_index[n]] where the
+  // index is >= 0, token_ids[n] elsewhere. set_step copies them in on the backend (no host wait);
+  // token_ids[n] then holds any id inside the vocabulary (the check of the ids on the host).
+  Tensor token_source;
+  std::vector<int64_t> token_source_index;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_requests() const {
@@ -229,6 +227,24 @@ class Backend {
   // (host_math::log_softmax_inplace). 1 <= k <= min(cols, 1024), else kInvalidArgument.
   virtual void top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
                                  std::vector<float>* values) = 0;
+  // top_k_log_softmax's ids, left in backend memory: ids [logits.rows, k] int32 (a persistent
+  // tensor of this backend), no wait for the device. The default throws kUnsupported.
+  virtual void top_k_ids(const Tensor& logits, int32_t k, const Tensor& ids);
+  // out[i] = ids' element at flat index[i] (int32, memory this backend shares_memory_with),
+  // read back to the host (resized; one wait). kInvalidArgument for an index outside ids. The
+  // default throws kUnsupported.
+  virtual void download_ids(const Tensor& ids, std::span<const int64_t> index,
+                            std::vector<int32_t>* out);
+  // Whether this backend's ops may read `other`'s memory directly (token_source,
+  // TreeSampleBatch::token_source): both in host memory, or on the same GPU.
+  virtual bool shares_memory_with(const Backend& other) const {
+    (void)other;
+    return false;
+  }
+  // Orders this backend's later work after everything issued so far on `other` (a memory it
+  // shares_memory_with that other's ops write), without a host wait. The default does nothing
+  // (host memory: every op has finished when it returns).
+  virtual void wait_for(Backend& other) { (void)other; }
   // Sampling and speculative verification of a batch of trees with the logits left in backend
   // memory (tree_sampling.h): logits [M, vocab] fp32, rows named by batch.logits_row; they may be
   // overwritten (the backend may process them in place). Throws kInvalidArgument for a malformed

@@ -56,6 +56,14 @@ Tensor Backend::persistent(int64_t, int64_t) {
   throw_error(ErrorCode::kUnsupported, name() + " backend: no persistent buffers");
 }
 
+void Backend::top_k_ids(const Tensor&, int32_t, const Tensor&) {
+  throw_error(ErrorCode::kUnsupported, name() + " backend: no top_k_ids");
+}
+
+void Backend::download_ids(const Tensor&, std::span<const int64_t>, std::vector<int32_t>*) {
+  throw_error(ErrorCode::kUnsupported, name() + " backend: no download_ids");
+}
+
 void Backend::gather_rows(const Tensor& src, std::span<const int32_t> rows, const Tensor& out) {
   ARBOR_CHECK(out.rows == static_cast<int64_t>(rows.size()) && out.cols == src.cols,
               "gather_rows: shapes");

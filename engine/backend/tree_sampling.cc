@@ -139,6 +139,26 @@ void validate_tree_sample_batch(const TreeSampleBatch& b, int64_t vocab, int64_t
   for (size_t u = 0; u < b.uniforms.size(); ++u)
     if (!(b.uniforms[u] >= 0.0 && b.uniforms[u] < 1.0))
       bad(at("uniforms", u) + " is " + std::to_string(b.uniforms[u]) + ", outside [0, 1)");
+  if (!b.token_source_index.empty()) {
+    if (b.token_source_index.size() != nodes)
+      bad("token_source_index has " + std::to_string(b.token_source_index.size()) +
+          " entries for " + std::to_string(nodes) + " nodes");
+    if (b.token_source.data == nullptr || b.token_source.dtype != DType::kI32)
+      bad("token_source_index without an int32 token_source");
+    for (size_t g = 0; g < nodes; ++g)
+      if (b.token_source_index[g] < -1 || b.token_source_index[g] >= b.token_source.numel())
+        bad(at("token_source_index", g) + " is " + std::to_string(b.token_source_index[g]) +
+            ", outside [-1, " + std::to_string(b.token_source.numel()) + ")");
+  }
+}
+
+void fill_path_tokens(const TreeSampleBatch& batch, std::span<const int32_t> token,
+                      TreeSampleResult* out) {
+  out->path_tokens.clear();
+  for (int32_t i = 0; i < batch.num_items(); ++i)
+    for (int32_t j = out->path_indptr[i]; j < out->path_indptr[i + 1]; ++j)
+      out->path_tokens.push_back(
+          token[static_cast<size_t>(batch.node_indptr[i] + out->path_nodes[j])]);
 }
 
 void Backend::sample_trees(const Tensor&, const TreeSampleBatch&, TreeSampleResult*) {

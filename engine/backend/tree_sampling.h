@@ -7,7 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
+
+#include "engine/backend/tensor.h"
 
 namespace arbor {
 
@@ -60,6 +63,12 @@ struct TreeSampleBatch {
   // final draw): uniform_indptr[i + 1] - uniform_indptr[i] >= T_i for a sampled item.
   std::vector<int32_t> uniform_indptr;  // [I + 1]
   std::vector<double> uniforms;
+  // Tokens still on the backend (StepInputs::token_source's form): empty, or [nodes] flat
+  // indices into token_source (int32, memory the sampling backend shares); node g's token is
+  // token_source[token_source_index[g]] where the index is >= 0, token[g] (any id inside the
+  // vocabulary) elsewhere. Only backends with sample_trees read them.
+  Tensor token_source;
+  std::vector<int64_t> token_source_index;
 
   int32_t num_items() const { return static_cast<int32_t>(params.size()); }
   int32_t num_nodes() const { return static_cast<int32_t>(token.size()); }
@@ -74,6 +83,7 @@ struct TreeSampleResult {
   std::vector<int32_t> path_indptr;  // [I + 1]
   std::vector<int32_t> path_nodes;
   std::vector<int32_t> children_tried;  // parallel to path_nodes
+  std::vector<int32_t> path_tokens;     // parallel to path_nodes: each node's token
   std::vector<int32_t> bonus;           // [I]
   std::vector<int32_t> uniforms_used;   // [I]
   std::vector<int32_t> status;          // [I]
@@ -95,5 +105,10 @@ inline constexpr int32_t kMaxTreeSampleBiasEntries = 1024;
 // rows outside [0, logits_rows), q rows outside q, too few uniforms for a sampled item,
 // parameters out of range.
 void validate_tree_sample_batch(const TreeSampleBatch& batch, int64_t vocab, int64_t logits_rows);
+
+// out->path_tokens from out's paths and the batch's node tokens `token` ([nodes]: batch.token, or
+// those with token_source's ids in).
+void fill_path_tokens(const TreeSampleBatch& batch, std::span<const int32_t> token,
+                      TreeSampleResult* out);
 
 }  // namespace arbor

@@ -8,19 +8,6 @@
 
 namespace arbor {
 
-namespace {
-// ids = the first kd entries of rows row_of(r), r < rows, of top_ids [*, k_max]: a top-k list's
-// first entries are the smaller top-k (best first, the lower id first on ties).
-template <typename RowOf>
-std::vector<int32_t> first_of_rows(const std::vector<int32_t>& top_ids, int32_t k_max, int64_t kd,
-                                   int64_t rows, RowOf row_of) {
-  std::vector<int32_t> ids(static_cast<size_t>(rows * kd));
-  for (int64_t r = 0; r < rows; ++r)
-    std::copy_n(top_ids.begin() + row_of(r) * k_max, kd, ids.begin() + r * kd);
-  return ids;
-}
-}  // namespace
-
 MedusaDeviceHeads::MedusaDeviceHeads(std::unique_ptr<Backend> backend, const MedusaHeads& heads)
     : backend_(std::move(backend)), hidden_size_(heads.hidden_size), vocab_size_(heads.vocab_size) {
   ARBOR_CHECK(backend_ != nullptr, "MedusaDeviceHeads needs a backend");
@@ -66,9 +53,49 @@ MedusaDeviceHeads::MedusaDeviceHeads(std::unique_ptr<Backend> backend, const Med
   }
 }
 
+Tensor MedusaDeviceHeads::ids_slice(int64_t offset, int64_t rows, int64_t cols, int64_t total) {
+  if (ids_buffer_.numel() < total) {
+    // Grown to a power of two: a few allocations for the life of the proposer.
+    int64_t n = 256;
+    while (n < total) n *= 2;
+    ids_buffer_ = backend_->persistent(1, n);
+    ids_buffer_.dtype = DType::kI32;  // 4-byte elements either way
+  }
+  Tensor t = ids_buffer_;
+  t.data = static_cast<int32_t*>(ids_buffer_.data) + offset;
+  t.rows = rows;
+  t.cols = cols;
+  return t;
+}
+
 std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float> hidden,
                                                            int64_t rows,
                                                            std::span<const int32_t> k) {
+  const MedusaHeadIds on = top_k_ids(hidden, rows, k);
+  std::vector<std::vector<int32_t>> ids(k.size());
+  std::vector<int64_t> index;
+  for (size_t d = 0; d < k.size(); ++d) {
+    if (k[d] <= 0) continue;
+    const int64_t kd = std::min<int64_t>(k[d], vocab_size_);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < kd; ++j) index.push_back(on.index(d, r, j));
+  }
+  if (index.empty()) return ids;
+  std::vector<int32_t> flat;  // one wait for every head's ids
+  backend_->download_ids(on.ids, index, &flat);
+  size_t at = 0;
+  for (size_t d = 0; d < k.size(); ++d) {
+    if (k[d] <= 0) continue;
+    const size_t n = static_cast<size_t>(rows * std::min<int64_t>(k[d], vocab_size_));
+    ids[d].assign(flat.begin() + static_cast<std::ptrdiff_t>(at),
+                  flat.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  return ids;
+}
+
+MedusaHeadIds MedusaDeviceHeads::top_k_ids(std::span<const float> hidden, int64_t rows,
+                                           std::span<const int32_t> k) {
   ARBOR_CHECK(rows >= 1 && static_cast<int64_t>(hidden.size()) == rows * hidden_size_,
               "MedusaDeviceHeads::top_k: hidden holds " + std::to_string(hidden.size()) +
                   " values, expected " + std::to_string(rows) + " x " +
@@ -84,8 +111,10 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float
     run.push_back(d);
     k_max = std::max(k_max, std::min<int32_t>(k[d], static_cast<int32_t>(vocab_size_)));
   }
-  std::vector<std::vector<int32_t>> ids(k.size());
-  if (run.empty()) return ids;
+  MedusaHeadIds out;
+  out.offset.assign(k.size(), 0);
+  out.row_stride.assign(k.size(), 0);
+  if (run.empty()) return out;
   // Stacked heads run all of them whatever k asks, so a head's candidates never depend on
   // which other heads (deeper trees in the same batch) run beside it.
   if (stacked_weight_.data != nullptr) return top_k_stacked(hidden, rows, k, k_max);
@@ -120,8 +149,7 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float
   for (size_t d : run)
     one_lm_head = one_lm_head && heads_[d].lm_head.data == heads_[run[0]].lm_head.data;
   // Heads that share one LM head: their rows stacked [heads x rows, hidden] (head run[i]'s rows
-  // from i x rows on; 256-byte aligned slices), one LM-head GEMM and one top-k pass, so one wait
-  // for the host per call instead of one per head.
+  // from i x rows on; 256-byte aligned slices), one LM-head GEMM and one top-k pass.
   if (one_lm_head && (rows * h) % 64 == 0) {
     Tensor stacked = b.scratch(n * rows, h);
     for (int64_t i = 0; i < n; ++i) {
@@ -133,32 +161,37 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k(std::span<const float
     }
     Tensor logits = b.scratch(n * rows, vocab_size_);  // [heads x rows, vocab] device fp32
     b.linear(stacked, heads_[run[0]].lm_head, Tensor{}, logits);
-    std::vector<int32_t> top_ids;  // [heads x rows, k_max] host
-    std::vector<float> values;
-    b.top_k_log_softmax(logits, k_max, &top_ids, &values);
+    out.ids = ids_slice(0, n * rows, k_max, n * rows * k_max);
+    b.top_k_ids(logits, k_max, out.ids);
     for (int64_t i = 0; i < n; ++i) {
       const size_t d = run[static_cast<size_t>(i)];
-      ids[d] = first_of_rows(top_ids, k_max, std::min<int64_t>(k[d], vocab_size_), rows,
-                             [&](int64_t r) { return i * rows + r; });
+      out.offset[d] = i * rows * k_max;
+      out.row_stride[d] = k_max;
     }
-    return ids;
+    return out;
   }
-  // Heads with LM heads of their own: one GEMM and one top-k pass each.
-  std::vector<float> values;
+  // Heads with LM heads of their own: one GEMM and one top-k pass each, into consecutive
+  // slices of the ids buffer.
+  int64_t total = 0;
+  for (size_t d : run) total += rows * std::min<int64_t>(k[d], vocab_size_);
+  int64_t at = 0;
   for (size_t d : run) {
+    const int64_t kd = std::min<int64_t>(k[d], vocab_size_);
     Tensor x = b.scratch(rows, h), logits = b.scratch(rows, vocab_size_);
     res_blocks(heads_[d], x);
     b.linear(x, heads_[d].lm_head, Tensor{}, logits);
-    b.top_k_log_softmax(logits, std::min<int32_t>(k[d], static_cast<int32_t>(vocab_size_)), &ids[d],
-                        &values);
+    const Tensor ids = ids_slice(at, rows, kd, total);
+    b.top_k_ids(logits, static_cast<int32_t>(kd), ids);
+    out.offset[d] = at;
+    out.row_stride[d] = kd;
+    at += rows * kd;
   }
-  return ids;
+  out.ids = ids_buffer_;
+  return out;
 }
 
-std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k_stacked(std::span<const float> hidden,
-                                                                   int64_t rows,
-                                                                   std::span<const int32_t> k,
-                                                                   int32_t k_max) {
+MedusaHeadIds MedusaDeviceHeads::top_k_stacked(std::span<const float> hidden, int64_t rows,
+                                               std::span<const int32_t> k, int32_t k_max) {
   Backend& b = *backend_;
   b.reset_scratch();
   const int64_t h = hidden_size_, n = num_heads();
@@ -183,16 +216,13 @@ std::vector<std::vector<int32_t>> MedusaDeviceHeads::top_k_stacked(std::span<con
   b.add(x, y_rows, res);                             // x + SiLU(W x + b)
   Tensor logits = b.scratch(rows * n, vocab_size_);  // [rows x heads, vocab] device fp32
   b.linear(res, heads_[0].lm_head, Tensor{}, logits);
-  std::vector<int32_t> top_ids;  // [rows x heads, k_max] host
-  std::vector<float> values;
-  b.top_k_log_softmax(logits, k_max, &top_ids, &values);
-  std::vector<std::vector<int32_t>> ids(k.size());
-  for (size_t d = 0; d < k.size(); ++d) {
-    if (k[d] <= 0) continue;
-    ids[d] = first_of_rows(top_ids, k_max, std::min<int64_t>(k[d], vocab_size_), rows,
-                           [&](int64_t r) { return r * n + static_cast<int64_t>(d); });
-  }
-  return ids;
+  MedusaHeadIds out;
+  out.ids = ids_slice(0, rows * n, k_max, rows * n * k_max);  // [rows x heads, k_max]
+  b.top_k_ids(logits, k_max, out.ids);
+  out.offset.assign(k.size(), 0);
+  out.row_stride.assign(k.size(), n * k_max);
+  for (size_t d = 0; d < k.size(); ++d) out.offset[d] = static_cast<int64_t>(d) * k_max;
+  return out;
 }
 
 }  // namespace arbor

@@ -17,6 +17,16 @@
 
 namespace arbor {
 
+// Head d's j-th best token for hidden row r is ids[offset[d] + r * row_stride[d] + j] (int32,
+// the heads' backend memory), for the k[d] asked of it.
+struct MedusaHeadIds {
+  Tensor ids;
+  std::vector<int64_t> offset, row_stride;  // [k.size()]; unused for heads not run
+  int64_t index(size_t head, int64_t row, int64_t rank) const {
+    return offset[head] + row * row_stride[head] + rank;
+  }
+};
+
 class MedusaDeviceHeads {
  public:
   // Uploads every head (and the base LM head where a head has none) to `backend`, which it owns.
@@ -29,6 +39,9 @@ class MedusaDeviceHeads {
   // head d's j-th best token for row `row`, best first, the lower id first among equal logits.
   std::vector<std::vector<int32_t>> top_k(std::span<const float> hidden, int64_t rows,
                                           std::span<const int32_t> k);
+  // The same ids left on the backend (no wait for the device): valid until the next call.
+  MedusaHeadIds top_k_ids(std::span<const float> hidden, int64_t rows, std::span<const int32_t> k);
+  Backend& backend() { return *backend_; }
 
  private:
   struct Head {
@@ -37,8 +50,11 @@ class MedusaDeviceHeads {
   };
   // top_k() for heads of one ResBlock sharing the base LM head: every head's ResBlock as one
   // GEMM over the stacked weights, every head run (ids only where k asks).
-  std::vector<std::vector<int32_t>> top_k_stacked(std::span<const float> hidden, int64_t rows,
-                                                  std::span<const int32_t> k, int32_t k_max);
+  MedusaHeadIds top_k_stacked(std::span<const float> hidden, int64_t rows,
+                              std::span<const int32_t> k, int32_t k_max);
+  // [rows, cols] int32 at element `offset` of the ids buffer, grown (a new persistent
+  // allocation: the old one stays with the backend) when too small for `total` elements.
+  Tensor ids_slice(int64_t offset, int64_t rows, int64_t cols, int64_t total);
 
   std::unique_ptr<Backend> backend_;
   int64_t hidden_size_ = 0;
@@ -48,6 +64,7 @@ class MedusaDeviceHeads {
   // Device bf16 [heads x hidden, hidden] and fp32 [heads x hidden], or empty: set for heads of
   // one ResBlock sharing the base LM head (whose Head::weight / bias are then empty).
   Tensor stacked_weight_, stacked_bias_;
+  Tensor ids_buffer_;  // top_k_ids' output (persistent, int32 view)
 };
 
 }  // namespace arbor

@@ -442,16 +442,23 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
   struct Finish {
     ForwardTimings& t;
     Clock::time_point start, set, launched;
+    bool replayed;
     ~Finish() {
       const auto secs = [](Clock::time_point a, Clock::time_point b) {
         return std::chrono::duration<double>(b - a).count();
       };
+      const Clock::time_point end = Clock::now();
       t.steps++;
       t.set_step_s += secs(start, set);
       t.launch_s += secs(set, launched);
-      t.finish_s += secs(launched, Clock::now());
+      t.finish_s += secs(launched, end);
+      if (replayed) {
+        t.replayed_steps++;
+        t.replayed_launch_s += secs(set, launched);
+        t.replayed_finish_s += secs(launched, end);
+      }
     }
-  } finish{timings_, t_start, t_set, Clock::now()};
+  } finish{timings_, t_start, t_set, Clock::now(), done};
 
   // The proposer's feature rows: the final hidden states or the capture layers' streams.
   const bool captures = !want.capture_layers.empty();
@@ -521,7 +528,25 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
     } else {  // the host reference on the downloaded logits (the CPU backend)
       std::vector<float> host(static_cast<size_t>(t.logits.numel()));
       b.download(t.logits, host.data());
-      sample_trees_on_host(host, t.logits.cols, *want.sample, &out->sampled);
+      const TreeSampleBatch* batch = want.sample;
+      TreeSampleBatch resolved;  // tokens left on the backend, brought here
+      if (!batch->token_source_index.empty()) {
+        resolved = *batch;
+        std::vector<int64_t> index;
+        std::vector<size_t> nodes;
+        for (size_t g = 0; g < resolved.token_source_index.size(); ++g)
+          if (resolved.token_source_index[g] >= 0) {
+            index.push_back(resolved.token_source_index[g]);
+            nodes.push_back(g);
+          }
+        std::vector<int32_t> ids;
+        b.download_ids(resolved.token_source, index, &ids);
+        for (size_t j = 0; j < nodes.size(); ++j) resolved.token[nodes[j]] = ids[j];
+        resolved.token_source_index.clear();
+        resolved.token_source = Tensor{};
+        batch = &resolved;
+      }
+      sample_trees_on_host(host, t.logits.cols, *batch, &out->sampled);
       if (path_hidden) {
         std::vector<float> hidden(static_cast<size_t>(features.numel()));
         b.download(features, hidden.data());
@@ -544,7 +569,7 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
           for (int32_t d = p0; d < p1; ++d) {
             const int32_t row = batch.logits_row[first + r.path_nodes[d]];
             const int32_t token =
-                d + 1 < p1 ? batch.token[first + r.path_nodes[d + 1]] : r.bonus[i];
+                d + 1 < p1 ? r.path_tokens[static_cast<size_t>(d + 1)] : r.bonus[i];
             index.push_back(static_cast<int64_t>(row) * config_.vocab_size + token);
             best_index.push_back(static_cast<int64_t>(row) * config_.vocab_size +
                                  out->top_ids[static_cast<size_t>(row) * out->top_k]);

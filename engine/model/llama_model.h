@@ -116,9 +116,18 @@ class LlamaModel {
   struct ForwardTimings {
     int64_t steps = 0;
     double set_step_s = 0, launch_s = 0, finish_s = 0;
+    // Of those: the steps that replayed a recording, and their launch and finish (the others
+    // are prefill and mixed steps, warm-ups and recordings, whose ops launch one by one).
+    int64_t replayed_steps = 0;
+    double replayed_launch_s = 0, replayed_finish_s = 0;
     ForwardTimings operator-(const ForwardTimings& o) const {
-      return {steps - o.steps, set_step_s - o.set_step_s, launch_s - o.launch_s,
-              finish_s - o.finish_s};
+      return {steps - o.steps,
+              set_step_s - o.set_step_s,
+              launch_s - o.launch_s,
+              finish_s - o.finish_s,
+              replayed_steps - o.replayed_steps,
+              replayed_launch_s - o.replayed_launch_s,
+              replayed_finish_s - o.replayed_finish_s};
     }
   };
   const ForwardTimings& forward_timings() const { return timings_; }

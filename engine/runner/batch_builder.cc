@@ -30,6 +30,14 @@ std::vector<int32_t> BatchBuilder::build(const KvCacheManager& kv,
     const std::vector<int64_t> slots = kv.slots(it.seq, committed, t);
     first_logit_row.push_back(static_cast<int32_t>(s.logits_rows.size()));
     const int32_t row0 = s.num_tokens();
+    if (!it.token_index.empty()) {
+      ARBOR_CHECK(static_cast<int32_t>(it.token_index.size()) == t);
+      s.token_source_index.resize(static_cast<size_t>(row0), -1);
+      s.token_source_index.insert(s.token_source_index.end(), it.token_index.begin(),
+                                  it.token_index.end());
+    } else if (!s.token_source_index.empty()) {
+      s.token_source_index.resize(static_cast<size_t>(row0 + t), -1);
+    }
     for (int32_t i = 0; i < t; ++i) {
       s.token_ids.push_back(it.tokens[i]);
       s.positions.push_back(committed + (tree ? depth[i] : i));

@@ -17,12 +17,17 @@ struct StepItem {
   std::vector<int32_t> tokens;   // [T] new tokens at logical committed_len + t
   std::vector<int32_t> parents;  // [T] tree parents (parents[0] = -1), empty = causal chunk
   bool all_logits = false;       // logits for every row (trees), else only the last row
+  // [T] or empty: row t's id is StepInputs::token_source[token_index[t]] where >= 0 (a
+  // drafter's tokens left on the backend; tokens[t] is then a placeholder).
+  std::vector<int64_t> token_index;
 };
 
 class BatchBuilder {
  public:
   // Fills `step` for `items` (in order). Each item's sequence must hold a reservation of
   // exactly tokens.size() tokens. Returns, per item, the first index into step.logits_rows.
+  // step.token_source_index is filled when an item has a token_index (token_source is the
+  // caller's to set).
   static std::vector<int32_t> build(const KvCacheManager& kv, const std::vector<StepItem>& items,
                                     StepInputs* step);
 };

@@ -13,6 +13,7 @@
 #include "engine/runner/batch_builder.h"
 #include "engine/runner/kv_sizing.h"
 #include "engine/verify/device_verify.h"
+#include "engine/verify/tree_layout.h"
 
 namespace arbor {
 
@@ -180,6 +181,8 @@ Engine::Engine(LlamaModel& model, const EngineConfig& config, Proposer* proposer
       kv_(kv_config(config_)),
       sched_(kv_, sched_config(config_)) {
   want_ = forward_request_for(proposer_);
+  if (proposer_ != nullptr && config_.device_tree_tokens && model_.tensor_parallel() == 1)
+    proposer_->set_tree_reader(&model_.backend());
   if (config_.measure_cost && config_.adaptive_trees) {
     // Before any request: the probe writes into the (still empty) KV cache.
     CostModelConfig cost = config_.cost;
@@ -461,6 +464,7 @@ std::vector<int32_t> Engine::draft(const std::vector<std::pair<ReqId, TreeBudget
     }
     for (size_t i : open) {
       Choice& c = *choices_.at(wanted[i].first);
+      resolve_device_tokens(&c.draft);  // padding reads the root's children
       pad_tree(&c.draft, size[i], sched_.context(wanted[i].first), vocab);
       n[i] = c.draft.size();
     }
@@ -494,8 +498,39 @@ void Engine::apply_plan(const StepPlan& plan) {
   if (!plan.copies.empty()) model_.copy_kv(plan.copies.src_slots, plan.copies.dst_slots);
 }
 
+void Engine::resolve_device_tokens(DraftTree* tree) {
+  if (tree->device.empty()) return;
+  std::vector<int64_t> index;
+  std::vector<int32_t> nodes;
+  for (size_t i = 0; i < tree->device.index.size(); ++i)
+    if (tree->device.index[i] >= 0) {
+      index.push_back(tree->device.index[i]);
+      nodes.push_back(static_cast<int32_t>(i));
+    }
+  Backend& b = model_.backend();
+  b.wait_for(*tree->device.owner);
+  std::vector<int32_t> ids;
+  b.download_ids(tree->device.ids, index, &ids);
+  for (size_t j = 0; j < nodes.size(); ++j) tree->token[static_cast<size_t>(nodes[j])] = ids[j];
+  tree->device = DeviceTokens{};
+  validate_draft_tree(*tree, model_.config().vocab_size);
+}
+
 void Engine::forward(StepRun* run) {
   const StepPlan& plan = run->plan;
+  // Trees whose tokens a drafter left on its backend: read there by the step (one source
+  // buffer per step; the trees of any other come to the host first).
+  Backend* token_owner = nullptr;
+  Tensor token_source;
+  for (const ScheduledItem& it : plan.items) {
+    Choice& c = *choices_.at(it.id);
+    if (!it.decode || it.num_tokens <= 1 || c.draft.device.empty()) continue;
+    if (token_owner == nullptr) {
+      token_owner = c.draft.device.owner;
+      token_source = c.draft.device.ids;
+    }
+    if (c.draft.device.ids.data != token_source.data) resolve_device_tokens(&c.draft);
+  }
   std::vector<StepItem> items;
   for (const ScheduledItem& it : plan.items) {
     const Choice& c = *choices_.at(it.id);
@@ -508,6 +543,7 @@ void Engine::forward(StepRun* run) {
         ARBOR_CHECK(c.draft.size() == it.num_tokens);
         s.tokens = c.draft.token;
         s.parents = c.draft.parent;
+        s.token_index = c.draft.device.index;
         s.all_logits = true;
       } else {
         s.tokens = {ctx.back()};
@@ -519,6 +555,11 @@ void Engine::forward(StepRun* run) {
     items.push_back(std::move(s));
   }
   run->first_logit = BatchBuilder::build(kv_, items, &run->inputs);
+  if (token_owner != nullptr) {
+    stats_.device_token_steps++;
+    run->inputs.token_source = token_source;
+    model_.backend().wait_for(*token_owner);  // the draft's ids are written before the step reads
+  }
 
   ForwardRequest want;  // features only when a speculating request needs them
   for (const ScheduledItem& it : plan.items)
@@ -617,6 +658,9 @@ void Engine::verify(StepRun* run) {
     Choice& c = *choices_.at(it.id);
     const std::vector<int32_t>& ctx = sched_.context(it.id);
     if (it.num_tokens <= 1) c.draft = DraftTree::root_only(ctx.back());
+    // Verified on the host: the tokens left on the drafter's backend come here first (the
+    // backend's tree sampling returned the accepted ones with its results).
+    if (!run->backend_sample) resolve_device_tokens(&c.draft);
     const DraftTree& tree = c.draft;
     const int32_t t = tree.size();
     const size_t prompt_len = c.req().prompt.size();
@@ -761,8 +805,10 @@ void Engine::commit(StepRun* run) {
     c.result.acceptance.add(v);
     if (t > 1) stats_.acceptance.add(v);
     sched_.record_acceptance(it.id, v, t);
-    std::vector<int32_t> node_tokens;
-    for (int32_t node : v.accepted_nodes) node_tokens.push_back(tree.token[node]);
+    // The root, then the accepted tokens (those of a tree left on a device are only known from
+    // the results).
+    std::vector<int32_t> node_tokens = {tree.token[0]};
+    node_tokens.insert(node_tokens.end(), v.accepted_tokens.begin(), v.accepted_tokens.end());
     const int32_t start = sched_.computed(it.id);
     const CommitPlan compaction = sched_.commit_tree(it.id, v.accepted_nodes, node_tokens);
     if (!compaction.copies.empty())

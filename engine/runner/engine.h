@@ -91,6 +91,11 @@ struct EngineConfig {
   // candidates like any other. -1: when the model records step graphs (CUDA); 0: never; 1:
   // always (for such proposers).
   int32_t pad_trees = -1;
+  // Let the proposer leave its trees' tokens on its backend when the model's backend can read
+  // them there (Proposer::set_tree_reader; one rank only): the step's ids and the tree sampling
+  // take them on the device and the accepted ones come back with the verify step's results, so
+  // a drafting step waits for the device once. Off: tokens come to the host after drafting.
+  bool device_tree_tokens = true;
   void validate() const;
 };
 
@@ -103,6 +108,8 @@ struct EngineStats {
   // Steps whose drafter got the target's hidden states at the accepted paths only
   // (ForwardRequest::path_hidden), not every row's.
   int64_t path_feedback_steps = 0;
+  // Steps whose trees' tokens the step read on the drafter's backend (DraftTree::device).
+  int64_t device_token_steps = 0;
   int64_t preemptions = 0;
   double prefill_seconds = 0;   // wall time of steps that carried prefill only
   double decode_seconds = 0;    // wall time of steps that carried decode only
@@ -181,6 +188,8 @@ class Engine {
   void forward(StepRun* run);
   // Every decode item's VerifyResult.
   void verify(StepRun* run);
+  // Brings a tree's tokens left on the drafter's backend to the host (one wait).
+  void resolve_device_tokens(DraftTree* tree);
   // Prefill chunks commit (a last chunk samples the first token; n > 1 forks here), verified
   // paths commit and compact, tokens are emitted up to a stop.
   void commit(StepRun* run);

@@ -130,6 +130,25 @@ std::vector<DraftTree> MedusaProposer::propose_batch(
     hidden.insert(hidden.end(), h.begin(), h.end());
   }
   if (rows.empty()) return out;
+  if (tokens_on_device_) {
+    // Node i's token stays where the heads' top-k wrote it: rank[i] of head depth[i] - 1.
+    const MedusaHeadIds on = device_->top_k_ids(hidden, static_cast<int64_t>(rows.size()), k);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (row_of[i] == SIZE_MAX) continue;
+      const Pending& p = rows[row_of[i]];
+      const StaticTree& tree = *p.tree;
+      DraftTree& t = out[i];
+      t.parent = tree.parent;
+      t.token.assign(static_cast<size_t>(tree.size()), p.root);
+      t.device.owner = &device_->backend();
+      t.device.ids = on.ids;
+      t.device.index.assign(static_cast<size_t>(tree.size()), -1);
+      for (int32_t n = 1; n < tree.size(); ++n)
+        t.device.index[static_cast<size_t>(n)] = on.index(
+            static_cast<size_t>(tree.depth[n] - 1), static_cast<int64_t>(row_of[i]), tree.rank[n]);
+    }
+    return out;
+  }
   const std::vector<std::vector<int32_t>> ids =
       head_top_k(hidden, static_cast<int64_t>(rows.size()), k);
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -148,6 +167,11 @@ std::vector<DraftTree> MedusaProposer::propose_batch(
 
 DraftTree MedusaProposer::propose(RequestId request, const TreeBudget& budget) {
   return propose_batch({{request, budget}})[0];
+}
+
+void MedusaProposer::set_tree_reader(Backend* reader) {
+  tokens_on_device_ =
+      device_ != nullptr && reader != nullptr && reader->shares_memory_with(device_->backend());
 }
 
 void MedusaProposer::end(RequestId request) {

@@ -37,6 +37,9 @@ class MedusaProposer final : public Proposer {
       const std::vector<std::pair<RequestId, TreeBudget>>& requests) override;
   void end(RequestId request) override;
   bool fork(RequestId src, RequestId dst) override;
+  // With device heads on a backend `reader` shares memory with, proposals leave their tokens
+  // there (DraftTree::device): the heads' top-k ids are not waited for.
+  void set_tree_reader(Backend* reader) override;
 
   const MedusaHeads& heads() const { return heads_; }
   const StaticTree& tree() const { return tree_; }
@@ -58,6 +61,7 @@ class MedusaProposer final : public Proposer {
   MedusaHeads heads_;
   StaticTree tree_;
   std::unique_ptr<MedusaDeviceHeads> device_;  // null: heads on the host
+  bool tokens_on_device_ = false;              // set_tree_reader found a reader
   FeedbackTracker tracker_;
   std::unordered_map<RequestId, std::vector<float>> last_hidden_;  // [hidden] per request
   std::map<std::pair<int32_t, int32_t>, StaticTree> cut_trees_;    // (max_nodes, max_depth)

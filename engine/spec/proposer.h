@@ -75,6 +75,10 @@ class Proposer {
   // gets an empty-token observe carrying its own next_token. False when unsupported (the
   // runner then lets `dst` decode without speculation).
   virtual bool fork(RequestId /*src*/, RequestId /*dst*/) { return false; }
+  // The backend that reads the trees' tokens (the model's, one rank) or nullptr. A proposer
+  // whose draft runs on a backend that reader->shares_memory_with may then leave its trees'
+  // tokens there (DraftTree::device) instead of waiting for them. Default: ignored.
+  virtual void set_tree_reader(Backend* reader) { (void)reader; }
   // The draft model's step-graph counters (zero for proposers without a recorded draft).
   virtual StepGraphStats draft_graph_stats() const { return {}; }
   // The draft's backend traffic and host waits (Backend::transfer_stats; zero without one).

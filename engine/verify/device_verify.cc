@@ -104,6 +104,20 @@ int32_t TreeSampleBuilder::add(const DraftTree& tree, int32_t first_row,
     batch_.q_row.push_back(qr < 0 ? -1 : q_offset + qr);
   }
   batch_.q.insert(batch_.q.end(), tree.q.begin(), tree.q.end());
+  if (!tree.device.empty()) {
+    ARBOR_CHECK(tree.device.index.size() == static_cast<size_t>(t),
+                "device tokens: " + std::to_string(tree.device.index.size()) + " indices for " +
+                    std::to_string(t) + " nodes");
+    ARBOR_CHECK(
+        batch_.token_source.data == nullptr || batch_.token_source.data == tree.device.ids.data,
+        "trees of one batch with tokens in different device buffers");
+    batch_.token_source = tree.device.ids;
+    batch_.token_source_index.resize(static_cast<size_t>(batch_.num_nodes() - t), -1);
+    batch_.token_source_index.insert(batch_.token_source_index.end(), tree.device.index.begin(),
+                                     tree.device.index.end());
+  } else if (!batch_.token_source_index.empty()) {
+    batch_.token_source_index.resize(static_cast<size_t>(batch_.num_nodes()), -1);
+  }
   batch_.node_indptr.push_back(batch_.num_nodes());
   if (has_penalty(params)) {
     // Distinct ids < vocab of prompt ++ output, ascending, with their output counts.
@@ -139,7 +153,8 @@ int32_t TreeSampleBuilder::add(const DraftTree& tree, int32_t first_row,
     for (int32_t i = 0; i < t; ++i) batch_.uniforms.push_back(rng->uniform());
   }
   batch_.uniform_indptr.push_back(static_cast<int32_t>(batch_.uniforms.size()));
-  trees_.push_back(DraftTree{{}, tree.token, {}, {}});
+  trees_.push_back(DraftTree{});
+  trees_.back().token = tree.token;
   return batch_.num_items() - 1;
 }
 
@@ -152,11 +167,17 @@ VerifyResult TreeSampleBuilder::result(int32_t item, const TreeSampleResult& out
                 "finite value");
   VerifyResult r;
   const std::vector<int32_t>& tokens = trees_[i].token;
+  // The backend's path tokens (those left on a device are only known from there).
+  const bool path_tokens = out.path_tokens.size() == out.path_nodes.size();
+  ARBOR_CHECK(path_tokens || batch_.token_source_index.empty(),
+              "sample_trees returned no path tokens for device tokens");
   for (int32_t k = out.path_indptr[i]; k < out.path_indptr[i + 1]; ++k) {
     const int32_t node = out.path_nodes[static_cast<size_t>(k)];
     ARBOR_CHECK(node >= 0 && node < static_cast<int32_t>(tokens.size()));
     r.accepted_nodes.push_back(node);
-    if (k > out.path_indptr[i]) r.accepted_tokens.push_back(tokens[static_cast<size_t>(node)]);
+    if (k > out.path_indptr[i])
+      r.accepted_tokens.push_back(path_tokens ? out.path_tokens[static_cast<size_t>(k)]
+                                              : tokens[static_cast<size_t>(node)]);
     r.children_tried.push_back(out.children_tried[static_cast<size_t>(k)]);
   }
   ARBOR_CHECK(!r.accepted_nodes.empty() && r.accepted_nodes[0] == 0);
@@ -173,6 +194,8 @@ void sample_trees_on_host(std::span<const float> logits, int64_t vocab,
                           const TreeSampleBatch& batch, TreeSampleResult* out) {
   const int64_t rows = static_cast<int64_t>(logits.size()) / vocab;
   validate_tree_sample_batch(batch, vocab, rows);
+  ARBOR_CHECK(batch.token_source_index.empty(),
+              "sample_trees_on_host: tokens left on a backend (resolve them first)");
   const int32_t items = batch.num_items();
   *out = TreeSampleResult{};
   out->path_indptr = {0};
@@ -243,6 +266,7 @@ void sample_trees_on_host(std::span<const float> logits, int64_t vocab,
     }
     out->path_indptr.push_back(static_cast<int32_t>(out->path_nodes.size()));
   }
+  fill_path_tokens(batch, batch.token, out);
 }
 
 }  // namespace arbor

@@ -7,7 +7,22 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/backend/tensor.h"
+
 namespace arbor {
+
+class Backend;
+
+// Tree tokens a drafter left in its backend's memory (no wait for the device): node i's token is
+// ids[index[i]] where index[i] >= 0; token[i] then holds a placeholder inside the vocabulary
+// (the root's id). The reader calls wait_for(*owner) before its ops read ids; ids stay valid
+// until the drafter's next proposal. Empty index: every token is on the host.
+struct DeviceTokens {
+  Backend* owner = nullptr;
+  Tensor ids;                  // int32, owner's memory
+  std::vector<int64_t> index;  // [T] or empty
+  bool empty() const { return index.empty(); }
+};
 
 struct DraftTree {
   std::vector<int32_t> parent;  // [T] parent[0] = -1, parent[i] < i
@@ -20,9 +35,15 @@ struct DraftTree {
   // relies on it (engine/spec/README.md).
   std::vector<int32_t> q_row;  // [T] or empty
   std::vector<float> q;        // [num_q_rows, vocab]
+  DeviceTokens device{};       // tokens not yet on the host (see DeviceTokens)
 
   int32_t size() const { return static_cast<int32_t>(token.size()); }
-  static DraftTree root_only(int32_t root_token) { return DraftTree{{-1}, {root_token}, {}, {}}; }
+  static DraftTree root_only(int32_t root_token) {
+    DraftTree t;
+    t.parent = {-1};
+    t.token = {root_token};
+    return t;
+  }
 };
 
 }  // namespace arbor

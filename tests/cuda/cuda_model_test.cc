@@ -328,7 +328,15 @@ TEST_P(CudaModel, OneHostSyncPerStep) {
     sc.method = parse_spec_method(method);
     sc.head_path = testing::test_data_dir() + "/heads/smollm2/" + method;
     auto proposer = make_proposer(sc, w, make_cuda_backend());
-    report(std::string(method) + " greedy", probe(proposer.get(), reqs));
+    for (const auto* rs : {&reqs, &sampled}) {
+      const Probe pr = probe(proposer.get(), *rs);
+      report(std::string(method) + (rs == &reqs ? " greedy" : " sampled"), pr);
+      // Medusa's tree tokens stay on the device (DraftTree::device): one wait per step, but
+      // for the prefill step's features (every row of the prompts comes back).
+      if (std::string(method) == "medusa") {
+        EXPECT_LE(pr.x.syncs, pr.steps + 2) << method;
+      }
+    }
   }
 }
 
@@ -401,19 +409,29 @@ TEST_P(CudaModelInvariance, BatchInvariantSpeculationAndBatching) {
     methods.push_back({"eagle", spec_dir + "eagle_" + GetParam()});
   if (GetParam() == "SmolLM2")  // the trained EAGLE head (docs/heads.md)
     methods.push_back({"eagle", testing::test_data_dir() + "/heads/smollm2/eagle"});
+  if (GetParam() == "SmolLM2")  // the trained Medusa heads
+    methods.push_back({"medusa", testing::test_data_dir() + "/heads/smollm2/medusa"});
   for (const auto& [method, heads] : methods) {
     SpecConfig sc;
     sc.method = parse_spec_method(method);
     sc.head_path = heads;
-    if (method == "medusa") sc.tree = "product-4-3-2";
-    auto proposer = make_proposer(sc, w);
-    auto spec_backend = make_cuda_backend();
-    LlamaModel spec_model(*spec_backend, w);
-    Generator spec(spec_model, gc, proposer.get());
-    count_equal(spec.run(reqs), expect, method + " speculation (batch) == plain");
-    if (method == "ngram")
-      count_equal(run_alone(spec_model, proposer.get()), expect,
-                  "ngram speculation alone == plain batch");
+    if (method == "medusa" && heads.find("/spec/random/") != std::string::npos)
+      sc.tree = "product-4-3-2";
+    // Medusa's heads also on a GPU backend of their own: the trees' tokens stay on the device
+    // (DraftTree::device), read there by the verify step and its tree sampling.
+    for (bool draft_on_gpu :
+         method == "medusa" ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+      auto proposer = make_proposer(sc, w, draft_on_gpu ? make_cuda_backend() : nullptr);
+      auto spec_backend = make_cuda_backend();
+      LlamaModel spec_model(*spec_backend, w);
+      Generator spec(spec_model, gc, proposer.get());
+      count_equal(
+          spec.run(reqs), expect,
+          method + (draft_on_gpu ? " (heads on the GPU)" : "") + " speculation (batch) == plain");
+      if (method == "ngram")
+        count_equal(run_alone(spec_model, proposer.get()), expect,
+                    "ngram speculation alone == plain batch");
+    }
   }
 }
 

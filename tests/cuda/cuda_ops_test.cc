@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <numeric>
@@ -124,6 +125,19 @@ void expect_close(const std::pair<std::vector<float>, std::vector<float>>& cg, d
   std::printf("  %-40s max rel err %.3g (tol %.1g)\n", what.c_str(), err, tol);
 }
 
+// Runs `fn`, expects an arbor::Error with `code` whose message holds every needle.
+void expect_error(const std::function<void()>& fn, ErrorCode code,
+                  const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected arbor::Error, nothing thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << n << ": " << e.what();
+  }
+}
+
 TEST(CudaOps, UploadDownloadRoundTrip) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(1);
@@ -157,6 +171,61 @@ TEST(CudaOps, Embedding) {
     b.gpu().embedding(w.g, out.g);
     expect_close(b.get(out), 0, "embedding n=" + std::to_string(n));
   }
+}
+
+// A drafter's token ids left on the GPU: top_k_ids writes top_k_log_softmax's ids into a
+// persistent int32 tensor of one backend (no wait), another backend on the same device reads
+// them after wait_for: download_ids, and set_step's token_source, whose embedding equals the
+// one of the same ids given on the host (the CPU backend's).
+TEST(CudaOps, TokenIdsLeftOnTheDeviceReachAnotherBackendsStep) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  const int32_t rows = 6, vocab = 301, k = 5, hidden = 40;
+  CudaBackend draft({});
+  CpuGpu b(small_kv());
+  EXPECT_TRUE(b.gpu().shares_memory_with(draft));
+  EXPECT_FALSE(b.gpu().shares_memory_with(b.cpu()));
+  EXPECT_TRUE(b.cpu().shares_memory_with(b.cpu()));
+  const auto x = random_vector(rng, static_cast<size_t>(rows * vocab));
+  Tensor logits = draft.scratch(rows, vocab);
+  draft.upload(x.data(), logits);
+  std::vector<int32_t> want;
+  std::vector<float> values;
+  b.cpu().top_k_log_softmax(Tensor{const_cast<float*>(x.data()), DType::kF32, rows, vocab}, k,
+                            &want, &values);
+  Tensor ids = draft.persistent(rows, k);
+  ids.dtype = DType::kI32;
+  const TransferStats before = draft.transfer_stats();
+  draft.top_k_ids(logits, k, ids);
+  EXPECT_EQ(draft.transfer_stats().syncs, before.syncs);  // nothing waited for
+  b.gpu().wait_for(draft);
+  std::vector<int64_t> all(static_cast<size_t>(rows * k));
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<int32_t> got;
+  b.gpu().download_ids(ids, all, &got);
+  EXPECT_EQ(got, want);
+  expect_error([&] { b.gpu().download_ids(ids, std::vector<int64_t>{rows * k}, &got); },
+               ErrorCode::kInvalidArgument, {"download_ids", "index"});
+  // A step whose rows 1 and 3 take ids from the tensor (its host ids are placeholders).
+  HostTensor table({vocab, hidden});
+  table.data = random_vector(rng, table.data.size());
+  Both w = b.weight(table);
+  StepInputs s = flat_step(rng, 5, vocab, 64);
+  StepInputs on_device = s;
+  on_device.token_source = ids;
+  on_device.token_source_index = {-1, 7, -1, 0, -1};
+  s.token_ids[1] = want[7];
+  s.token_ids[3] = want[0];
+  on_device.token_ids[1] = on_device.token_ids[3] = 0;
+  b.cpu().set_step(s);
+  b.gpu().set_step(on_device);
+  Both out = b.output(5, hidden);
+  b.cpu().embedding(w.c, out.c);
+  b.gpu().embedding(w.g, out.g);
+  expect_close(b.get(out), 0, "embedding of ids read on the device");
+  on_device.token_source_index[2] = rows * k;  // outside the tensor
+  expect_error([&] { b.gpu().set_step(on_device); }, ErrorCode::kInvalidArgument,
+               {"token_source_index[2]"});
 }
 
 TEST(CudaOps, EmbeddingRejectsOutOfVocabularyIds) {

@@ -28,6 +28,9 @@ struct SpecCase {
   std::string tree = "mc_sim_7b_63";
   int32_t total_tokens = 60, depth = 5, top_k = 10;
   int32_t pad_trees = -1;  // EngineConfig::pad_trees (-1: only with step graphs, so not here)
+  // Medusa's heads on a CPU backend of their own: the trees' tokens stay in its memory, which
+  // the model's backend reads (DraftTree::device), not on the host.
+  bool draft_backend = false;
 };
 
 std::string model_path(const std::string& name) {
@@ -112,7 +115,7 @@ TEST_P(SpecLossless, GreedyEqualsPlainGreedy) {
   sc.total_tokens = c.total_tokens;
   sc.depth = c.depth;
   sc.top_k = c.top_k;
-  auto proposer = make_proposer(sc, w);
+  auto proposer = make_proposer(sc, w, c.draft_backend ? make_cpu_backend(1) : nullptr);
   ASSERT_NE(proposer, nullptr);
 
   const auto reqs = mixed_requests(w.config.vocab_size);
@@ -263,7 +266,55 @@ std::vector<SpecCase> cases() {
   v.push_back({"stories260K_trained_medusa", "stories260K", "medusa", "heads/stories260K/medusa",
                "mc_sim_7b_63"});
   v.push_back({"stories260K_trained_eagle", "stories260K", "eagle", "heads/stories260K/eagle"});
+  // Medusa's tokens left on its heads' backend, read there by the step.
+  v.push_back({"llama_gqa_medusa_tree_tokens_on_draft_backend", "llama_gqa", "medusa",
+               "spec/random/medusa_llama_gqa", "mc_sim_7b_63", 60, 5, 10, -1, true});
+  v.push_back({"stories260K_trained_medusa_tokens_on_draft_backend", "stories260K", "medusa",
+               "heads/stories260K/medusa", "mc_sim_7b_63", 60, 5, 10, -1, true});
   return v;
+}
+
+// Tree tokens left on the drafter's backend (EngineConfig::device_tree_tokens, Medusa's heads on
+// a CPU backend the model's CPU backend reads) give exactly the run with them brought to the host
+// after drafting: the same tokens for greedy and seeded sampled requests (the same uniforms
+// consumed; a request with logprobs beside them), the same tree tokens and acceptance.
+TEST(SpecDeviceTokens, TokensLeftOnTheDraftBackendGiveTheSameRun) {
+  const ModelWeights& w = weights_of("stories260K");
+  SpecConfig sc;
+  sc.method = SpecMethod::kMedusa;
+  sc.head_path = std::string(ARBOR_TEST_DATA_DIR) + "/heads/stories260K/medusa";
+  sc.tree = "mc_sim_7b_63";
+  std::vector<GenerationRequest> reqs = mixed_requests(w.config.vocab_size);
+  for (uint64_t seed : {11u, 12u}) {
+    GenerationRequest r = reqs[1];
+    r.sampling.temperature = 0.7f;
+    r.sampling.seed = seed;
+    reqs.push_back(r);
+  }
+  reqs[3].logprobs = 2;
+  std::vector<std::vector<GenerationResult>> runs;
+  std::vector<EngineStats> stats;
+  for (bool on_device : {true, false}) {
+    auto proposer = make_proposer(sc, w, make_cpu_backend(1));
+    GeneratorConfig gc;
+    gc.num_blocks = 256;
+    gc.block_size = 16;
+    gc.max_step_tokens = 96;
+    gc.device_tree_tokens = on_device;
+    auto backend = make_cpu_backend(1);
+    LlamaModel model(*backend, w);
+    Generator gen(model, gc, proposer.get());
+    runs.push_back(gen.run(reqs));
+    stats.push_back(gen.stats());
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(runs[0][i].tokens, runs[1][i].tokens) << "request " << i;
+    EXPECT_EQ(runs[0][i].acceptance.emitted, runs[1][i].acceptance.emitted) << "request " << i;
+  }
+  EXPECT_EQ(stats[0].tree_tokens, stats[1].tree_tokens);
+  EXPECT_GT(stats[0].device_token_steps, stats[0].steps / 2);  // the tokens stayed there
+  EXPECT_EQ(stats[1].device_token_steps, 0);
+  EXPECT_GT(stats[0].acceptance.mean_emitted_per_step(), 1.5);  // trained heads: real drafts
 }
 
 INSTANTIATE_TEST_SUITE_P(Proposers, SpecLossless, ::testing::ValuesIn(cases()),

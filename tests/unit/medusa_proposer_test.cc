@@ -117,6 +117,33 @@ TEST_P(MedusaReference, HeadsOnABackendGiveTheSameTrees) {
                         t["name"].get<std::string>() + " batch item " + std::to_string(i));
     }
     EXPECT_EQ(trees[1].size(), 1);  // a 1-node budget: the root alone
+    // With a reader that shares the heads' memory the tokens stay there (DraftTree::device):
+    // read there, they are the same trees, and no tree has its tokens on the host.
+    MedusaProposer left(load_medusa_heads(f.dir, f.target->output_weight()), tree_of(t),
+                        std::make_unique<CpuBackend>(1));
+    CpuBackend reader(1);
+    left.set_tree_reader(&reader);
+    for (RequestId r : {3, 4, 5}) observe_prompt(left, f, r);
+    const std::vector<DraftTree> on = left.propose_batch(batch);
+    ASSERT_EQ(on.size(), batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      DraftTree resolved = on[i];
+      if (on[i].size() > 1) {
+        ASSERT_EQ(on[i].device.index.size(), static_cast<size_t>(on[i].size()));
+        EXPECT_EQ(on[i].device.index[0], -1);
+        std::vector<int64_t> index(on[i].device.index.begin() + 1, on[i].device.index.end());
+        std::vector<int32_t> ids;
+        reader.download_ids(on[i].device.ids, index, &ids);
+        std::copy(ids.begin(), ids.end(), resolved.token.begin() + 1);
+        for (size_t n = 1; n < on[i].token.size(); ++n)
+          EXPECT_EQ(on[i].token[n], on[i].token[0]) << "placeholder";
+      } else {
+        EXPECT_TRUE(on[i].device.empty());
+      }
+      test::expect_tree(
+          resolved, trees[i].token, trees[i].parent,
+          t["name"].get<std::string>() + " left on the device, item " + std::to_string(i));
+    }
     // A request without a hidden state yet is rejected by name, as on the host.
     dev.begin(9, std::vector<int32_t>{1, 2});
     expect_error(

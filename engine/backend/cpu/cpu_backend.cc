@@ -239,6 +239,9 @@ void CpuBackend::allocate_kv(const KvCacheShape& shape) {
 void CpuBackend::set_step(const StepInputs& step) {
   step.validate(kv_shape_);
   step_ = step;
+  const auto* source = static_cast<const int32_t*>(step.token_source.data);
+  for (size_t n = 0; n < step.token_source_index.size(); ++n)
+    if (step.token_source_index[n] >= 0) step_.token_ids[n] = source[step.token_source_index[n]];
 }
 
 void CpuBackend::embedding(const Tensor& table, const Tensor& out) {
@@ -499,6 +502,33 @@ void CpuBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<
       ids->push_back(id);
       values->push_back(row[static_cast<size_t>(id)]);
     }
+  }
+}
+
+void CpuBackend::top_k_ids(const Tensor& logits, int32_t k, const Tensor& ids) {
+  if (ids.dtype != DType::kI32 || ids.rows != logits.rows || ids.cols != k)
+    throw_error(ErrorCode::kInvalidArgument,
+                "top_k_ids: ids [" + std::to_string(ids.rows) + ", " + std::to_string(ids.cols) +
+                    "] " + dtype_name(ids.dtype) + " for " + std::to_string(logits.rows) +
+                    " rows of k " + std::to_string(k) + " (int32 expected)");
+  std::vector<int32_t> top;
+  std::vector<float> values;
+  top_k_log_softmax(logits, k, &top, &values);
+  std::copy(top.begin(), top.end(), static_cast<int32_t*>(ids.data));
+}
+
+void CpuBackend::download_ids(const Tensor& ids, std::span<const int64_t> index,
+                              std::vector<int32_t>* out) {
+  if (ids.dtype != DType::kI32)
+    throw_error(ErrorCode::kInvalidArgument,
+                std::string("download_ids: ") + dtype_name(ids.dtype) + " ids, int32 expected");
+  out->clear();
+  for (int64_t i : index) {
+    if (i < 0 || i >= ids.numel())
+      throw_error(ErrorCode::kInvalidArgument, "download_ids: index " + std::to_string(i) +
+                                                   " outside [0, " + std::to_string(ids.numel()) +
+                                                   ")");
+    out->push_back(static_cast<const int32_t*>(ids.data)[i]);
   }
 }
 

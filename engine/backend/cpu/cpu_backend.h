@@ -82,6 +82,11 @@ class CpuBackend final : public Backend {
                      std::vector<float>* out) override;
   void top_k_log_softmax(const Tensor& logits, int32_t k, std::vector<int32_t>* ids,
                          std::vector<float>* values) override;
+  void top_k_ids(const Tensor& logits, int32_t k, const Tensor& ids) override;
+  void download_ids(const Tensor& ids, std::span<const int64_t> index,
+                    std::vector<int32_t>* out) override;
+  // Host memory: any other CPU backend's (tensor-parallel ranks included).
+  bool shares_memory_with(const Backend& other) const override { return other.name() == "cpu"; }
   void copy_kv(const std::vector<int64_t>& src_slots,
                const std::vector<int64_t>& dst_slots) override;
   bool has_draft_frontier() const override { return true; }

@@ -227,6 +227,14 @@ struct CudaBackend::State {
   void* nccl_comm = nullptr;
   int tp_rank = 0, tp_size = 1;
   DeviceBuffer row_index;  // gather_rows' indices (not recorded: no epoch)
+  // wait_for's marker on another backend's stream (made at first use, destroyed with the State).
+  struct Event {
+    cudaEvent_t e = nullptr;
+    ~Event() {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  } order_event;
+  StagedUpload token_index;  // set_step's token_source_index
 
   std::vector<void*> weights;  // owned weight allocations
   uint64_t random_weight_seed = 1;
@@ -1453,6 +1461,20 @@ void CudaBackend::set_step(const StepInputs& step) {
   s.d_key_path_indptr = paths ? s.meta_ptr<int32_t>(o_kp_indptr) : nullptr;
   s.d_key_path = paths ? const_cast<int32_t*>(s.meta_ptr<int32_t>(o_kp)) : nullptr;
   s.plan_valid = false;
+  if (!step.token_source_index.empty()) {
+    // The drafter's ids into the uploaded token ids, on the device (outside any recording: a
+    // step graph reads them from the same address).
+    const size_t bytes = step.token_source_index.size() * 8;
+    std::memcpy(s.token_index.begin(bytes, "set_step token ids"), step.token_source_index.data(),
+                bytes);
+    s.token_index.commit(bytes, s.stream, "set_step token ids");
+    s.transfers.h2d_bytes += static_cast<int64_t>(bytes);
+    cuda_check(kernels::launch_gather_ids(static_cast<const int32_t*>(step.token_source.data),
+                                          static_cast<const int64_t*>(s.token_index.device.ptr),
+                                          const_cast<int32_t*>(s.d_token_ids),
+                                          static_cast<int64_t>(bytes / 8), s.stream),
+               "set_step token ids");
+  }
 }
 
 // --- ops ----------------------------------------------------------------------------------
@@ -2162,6 +2184,71 @@ void CudaBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector
   s.wait("top_k_log_softmax");
 }
 
+void CudaBackend::top_k_ids(const Tensor& logits, int32_t k, const Tensor& ids) {
+  s_->flush();
+  State& s = *s_;
+  if (logits.dtype != DType::kF32 || logits.cols <= 0 || logits.cols >= (int64_t{1} << 31) - 1)
+    throw_error(ErrorCode::kInvalidArgument, "top_k_ids: logits " + shape(logits) + " " +
+                                                 dtype_name(logits.dtype) + ", need fp32");
+  if (k < 1 || k > 1024 || k > logits.cols)
+    throw_error(ErrorCode::kInvalidArgument, "top_k_ids: k " + std::to_string(k) +
+                                                 " outside [1, min(" + std::to_string(logits.cols) +
+                                                 ", 1024)]");
+  if (ids.dtype != DType::kI32 || ids.rows != logits.rows || ids.cols != k)
+    throw_error(ErrorCode::kInvalidArgument, "top_k_ids: ids " + shape(ids) + " " +
+                                                 dtype_name(ids.dtype) + " for " +
+                                                 std::to_string(logits.rows) + " rows of k " +
+                                                 std::to_string(k) + " (int32 expected)");
+  const size_t n = static_cast<size_t>(logits.rows) * static_cast<size_t>(k);
+  if (n == 0) return;
+  s.top_k_out.ensure(n * 8, "top_k_ids");
+  auto* d_values = reinterpret_cast<float*>(static_cast<int32_t*>(s.top_k_out.ptr) + n);
+  s.launch_top_k(logits, k, static_cast<int32_t*>(ids.data), d_values, "top_k_ids");
+}
+
+void CudaBackend::download_ids(const Tensor& ids, std::span<const int64_t> index,
+                               std::vector<int32_t>* out) {
+  State& s = *s_;
+  s.flush();
+  if (ids.dtype != DType::kI32)
+    throw_error(ErrorCode::kInvalidArgument, "download_ids: ids " + shape(ids) + " " +
+                                                 dtype_name(ids.dtype) + ", int32 expected");
+  for (int64_t i : index)
+    if (i < 0 || i >= ids.numel())
+      throw_error(ErrorCode::kInvalidArgument,
+                  "download_ids: index " + std::to_string(i) + " outside " + shape(ids));
+  out->assign(index.size(), -1);
+  if (index.empty()) return;
+  const size_t n = index.size();
+  s.gather_buf.ensure(n * 12, "download_ids");
+  auto* d_index = static_cast<int64_t*>(s.gather_buf.ptr);
+  auto* d_out = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(s.gather_buf.ptr) + n * 8);
+  cuda_check(cudaMemcpyAsync(d_index, index.data(), n * 8, cudaMemcpyHostToDevice, s.stream),
+             "download_ids upload");
+  cuda_check(kernels::launch_gather_ids(static_cast<const int32_t*>(ids.data), d_index, d_out,
+                                        static_cast<int64_t>(n), s.stream),
+             "download_ids");
+  s.d2h(out->data(), d_out, n * 4, "download_ids download");
+  s.wait("download_ids");
+}
+
+bool CudaBackend::shares_memory_with(const Backend& other) const {
+  const auto* o = dynamic_cast<const CudaBackend*>(&other);
+  return o != nullptr && o->s_->options.device == s_->options.device;
+}
+
+void CudaBackend::wait_for(Backend& other) {
+  auto* o = dynamic_cast<CudaBackend*>(&other);
+  if (o == nullptr || o == this) return;
+  o->s_->flush();
+  s_->flush();
+  State& s = *s_;
+  if (s.order_event.e == nullptr)
+    cuda_check(cudaEventCreateWithFlags(&s.order_event.e, cudaEventDisableTiming), "wait_for");
+  cuda_check(cudaEventRecord(s.order_event.e, o->s_->stream), "wait_for");
+  cuda_check(cudaStreamWaitEvent(s.stream, s.order_event.e, 0), "wait_for");
+}
+
 void CudaBackend::set_draft_vocab_map(std::span<const int64_t> offsets) {
   s_->flush();
   State& s = *s_;
@@ -2418,6 +2505,8 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
                o_bias_tok = pk.add(batch.bias_token), o_bias_val = pk.add(batch.bias_value),
                o_uptr = pk.add(batch.uniform_indptr), o_u = pk.add(batch.uniforms),
                o_tnode = pk.add(task_node), o_titem = pk.add(task_item);
+  const bool device_tokens = !batch.token_source_index.empty();
+  const size_t o_tindex = device_tokens ? pk.add(batch.token_source_index) : 0;
   // Path rows: item i's at most (its tree's depth + 1) rows from out_offset[i] on.
   std::vector<int32_t> out_offset;
   int32_t max_rows = 0;
@@ -2486,6 +2575,12 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
   p.row_argmax = reinterpret_cast<int32_t*>(scratch + o_rowint);
   p.row_status = p.row_argmax + logits.rows;
   p.work = reinterpret_cast<float*>(scratch + o_work);
+  if (device_tokens)  // the drafter's ids into the uploaded tokens (comes back with the path)
+    cuda_check(
+        kernels::launch_gather_ids(static_cast<const int32_t*>(batch.token_source.data),
+                                   reinterpret_cast<const int64_t*>(meta + o_tindex),
+                                   reinterpret_cast<int32_t*>(meta + o_token), nodes, s.stream),
+        "sample_trees tokens");
   cuda_check(kernels::launch_tree_sample(p, s.stream), "sample_trees");
   std::vector<float> padded_rows;
   if (rows != nullptr) {
@@ -2507,8 +2602,12 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
     padded_rows.resize(static_cast<size_t>(out_offset.back()) * static_cast<size_t>(cols));
     s.d2h(padded_rows.data(), s.path_rows.ptr, bytes, "sample_trees path rows download");
   }
-  std::vector<int32_t> h(out_ints);
+  std::vector<int32_t> h(out_ints), tokens;
   s.d2h(h.data(), outs, out_ints * 4, "sample_trees download");
+  if (device_tokens) {
+    tokens.resize(static_cast<size_t>(nodes));
+    s.d2h(tokens.data(), meta + o_token, tokens.size() * 4, "sample_trees tokens download");
+  }
   s.wait("sample_trees");
   const int32_t* len = h.data() + 2 * nodes;
   for (int32_t i = 0; i < items; ++i) {
@@ -2523,6 +2622,7 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
   out->bonus.assign(len + items, len + 2 * items);
   out->uniforms_used.assign(len + 2 * items, len + 3 * items);
   out->status.assign(len + 3 * items, len + 4 * items);
+  fill_path_tokens(batch, device_tokens ? tokens : batch.token, out);
   if (rows != nullptr) {  // item i's len[i] <= depth + 1 rows, compacted into path order
     const int64_t cols = rows->source.cols;
     out->path_rows.resize(out->path_nodes.size() * static_cast<size_t>(cols));

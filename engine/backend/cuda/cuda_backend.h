@@ -135,6 +135,13 @@ class CudaBackend final : public Backend {
   // after a step the free memory already holds them back.
   MemoryInfo memory_info() const override;
   void set_step(const StepInputs& step) override;
+  void top_k_ids(const Tensor& logits, int32_t k, const Tensor& ids) override;
+  void download_ids(const Tensor& ids, std::span<const int64_t> index,
+                    std::vector<int32_t>* out) override;
+  // Another CUDA backend on the same device (one process: unified addressing).
+  bool shares_memory_with(const Backend& other) const override;
+  // An event recorded on other's stream, waited for on this one.
+  void wait_for(Backend& other) override;
 
   void embedding(const Tensor& table, const Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& out) override;
