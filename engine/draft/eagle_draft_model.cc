@@ -322,22 +322,58 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   StepInputs step;
   step.qo_indptr.push_back(0);
   step.mask_indptr.push_back(0);
+  int64_t real_rows = 0;
+  for (const Row& r : rows) real_rows += static_cast<int64_t>(r.tokens.size());
+  // Committed rows (features in) run as one-token requests, each over its sequence's earlier
+  // rows (written by the same step's write_kv before the attention reads them): the same keys
+  // as a causal chunk, and in batch-invariant attention the same bits, but a step a graph can
+  // record. Up to kMaxGraphFeatureRows rows, padded to a power of two with rows on a slot of
+  // their own whose outputs nothing reads, and the head's rows (the requests' last rows) padded
+  // the same way with copies of the last one: a batch's row and request counts change from step
+  // to step, and every pair would be a recording of its own.
+  constexpr int64_t kMaxGraphFeatureRows = 64;
+  const bool pad = input_is_feature && graphs_ != nullptr && real_rows <= kMaxGraphFeatureRows;
+  const int64_t padded_rows = pad ? graph_bucket(real_rows, 1) : real_rows;
+  if (pad && padded_rows > real_rows && pad_seq_ < 0) {
+    SlotCopies none;
+    const SeqId seq = kv_.create_sequence().seq;
+    pad_slot_ = reserve(seq, 1, &none).at(0);
+    pad_seq_ = seq;
+  }
   int32_t max_blocks = 0;
   for (const Row& r : rows)
     max_blocks = std::max<int32_t>(max_blocks, static_cast<int32_t>(kv_.block_table(r.seq).size()));
+  if (padded_rows > real_rows)
+    max_blocks =
+        std::max<int32_t>(max_blocks, static_cast<int32_t>(kv_.block_table(pad_seq_).size()));
   step.max_blocks_per_request = max_blocks;
+  const auto end_request = [&](SeqId seq, int32_t committed) {
+    step.qo_indptr.push_back(step.num_tokens());
+    step.mask_indptr.push_back(0);
+    step.committed_len.push_back(committed);
+    kv_.append_block_table(seq, max_blocks, &step.block_tables);
+  };
   for (const Row& r : rows) {
+    const int32_t committed = kv_.committed_len(r.seq);
     for (size_t t = 0; t < r.tokens.size(); ++t) {
       step.token_ids.push_back(r.tokens[t]);
       step.positions.push_back(r.position0 + static_cast<int32_t>(t));
       step.slot_mapping.push_back(r.slots[t]);
+      if (input_is_feature) end_request(r.seq, committed + static_cast<int32_t>(t));
     }
-    step.qo_indptr.push_back(step.num_tokens());
-    step.mask_indptr.push_back(0);
-    step.committed_len.push_back(kv_.committed_len(r.seq));
-    kv_.append_block_table(r.seq, max_blocks, &step.block_tables);
+    if (!input_is_feature) end_request(r.seq, committed);
     if (head_rows_of == Head::kLast) step.logits_rows.push_back(step.num_tokens() - 1);
   }
+  for (int64_t i = real_rows; i < padded_rows; ++i) {
+    step.token_ids.push_back(0);
+    step.positions.push_back(0);
+    step.slot_mapping.push_back(pad_slot_);
+    end_request(pad_seq_, 0);
+  }
+  if (pad && head_rows_of == Head::kLast)
+    step.logits_rows.resize(
+        static_cast<size_t>(graph_bucket(static_cast<int64_t>(step.logits_rows.size()), 1)),
+        step.logits_rows.back());
 
   Backend& b = *backend_;
   const EagleDraftConfig& c = config_;
@@ -345,9 +381,17 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   const bool from_last = !input_rows.empty();
   ARBOR_CHECK(!from_last || (static_cast<int64_t>(input_rows.size()) == n && !input_is_feature));
   const int64_t in_width =
-      from_last ? c.hidden_size : static_cast<int64_t>(input.size()) / std::max<int64_t>(n, 1);
-  ARBOR_CHECK(from_last || in_width * n == static_cast<int64_t>(input.size()));
-  // The input: uploaded, or gathered from the previous forward's outputs on the device.
+      from_last ? c.hidden_size
+                : static_cast<int64_t>(input.size()) / std::max<int64_t>(real_rows, 1);
+  ARBOR_CHECK(from_last || in_width * real_rows == static_cast<int64_t>(input.size()));
+  // The input: uploaded (zeros for the padding rows), or gathered from the previous forward's
+  // outputs on the device.
+  std::vector<float> padded_input;
+  if (!from_last && n > real_rows) {
+    padded_input.assign(static_cast<size_t>(n * in_width), 0.0f);
+    std::copy(input.begin(), input.end(), padded_input.begin());
+    input = padded_input;
+  }
   const auto fill_input = [&](const Tensor& in) {
     if (from_last)
       b.gather_rows(Tensor{last_out_.data, DType::kF32, last_rows_, c.hidden_size}, input_rows, in);
@@ -358,7 +402,7 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   // layer once their shape is steady, as the target's steps do (LlamaModel::forward): the key
   // holds the row count and the block-table width (rounded up to a power of two); the ids,
   // positions, slots and context lengths are read from device memory.
-  const bool graph_ok = graphs_ != nullptr && !input_is_feature;
+  const bool graph_ok = graphs_ != nullptr && (!input_is_feature || pad);
   StepInputs padded;
   const StepInputs& chosen = graph_ok ? with_graph_table_width(step, &padded) : step;
   timer.next(kSetStep);
@@ -373,9 +417,10 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   // step (recorded with the layer).
   // A head without `top` keeps its top-k on the backend (Backend::draft_frontier_roots).
   ARBOR_CHECK(head_rows_of == Head::kNone || top_k > 0);
-  const int64_t head_rows = head_rows_of == Head::kAll    ? n
-                            : head_rows_of == Head::kLast ? static_cast<int64_t>(rows.size())
-                                                          : 0;
+  const int64_t head_rows = head_rows_of == Head::kAll ? n
+                            : head_rows_of == Head::kLast
+                                ? static_cast<int64_t>(step.logits_rows.size())
+                                : 0;
   const auto ops = [&] {
     std::vector<Tensor> outs = {layer(in, n, input_is_feature)};
     if (head_rows_of == Head::kAll) {
@@ -390,7 +435,15 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   std::vector<Tensor> outs;
   bool done = false;
   if (graph_ok) {
-    StepGraphKey key = {2, n, in_width, chosen.max_blocks_per_request, head_rows};
+    // The head's kind and the input's kind too: a feedback forward and an expansion of the
+    // same row and head counts record different ops.
+    StepGraphKey key = {2,
+                        n,
+                        in_width,
+                        chosen.max_blocks_per_request,
+                        head_rows,
+                        static_cast<int64_t>(head_rows_of),
+                        input_is_feature ? 1 : 0};
     const bool prepared = b.prepare_step_graph(c.num_heads, &key);
     timer.next(kRun);
     if (prepared) {
@@ -432,6 +485,7 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   if (!download) return out;
   out.resize(static_cast<size_t>(n * c.hidden_size));
   b.download(x, out.data());
+  out.resize(static_cast<size_t>(real_rows * c.hidden_size));  // the padding rows' go
   return out;
 }
 

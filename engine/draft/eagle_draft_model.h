@@ -165,6 +165,10 @@ class EagleDraftModel {
   // (grown by doubling; a backend's persistent buffers live as long as it does).
   Tensor last_out_;
   int64_t last_rows_ = 0;
+  // Committed-row forwards recorded as step graphs pad their rows to a few counts with rows
+  // that write this sequence's one reserved slot and are never read (made at first use).
+  SeqId pad_seq_ = -1;
+  int64_t pad_slot_ = -1;
   Tensor root_out_;             // grow_trees: the roots' outputs (grown by doubling)
   bool vocab_map_set_ = false;  // d2t_ handed to the backend (set_draft_vocab_map)
   std::unique_ptr<Backend> backend_;

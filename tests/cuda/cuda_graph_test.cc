@@ -321,13 +321,13 @@ TEST_P(CudaDraftGraphs, EagleDraftReplaysEqualEagerSteps) {
   }
   const StepGraphStats st = on->step_graph_stats();
   EXPECT_EQ(off->step_graph_stats().captures + off->step_graph_stats().replays, 0);
-  // The expansion, seen four times: run eagerly at its first sighting, recorded at the second,
-  // replayed at the third and fourth (the block-table width is the same bucket throughout).
-  // Feedback forwards are not recorded (docs/kernel_notes.md, section
-  // "CUDA graphs for steady-state decode / verify steps").
-  EXPECT_EQ(st.eager, 1) << GetParam();
-  EXPECT_EQ(st.captures, 1) << GetParam();
-  EXPECT_EQ(st.replays, 2) << GetParam();
+  // Three shapes, each seen four times: run eagerly at its first sighting, recorded at the
+  // second, replayed at the third and fourth (the block-table width is the same bucket
+  // throughout): the expansion, and the feedbacks of 2 rows and of 6 (as one-token requests,
+  // padded to 8 rows); each feedback's 2 head rows are its items' last rows.
+  EXPECT_EQ(st.eager, 3) << GetParam();
+  EXPECT_EQ(st.captures, 3) << GetParam();
+  EXPECT_EQ(st.replays, 6) << GetParam();
   EXPECT_EQ(st.capture_failures, 0) << GetParam();
 }
 
