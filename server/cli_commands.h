@@ -65,6 +65,7 @@ struct SpecBenchOptions {
   bool no_bos = false;
   bool skip_plain = false;      // acceptance only: no plain-decoding baseline run
   int32_t warmup_tokens = 16;   // untimed runs of both modes first (GEMM tuning, step graphs)
+  int32_t rounds = 1;           // timed rounds of both modes; the medians are reported
   bool host_sampling = false;   // download logits and verify on the host (EngineConfig)
   int32_t pad_trees = -1;       // EngineConfig::pad_trees
   bool adaptive_trees = false;  // EngineConfig::adaptive_trees

@@ -63,6 +63,12 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
                 "speculation and without (GEMM tuning, first step graphs); 0: no warm-up")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  c->add_option("--rounds", o->rounds,
+                "Timed rounds of both modes (each a full pass over the prompts, speculative then "
+                "plain); tok/s and the speedup are the medians over the rounds, the breakdown "
+                "lines the last round's")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   c->add_flag("--host-sampling", o->host_sampling,
               "Download logits and sample / verify on the host (default: on the backend)");
   c->add_option("--pad-trees", o->pad_trees,
@@ -193,16 +199,34 @@ int run_spec_bench(const SpecBenchOptions& o) {
   StepGraphStats spec_graphs, plain_graphs;
   TransferStats spec_x, plain_x;
   Timings spec_ft, plain_ft;
-  const auto [spec_res, spec_secs] =
-      timed(proposer.get(), &spec_stats, &spec_graphs, &spec_x, &spec_ft);
-  std::vector<GenerationResult> plain_res;
-  double plain_secs = 0;
-  if (!o.skip_plain)
+  std::vector<GenerationResult> spec_res, plain_res;
+  double spec_secs = 0, plain_secs = 0;
+  // Per round: tokens per second of each mode and their ratio (the reported figures are the
+  // medians; the breakdown below is the last round's).
+  std::vector<double> spec_rates, plain_rates, speedups;
+  const auto total_tokens = [](const std::vector<GenerationResult>& res) {
+    int64_t n = 0;
+    for (const GenerationResult& r : res) n += static_cast<int64_t>(r.tokens.size());
+    return static_cast<double>(n);
+  };
+  for (int32_t round = 0; round < o.rounds; ++round) {
+    std::tie(spec_res, spec_secs) =
+        timed(proposer.get(), &spec_stats, &spec_graphs, &spec_x, &spec_ft);
+    spec_rates.push_back(total_tokens(spec_res) / spec_secs);
+    if (o.skip_plain) continue;
     std::tie(plain_res, plain_secs) =
         timed(nullptr, &plain_stats, &plain_graphs, &plain_x, &plain_ft);
+    plain_rates.push_back(total_tokens(plain_res) / plain_secs);
+    speedups.push_back(spec_rates.back() / plain_rates.back());
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
 
   AcceptanceStats acc;
-  int64_t spec_tokens = 0, plain_tokens = 0, identical = 0;
+  int64_t identical = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     const AcceptanceStats& a = spec_res[i].acceptance;
     acc.steps += a.steps;
@@ -215,11 +239,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
       acc.offered[d] += a.offered[d];
       acc.accepted[d] += a.accepted[d];
     }
-    spec_tokens += static_cast<int64_t>(spec_res[i].tokens.size());
-    if (!o.skip_plain) {
-      plain_tokens += static_cast<int64_t>(plain_res[i].tokens.size());
-      identical += spec_res[i].tokens == plain_res[i].tokens;
-    }
+    if (!o.skip_plain) identical += spec_res[i].tokens == plain_res[i].tokens;
   }
   std::string by_depth;
   for (size_t d = 0; d < acc.offered.size() && d < 8; ++d)
@@ -229,17 +249,20 @@ int run_spec_bench(const SpecBenchOptions& o) {
       "| method | prompts | temp | mean accepted length | acceptance %% by depth 1.. | tree "
       "nodes/verify | spec tok/s | plain tok/s | speedup | identical outputs |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  const double spec_rate = spec_tokens / spec_secs;
+  const double spec_rate = median(spec_rates);
   char plain_cols[128] = "- | - | -";
-  if (!o.skip_plain) {
-    const double plain_rate = plain_tokens / plain_secs;
-    std::snprintf(plain_cols, sizeof(plain_cols), "%.1f | %.2fx | %lld/%zu", plain_rate,
-                  spec_rate / plain_rate, static_cast<long long>(identical), reqs.size());
-  }
+  if (!o.skip_plain)
+    std::snprintf(plain_cols, sizeof(plain_cols), "%.1f | %.2fx | %lld/%zu", median(plain_rates),
+                  median(speedups), static_cast<long long>(identical), reqs.size());
   std::printf("| %s | %zu | %.2f | %.2f | %s | %.1f | %.1f | %s |\n", proposer->name().c_str(),
               reqs.size(), o.temperature, acc.mean_emitted_per_step(), by_depth.c_str(),
               double(spec_stats.tree_tokens) / std::max<int64_t>(acc.steps, 1), spec_rate,
               plain_cols);
+  if (speedups.size() > 1) {
+    std::string each;
+    for (double x : speedups) each += (each.empty() ? "" : ", ") + std::to_string(x).substr(0, 5);
+    std::printf("rounds: speedup %s (median %.2fx)\n", each.c_str(), median(speedups));
+  }
   // Where the wall time went, per engine step (a verify step with speculation): the model's
   // forward (set_step, the device ops, sampling / verification, downloads), the proposer's
   // drafting and feedback, and the rest (scheduling, tree bookkeeping, detokenising).
@@ -279,7 +302,8 @@ int run_spec_bench(const SpecBenchOptions& o) {
         what, ft.set_step_s / fs * 1e3, ft.launch_s / fs * 1e3, ft.finish_s / fs * 1e3);
     // The replayed steps alone (the averages above include prefill steps and warm-ups, whose
     // ops launch one by one).
-    const double rs = static_cast<double>(std::max<int64_t>(ft.replayed_steps, 1));
+    if (ft.replayed_steps == 0) return;
+    const double rs = static_cast<double>(ft.replayed_steps);
     std::printf("%s forward, %lld replayed: per forward %.3f ms launch + %.3f finish\n", what,
                 static_cast<long long>(ft.replayed_steps), ft.replayed_launch_s / rs * 1e3,
                 ft.replayed_finish_s / rs * 1e3);
