@@ -66,6 +66,7 @@ struct SpecBenchOptions {
   bool skip_plain = false;      // acceptance only: no plain-decoding baseline run
   int32_t warmup_tokens = 16;   // untimed runs of both modes first (GEMM tuning, step graphs)
   int32_t rounds = 1;           // timed rounds of both modes; the medians are reported
+  bool draft_graphs = true;     // the draft's backend records step graphs (A/B runs)
   bool host_sampling = false;   // download logits and verify on the host (EngineConfig)
   int32_t pad_trees = -1;       // EngineConfig::pad_trees
   bool adaptive_trees = false;  // EngineConfig::adaptive_trees
@@ -82,9 +83,11 @@ std::unique_ptr<LlamaModel> load_for_cli(
     const std::string& path, const std::string& tokenizer, int32_t threads, ModelBundle* bundle,
     std::unique_ptr<Backend>* backend,
     const std::function<void(const ModelWeights&)>& before_release = {});
-// A backend of the named kind for a proposer's draft model (EAGLE): a CUDA backend for "cuda",
-// nullptr (the proposer's own CPU backend) otherwise.
-std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind);
+// A backend of the named kind for a proposer's draft model (EAGLE, Medusa's heads): a CUDA
+// backend for "cuda" (recording step graphs unless step_graphs is false), nullptr (the
+// proposer's own CPU backend, or Medusa's heads on the host) otherwise.
+std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind,
+                                            bool step_graphs = true);
 // The same on a named backend: "cpu", or "cuda" (bf16 weights on GPU 0; builds with
 // -DARBOR_CUDA=ON only, else a kUnsupported error naming the build option). A dummy model
 // ("dummy:llama-3-8b", engine/model/dummy_weights.h) gets random weights: on the device with

@@ -75,11 +75,16 @@ void add_generate_command(CLI::App& app, GenerateOptions* o) {
               "Medusa typical acceptance instead of rejection sampling (NOT lossless)");
 }
 
-std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind) {
+std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind, bool step_graphs) {
 #ifdef ARBOR_CUDA
-  if (backend_kind == "cuda") return make_cuda_backend();
+  if (backend_kind == "cuda") {
+    CudaBackendOptions options;
+    options.cuda_graphs = step_graphs;
+    return make_cuda_backend(options);
+  }
 #endif
   (void)backend_kind;
+  (void)step_graphs;
   return nullptr;
 }
 

@@ -69,6 +69,9 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
                 "lines the last round's")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  c->add_option("--draft-graphs", o->draft_graphs,
+                "Whether the draft's own GPU backend records step graphs (A/B runs)")
+      ->capture_default_str();
   c->add_flag("--host-sampling", o->host_sampling,
               "Download logits and sample / verify on the host (default: on the backend)");
   c->add_option("--pad-trees", o->pad_trees,
@@ -119,10 +122,11 @@ int run_spec_bench(const SpecBenchOptions& o) {
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;
-  auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, o.tensor_parallel, &bundle,
-                            &backend, [&](const ModelWeights& w) {
-                              proposer = make_proposer(sc, w, make_draft_backend(o.backend));
-                            });
+  auto model =
+      load_for_cli(o.model, o.tokenizer, o.backend, o.threads, o.tensor_parallel, &bundle, &backend,
+                   [&](const ModelWeights& w) {
+                     proposer = make_proposer(sc, w, make_draft_backend(o.backend, o.draft_graphs));
+                   });
   const auto texts = read_prompts(o.prompts, o.limit);
   std::vector<GenerationRequest> reqs;
   for (size_t i = 0; i < texts.size(); ++i) {
