@@ -499,21 +499,42 @@ void Engine::apply_plan(const StepPlan& plan) {
 }
 
 void Engine::resolve_device_tokens(DraftTree* tree) {
-  if (tree->device.empty()) return;
-  std::vector<int64_t> index;
-  std::vector<int32_t> nodes;
-  for (size_t i = 0; i < tree->device.index.size(); ++i)
-    if (tree->device.index[i] >= 0) {
-      index.push_back(tree->device.index[i]);
-      nodes.push_back(static_cast<int32_t>(i));
-    }
+  resolve_device_tokens(std::vector<DraftTree*>{tree});
+}
+
+void Engine::resolve_device_tokens(const std::vector<DraftTree*>& trees) {
+  // Trees whose tokens sit in one buffer come over in one download (one wait).
+  std::vector<DraftTree*> left;
+  for (DraftTree* t : trees)
+    if (!t->device.empty()) left.push_back(t);
   Backend& b = model_.backend();
-  b.wait_for(*tree->device.owner);
-  std::vector<int32_t> ids;
-  b.download_ids(tree->device.ids, index, &ids);
-  for (size_t j = 0; j < nodes.size(); ++j) tree->token[static_cast<size_t>(nodes[j])] = ids[j];
-  tree->device = DeviceTokens{};
-  validate_draft_tree(*tree, model_.config().vocab_size);
+  while (!left.empty()) {
+    const DeviceTokens source = left.front()->device;
+    std::vector<int64_t> index;
+    std::vector<std::pair<DraftTree*, size_t>> nodes;  // (tree, node) per index entry
+    std::vector<DraftTree*> later;
+    for (DraftTree* t : left) {
+      if (t->device.ids.data != source.ids.data) {
+        later.push_back(t);
+        continue;
+      }
+      for (size_t i = 0; i < t->device.index.size(); ++i)
+        if (t->device.index[i] >= 0) {
+          index.push_back(t->device.index[i]);
+          nodes.emplace_back(t, i);
+        }
+    }
+    b.wait_for(*source.owner);
+    std::vector<int32_t> ids;
+    b.download_ids(source.ids, index, &ids);
+    for (size_t j = 0; j < nodes.size(); ++j) nodes[j].first->token[nodes[j].second] = ids[j];
+    for (DraftTree* t : left) {
+      if (t->device.ids.data != source.ids.data) continue;
+      t->device = DeviceTokens{};
+      validate_draft_tree(*t, model_.config().vocab_size);
+    }
+    left = std::move(later);
+  }
 }
 
 void Engine::forward(StepRun* run) {
@@ -652,15 +673,20 @@ void Engine::verify(StepRun* run) {
   const int64_t vocab = model_.config().vocab_size;
   const StepPlan& plan = run->plan;
   run->verified.assign(plan.items.size(), VerifyResult{});
+  if (!run->backend_sample) {
+    // Verified on the host: the tokens left on the drafter's backend come here first, every
+    // tree's in one download (the backend's tree sampling returns the accepted ones instead).
+    std::vector<DraftTree*> trees;
+    for (const ScheduledItem& it : plan.items)
+      if (it.decode && it.num_tokens > 1) trees.push_back(&choices_.at(it.id)->draft);
+    resolve_device_tokens(trees);
+  }
   for (size_t k = 0; k < plan.items.size(); ++k) {
     const ScheduledItem& it = plan.items[k];
     if (!it.decode) continue;
     Choice& c = *choices_.at(it.id);
     const std::vector<int32_t>& ctx = sched_.context(it.id);
     if (it.num_tokens <= 1) c.draft = DraftTree::root_only(ctx.back());
-    // Verified on the host: the tokens left on the drafter's backend come here first (the
-    // backend's tree sampling returned the accepted ones with its results).
-    if (!run->backend_sample) resolve_device_tokens(&c.draft);
     const DraftTree& tree = c.draft;
     const int32_t t = tree.size();
     const size_t prompt_len = c.req().prompt.size();

@@ -188,8 +188,10 @@ class Engine {
   void forward(StepRun* run);
   // Every decode item's VerifyResult.
   void verify(StepRun* run);
-  // Brings a tree's tokens left on the drafter's backend to the host (one wait).
+  // Brings trees' tokens left on the drafter's backend to the host: one download (one wait)
+  // per buffer they sit in.
   void resolve_device_tokens(DraftTree* tree);
+  void resolve_device_tokens(const std::vector<DraftTree*>& trees);
   // Prefill chunks commit (a last chunk samples the first token; n > 1 forks here), verified
   // paths commit and compact, tokens are emitted up to a stop.
   void commit(StepRun* run);
