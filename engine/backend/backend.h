@@ -230,9 +230,10 @@ class Backend {
   // top_k_log_softmax's ids, left in backend memory: ids [logits.rows, k] int32 (a persistent
   // tensor of this backend), no wait for the device. The default throws kUnsupported.
   virtual void top_k_ids(const Tensor& logits, int32_t k, const Tensor& ids);
-  // out[i] = ids' element at flat index[i] (int32, memory this backend shares_memory_with),
-  // read back to the host (resized; one wait). kInvalidArgument for an index outside ids. The
-  // default throws kUnsupported.
+  // out[i] = ids' element at flat index[i] (int32, memory this backend shares_memory_with), -1
+  // where index[i] is -1 (token_source_index's form), read back to the host (resized; one
+  // wait). kInvalidArgument for an index outside [-1, ids.numel()). The default throws
+  // kUnsupported.
   virtual void download_ids(const Tensor& ids, std::span<const int64_t> index,
                             std::vector<int32_t>* out);
   // Whether this backend's ops may read `other`'s memory directly (token_source,

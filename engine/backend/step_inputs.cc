@@ -62,18 +62,8 @@ void StepInputs::validate(const KvCacheShape& kv) const {
     if (slot_mapping[i] < 0 || slot_mapping[i] >= total_slots)
       bad_step("slot_mapping[" + std::to_string(i) + "] = " + std::to_string(slot_mapping[i]) +
                " is outside the cache's " + std::to_string(total_slots) + " slots");
-  if (!token_source_index.empty()) {
-    if (token_source_index.size() != n)
-      bad_step("token_source_index has " + std::to_string(token_source_index.size()) +
-               " entries for " + std::to_string(n) + " tokens");
-    if (token_source.data == nullptr || token_source.dtype != DType::kI32)
-      bad_step("token_source_index without an int32 token_source");
-    for (size_t i = 0; i < n; ++i)
-      if (token_source_index[i] < -1 || token_source_index[i] >= token_source.numel())
-        bad_step("token_source_index[" + std::to_string(i) +
-                 "] = " + std::to_string(token_source_index[i]) + " is outside [-1, " +
-                 std::to_string(token_source.numel()) + ")");
-  }
+  if (const std::string e = token_source_problem(token_source, token_source_index, n); !e.empty())
+    bad_step(e);
   if (!key_path_base.empty() || !key_path_indptr.empty() || !key_path.empty()) {
     if (key_path_base.size() != static_cast<size_t>(r) ||
         key_path_indptr.size() != static_cast<size_t>(r) + 1 || key_path_indptr[0] != 0 ||

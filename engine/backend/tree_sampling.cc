@@ -139,17 +139,24 @@ void validate_tree_sample_batch(const TreeSampleBatch& b, int64_t vocab, int64_t
   for (size_t u = 0; u < b.uniforms.size(); ++u)
     if (!(b.uniforms[u] >= 0.0 && b.uniforms[u] < 1.0))
       bad(at("uniforms", u) + " is " + std::to_string(b.uniforms[u]) + ", outside [0, 1)");
-  if (!b.token_source_index.empty()) {
-    if (b.token_source_index.size() != nodes)
-      bad("token_source_index has " + std::to_string(b.token_source_index.size()) +
-          " entries for " + std::to_string(nodes) + " nodes");
-    if (b.token_source.data == nullptr || b.token_source.dtype != DType::kI32)
-      bad("token_source_index without an int32 token_source");
-    for (size_t g = 0; g < nodes; ++g)
-      if (b.token_source_index[g] < -1 || b.token_source_index[g] >= b.token_source.numel())
-        bad(at("token_source_index", g) + " is " + std::to_string(b.token_source_index[g]) +
-            ", outside [-1, " + std::to_string(b.token_source.numel()) + ")");
-  }
+  if (const std::string e = token_source_problem(b.token_source, b.token_source_index, nodes);
+      !e.empty())
+    bad(e);
+}
+
+std::string token_source_problem(const Tensor& source, std::span<const int64_t> index,
+                                 size_t entries) {
+  if (index.empty()) return "";
+  if (index.size() != entries)
+    return "token_source_index has " + std::to_string(index.size()) + " entries for " +
+           std::to_string(entries);
+  if (source.data == nullptr || source.dtype != DType::kI32)
+    return "token_source_index without an int32 token_source";
+  for (size_t i = 0; i < entries; ++i)
+    if (index[i] < -1 || index[i] >= source.numel())
+      return "token_source_index[" + std::to_string(i) + "] = " + std::to_string(index[i]) +
+             " is outside [-1, " + std::to_string(source.numel()) + ")";
+  return "";
 }
 
 void fill_path_tokens(const TreeSampleBatch& batch, std::span<const int32_t> token,

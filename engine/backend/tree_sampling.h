@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/backend/tensor.h"
@@ -105,6 +106,12 @@ inline constexpr int32_t kMaxTreeSampleBiasEntries = 1024;
 // rows outside [0, logits_rows), q rows outside q, too few uniforms for a sampled item,
 // parameters out of range.
 void validate_tree_sample_batch(const TreeSampleBatch& batch, int64_t vocab, int64_t logits_rows);
+
+// What is wrong with a token_source / token_source_index pair (StepInputs, TreeSampleBatch) for
+// `entries` ids, or "" when nothing is: an index list of another size, no int32 source, an index
+// outside [-1, source.numel()).
+std::string token_source_problem(const Tensor& source, std::span<const int64_t> index,
+                                 size_t entries);
 
 // out->path_tokens from out's paths and the batch's node tokens `token` ([nodes]: batch.token, or
 // those with token_source's ids in).

@@ -532,16 +532,10 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
       TreeSampleBatch resolved;  // tokens left on the backend, brought here
       if (!batch->token_source_index.empty()) {
         resolved = *batch;
-        std::vector<int64_t> index;
-        std::vector<size_t> nodes;
-        for (size_t g = 0; g < resolved.token_source_index.size(); ++g)
-          if (resolved.token_source_index[g] >= 0) {
-            index.push_back(resolved.token_source_index[g]);
-            nodes.push_back(g);
-          }
         std::vector<int32_t> ids;
-        b.download_ids(resolved.token_source, index, &ids);
-        for (size_t j = 0; j < nodes.size(); ++j) resolved.token[nodes[j]] = ids[j];
+        b.download_ids(resolved.token_source, resolved.token_source_index, &ids);
+        for (size_t g = 0; g < ids.size(); ++g)
+          if (resolved.token_source_index[g] >= 0) resolved.token[g] = ids[g];
         resolved.token_source_index.clear();
         resolved.token_source = Tensor{};
         batch = &resolved;

@@ -510,26 +510,23 @@ void Engine::resolve_device_tokens(const std::vector<DraftTree*>& trees) {
   Backend& b = model_.backend();
   while (!left.empty()) {
     const DeviceTokens source = left.front()->device;
-    std::vector<int64_t> index;
-    std::vector<std::pair<DraftTree*, size_t>> nodes;  // (tree, node) per index entry
-    std::vector<DraftTree*> later;
+    std::vector<int64_t> index;  // the trees' index lists end to end
+    std::vector<DraftTree*> now, later;
     for (DraftTree* t : left) {
       if (t->device.ids.data != source.ids.data) {
         later.push_back(t);
         continue;
       }
-      for (size_t i = 0; i < t->device.index.size(); ++i)
-        if (t->device.index[i] >= 0) {
-          index.push_back(t->device.index[i]);
-          nodes.emplace_back(t, i);
-        }
+      now.push_back(t);
+      index.insert(index.end(), t->device.index.begin(), t->device.index.end());
     }
     b.wait_for(*source.owner);
     std::vector<int32_t> ids;
     b.download_ids(source.ids, index, &ids);
-    for (size_t j = 0; j < nodes.size(); ++j) nodes[j].first->token[nodes[j].second] = ids[j];
-    for (DraftTree* t : left) {
-      if (t->device.ids.data != source.ids.data) continue;
+    size_t at = 0;
+    for (DraftTree* t : now) {
+      for (size_t i = 0; i < t->device.index.size(); ++i, ++at)
+        if (t->device.index[i] >= 0) t->token[i] = ids[at];
       t->device = DeviceTokens{};
       validate_draft_tree(*t, model_.config().vocab_size);
     }

@@ -3,11 +3,6 @@
 namespace arbor::kernels {
 namespace {
 
-__global__ void gather_values_kernel(const float* x, const int64_t* index, float* out, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = x[index[i]];
-}
-
 __global__ void gather_ids_kernel(const int32_t* src, const int64_t* index, int32_t* out,
                                   int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -22,15 +17,6 @@ cudaError_t launch_gather_ids(const int32_t* src, const int64_t* index, int32_t*
   const int threads = 256;
   gather_ids_kernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, stream>>>(
       src, index, out, n);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_gather_values(const float* x, const int64_t* index, float* out, int64_t n,
-                                 cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  const int threads = 256;
-  gather_values_kernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, stream>>>(
-      x, index, out, n);
   return cudaGetLastError();
 }
 

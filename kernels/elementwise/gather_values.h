@@ -1,5 +1,5 @@
-// out[i] = x[index[i]] for flat indices into an fp32 device tensor (a few values read back,
-// e.g. the logits of the tokens a step emitted, for their logprobs).
+// A few 4-byte values gathered at flat indices of a device tensor (token ids a drafter left on
+// the device, the logits of the tokens a step emitted for their logprobs).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,11 +8,8 @@
 
 namespace arbor::kernels {
 
-cudaError_t launch_gather_values(const float* x, const int64_t* index, float* out, int64_t n,
-                                 cudaStream_t stream);
-
-// out[i] = src[index[i]] where index[i] >= 0 (out[i] kept elsewhere): token ids left on the
-// device by a drafter, copied into a step's metadata or a sampling batch.
+// out[i] = src[index[i]] where index[i] >= 0 (out[i] kept elsewhere); the elements are copied
+// bit for bit, so fp32 values travel as int32.
 cudaError_t launch_gather_ids(const int32_t* src, const int64_t* index, int32_t* out, int64_t n,
                               cudaStream_t stream);
 

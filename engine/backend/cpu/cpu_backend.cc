@@ -524,11 +524,11 @@ void CpuBackend::download_ids(const Tensor& ids, std::span<const int64_t> index,
                 std::string("download_ids: ") + dtype_name(ids.dtype) + " ids, int32 expected");
   out->clear();
   for (int64_t i : index) {
-    if (i < 0 || i >= ids.numel())
+    if (i < -1 || i >= ids.numel())
       throw_error(ErrorCode::kInvalidArgument, "download_ids: index " + std::to_string(i) +
-                                                   " outside [0, " + std::to_string(ids.numel()) +
+                                                   " outside [-1, " + std::to_string(ids.numel()) +
                                                    ")");
-    out->push_back(static_cast<const int32_t*>(ids.data)[i]);
+    out->push_back(i < 0 ? -1 : static_cast<const int32_t*>(ids.data)[i]);
   }
 }
 

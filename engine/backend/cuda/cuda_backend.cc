@@ -77,6 +77,18 @@ std::string shape(const Tensor& t) {
          std::to_string(t.cols) + "]";
 }
 
+// top_k_log_softmax's and top_k_ids' arguments: fp32 logits of 1 to 2^31 - 2 columns, k in
+// [1, min(cols, 1024)].
+void check_top_k(const Tensor& logits, int32_t k, const char* op) {
+  if (logits.dtype != DType::kF32 || logits.cols <= 0 || logits.cols >= (int64_t{1} << 31) - 1)
+    throw_error(ErrorCode::kInvalidArgument, std::string(op) + ": logits " + shape(logits) + " " +
+                                                 dtype_name(logits.dtype) + ", need fp32");
+  if (k < 1 || k > 1024 || k > logits.cols)
+    throw_error(ErrorCode::kInvalidArgument, std::string(op) + ": k " + std::to_string(k) +
+                                                 " outside [1, min(" + std::to_string(logits.cols) +
+                                                 ", 1024)]");
+}
+
 void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
   if (a.rows != b.rows || a.cols != b.cols)
     throw_error(ErrorCode::kInvalidArgument,
@@ -463,7 +475,23 @@ struct CudaBackend::State {
     p.workspace = top_k_work.ptr;
     cuda_check(kernels::launch_top_k_log_softmax(p, stream), what);
   }
-  DeviceBuffer gather_buf;      // gather_values' indices and values
+  DeviceBuffer gather_buf;  // gather_values' and download_ids' indices and values
+  // out[i] = the 4-byte element of x (device) at flat index[i] (checked by the caller), all
+  // bits set (int32 -1) where index[i] is -1: one upload, one gather, one download, one wait.
+  void gather_to_host(const void* x, std::span<const int64_t> index, void* out, const char* what) {
+    if (index.empty()) return;
+    const size_t n = index.size();
+    gather_buf.ensure(n * 12, what);
+    auto* d_index = static_cast<int64_t*>(gather_buf.ptr);
+    auto* d_out = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(gather_buf.ptr) + n * 8);
+    cuda_check(cudaMemcpyAsync(d_index, index.data(), n * 8, cudaMemcpyHostToDevice, stream), what);
+    cuda_check(cudaMemsetAsync(d_out, 0xff, n * 4, stream), what);
+    cuda_check(kernels::launch_gather_ids(static_cast<const int32_t*>(x), d_index, d_out,
+                                          static_cast<int64_t>(n), stream),
+               what);
+    d2h(out, d_out, n * 4, what);
+    wait(what);
+  }
   StagedUpload sample_meta;     // sample_trees' batch
   DeviceBuffer sample_scratch;  // sample_trees' per-row / per-item scratch and outputs
   DeviceBuffer path_rows;       // sample_trees_and_path_rows' gathered rows
@@ -1688,8 +1716,7 @@ void CudaBackend::copy_cols(const Tensor& x, const Tensor& out, int64_t first_co
 
 void CudaBackend::gather_values(const Tensor& x, const std::vector<int64_t>& index,
                                 std::vector<float>* out) {
-  State& s = *s_;
-  s.flush();
+  s_->flush();
   if (x.dtype != DType::kF32)
     throw_error(ErrorCode::kInvalidArgument, "gather_values: x " + shape(x) + " is not fp32");
   for (int64_t i : index)
@@ -1697,18 +1724,7 @@ void CudaBackend::gather_values(const Tensor& x, const std::vector<int64_t>& ind
       throw_error(ErrorCode::kInvalidArgument,
                   "gather_values: index " + std::to_string(i) + " outside " + shape(x));
   out->resize(index.size());
-  if (index.empty()) return;
-  const size_t n = index.size();
-  s.gather_buf.ensure(n * 12, "gather_values");
-  auto* d_index = static_cast<int64_t*>(s.gather_buf.ptr);
-  auto* d_out = reinterpret_cast<float*>(static_cast<uint8_t*>(s.gather_buf.ptr) + n * 8);
-  cuda_check(cudaMemcpyAsync(d_index, index.data(), n * 8, cudaMemcpyHostToDevice, s.stream),
-             "gather_values upload");
-  cuda_check(kernels::launch_gather_values(static_cast<const float*>(x.data), d_index, d_out,
-                                           static_cast<int64_t>(n), s.stream),
-             "gather_values");
-  s.d2h(out->data(), d_out, n * 4, "gather_values download");
-  s.wait("gather_values");
+  s_->gather_to_host(x.data, index, out->data(), "gather_values");
 }
 
 bool CudaBackend::fuse_projections() const {
@@ -2164,13 +2180,7 @@ void CudaBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector
                                     std::vector<float>* values) {
   s_->flush();
   State& s = *s_;
-  if (logits.dtype != DType::kF32 || logits.cols <= 0 || logits.cols >= (int64_t{1} << 31) - 1)
-    throw_error(ErrorCode::kInvalidArgument, "top_k_log_softmax: logits " + shape(logits) + " " +
-                                                 dtype_name(logits.dtype) + ", need fp32");
-  if (k < 1 || k > 1024 || k > logits.cols)
-    throw_error(ErrorCode::kInvalidArgument, "top_k_log_softmax: k " + std::to_string(k) +
-                                                 " outside [1, min(" + std::to_string(logits.cols) +
-                                                 ", 1024)]");
+  check_top_k(logits, k, "top_k_log_softmax");
   const size_t n = static_cast<size_t>(logits.rows) * static_cast<size_t>(k);
   ids->assign(n, -1);
   values->assign(n, 0.0f);
@@ -2187,13 +2197,7 @@ void CudaBackend::top_k_log_softmax(const Tensor& logits, int32_t k, std::vector
 void CudaBackend::top_k_ids(const Tensor& logits, int32_t k, const Tensor& ids) {
   s_->flush();
   State& s = *s_;
-  if (logits.dtype != DType::kF32 || logits.cols <= 0 || logits.cols >= (int64_t{1} << 31) - 1)
-    throw_error(ErrorCode::kInvalidArgument, "top_k_ids: logits " + shape(logits) + " " +
-                                                 dtype_name(logits.dtype) + ", need fp32");
-  if (k < 1 || k > 1024 || k > logits.cols)
-    throw_error(ErrorCode::kInvalidArgument, "top_k_ids: k " + std::to_string(k) +
-                                                 " outside [1, min(" + std::to_string(logits.cols) +
-                                                 ", 1024)]");
+  check_top_k(logits, k, "top_k_ids");
   if (ids.dtype != DType::kI32 || ids.rows != logits.rows || ids.cols != k)
     throw_error(ErrorCode::kInvalidArgument, "top_k_ids: ids " + shape(ids) + " " +
                                                  dtype_name(ids.dtype) + " for " +
@@ -2208,28 +2212,16 @@ void CudaBackend::top_k_ids(const Tensor& logits, int32_t k, const Tensor& ids) 
 
 void CudaBackend::download_ids(const Tensor& ids, std::span<const int64_t> index,
                                std::vector<int32_t>* out) {
-  State& s = *s_;
-  s.flush();
+  s_->flush();
   if (ids.dtype != DType::kI32)
     throw_error(ErrorCode::kInvalidArgument, "download_ids: ids " + shape(ids) + " " +
                                                  dtype_name(ids.dtype) + ", int32 expected");
   for (int64_t i : index)
-    if (i < 0 || i >= ids.numel())
+    if (i < -1 || i >= ids.numel())
       throw_error(ErrorCode::kInvalidArgument,
                   "download_ids: index " + std::to_string(i) + " outside " + shape(ids));
   out->assign(index.size(), -1);
-  if (index.empty()) return;
-  const size_t n = index.size();
-  s.gather_buf.ensure(n * 12, "download_ids");
-  auto* d_index = static_cast<int64_t*>(s.gather_buf.ptr);
-  auto* d_out = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(s.gather_buf.ptr) + n * 8);
-  cuda_check(cudaMemcpyAsync(d_index, index.data(), n * 8, cudaMemcpyHostToDevice, s.stream),
-             "download_ids upload");
-  cuda_check(kernels::launch_gather_ids(static_cast<const int32_t*>(ids.data), d_index, d_out,
-                                        static_cast<int64_t>(n), s.stream),
-             "download_ids");
-  s.d2h(out->data(), d_out, n * 4, "download_ids download");
-  s.wait("download_ids");
+  s_->gather_to_host(ids.data, index, out->data(), "download_ids");
 }
 
 bool CudaBackend::shares_memory_with(const Backend& other) const {
