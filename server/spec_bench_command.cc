@@ -23,6 +23,7 @@
 #include "engine/runner/generator.h"
 #include "engine/runner/model_bundle.h"
 #include "engine/scheduler/cost_model.h"
+#include "engine/spec/medusa_proposer.h"
 #include "server/cli_commands.h"
 
 namespace arbor {
@@ -72,6 +73,19 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   c->add_option("--draft-graphs", o->draft_graphs,
                 "Whether the draft's own GPU backend records step graphs (A/B runs)")
       ->capture_default_str();
+  c->add_flag("--plain-first", o->plain_first,
+              "Run plain decoding before the speculative run in the warm-up and in each round "
+              "(default: speculative first)");
+  c->add_flag("--no-spec-warmup", o->no_spec_warmup,
+              "Warm up plain decoding only (with --plain-first the first plain round then runs "
+              "before any speculative step; the first speculative round pays its one-time "
+              "costs)");
+  c->add_option("--node-stats", o->node_stats,
+                "Write, per tree node, the steps that offered it and those that accepted it "
+                "(JSON, with Medusa's static tree paths) to this file");
+  c->add_flag("--gemm-report", o->gemm_report,
+              "Print the target backend's run-time choices per weight shape (the CUDA backend's "
+              "tuned GEMM algorithms)");
   c->add_flag("--host-sampling", o->host_sampling,
               "Download logits and sample / verify on the host (default: on the backend)");
   c->add_option("--pad-trees", o->pad_trees,
@@ -87,6 +101,29 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
 }
 
 namespace {
+
+// --node-stats: how often each tree node was on the accepted path, with the static tree's paths
+// (Medusa) so that scripts/medusa_tree_from_stats.py can pick the best subtree of any size.
+void write_node_stats(const SpecBenchOptions& o, const AcceptanceStats& acc,
+                      const Proposer* proposer) {
+  nlohmann::json j;
+  j["spec"] = o.spec;
+  j["temperature"] = o.temperature;
+  j["prompts"] = o.prompts;
+  j["steps"] = acc.steps;
+  j["on_path"] = acc.on_path;
+  j["in_tree"] = acc.in_tree;
+  j["paths"] = nullptr;
+  if (const auto* medusa = dynamic_cast<const MedusaProposer*>(proposer)) {
+    j["tree"] = medusa->tree().name;
+    j["paths"] = medusa->tree().path;
+  }
+  std::ofstream f(o.node_stats);
+  if (!f) throw_error(ErrorCode::kInvalidArgument, "--node-stats: cannot write " + o.node_stats);
+  f << j.dump() << "\n";
+  std::printf("node stats: %lld steps, %zu nodes -> %s\n", static_cast<long long>(acc.steps),
+              acc.on_path.size(), o.node_stats.c_str());
+}
 
 std::vector<std::string> read_prompts(const std::string& path, int32_t limit) {
   std::ifstream f(path);
@@ -186,8 +223,9 @@ int run_spec_bench(const SpecBenchOptions& o) {
     std::vector<GenerationRequest> warm(
         reqs.begin(), reqs.begin() + std::min<size_t>(reqs.size(), static_cast<size_t>(o.batch)));
     for (auto& r : warm) r.max_tokens = std::min(o.warmup_tokens, o.max_tokens);  // fits the KV
-    Generator(*model, gc, proposer.get()).run(warm);
-    if (!o.skip_plain) Generator(*model, gc, nullptr).run(warm);
+    if (o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(warm);
+    if (!o.no_spec_warmup) Generator(*model, gc, proposer.get()).run(warm);
+    if (!o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(warm);
   }
   if (measure_cost) {  // once, after the warm-up tuned the GEMMs; every run plans with it
     model->allocate_kv(model->kv_shape(gc.num_blocks, gc.block_size));
@@ -214,13 +252,17 @@ int run_spec_bench(const SpecBenchOptions& o) {
     return static_cast<double>(n);
   };
   for (int32_t round = 0; round < o.rounds; ++round) {
+    const auto run_plain = [&] {
+      std::tie(plain_res, plain_secs) =
+          timed(nullptr, &plain_stats, &plain_graphs, &plain_x, &plain_ft);
+      plain_rates.push_back(total_tokens(plain_res) / plain_secs);
+    };
+    if (o.plain_first && !o.skip_plain) run_plain();
     std::tie(spec_res, spec_secs) =
         timed(proposer.get(), &spec_stats, &spec_graphs, &spec_x, &spec_ft);
     spec_rates.push_back(total_tokens(spec_res) / spec_secs);
     if (o.skip_plain) continue;
-    std::tie(plain_res, plain_secs) =
-        timed(nullptr, &plain_stats, &plain_graphs, &plain_x, &plain_ft);
-    plain_rates.push_back(total_tokens(plain_res) / plain_secs);
+    if (!o.plain_first) run_plain();
     speedups.push_back(spec_rates.back() / plain_rates.back());
   }
   const auto median = [](std::vector<double> v) {
@@ -232,17 +274,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
   AcceptanceStats acc;
   int64_t identical = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
-    const AcceptanceStats& a = spec_res[i].acceptance;
-    acc.steps += a.steps;
-    acc.emitted += a.emitted;
-    if (acc.offered.size() < a.offered.size()) {
-      acc.offered.resize(a.offered.size());
-      acc.accepted.resize(a.accepted.size());
-    }
-    for (size_t d = 0; d < a.offered.size(); ++d) {
-      acc.offered[d] += a.offered[d];
-      acc.accepted[d] += a.accepted[d];
-    }
+    acc.merge(spec_res[i].acceptance);
     if (!o.skip_plain) identical += spec_res[i].tokens == plain_res[i].tokens;
   }
   std::string by_depth;
@@ -266,6 +298,11 @@ int run_spec_bench(const SpecBenchOptions& o) {
     std::string each;
     for (double x : speedups) each += (each.empty() ? "" : ", ") + std::to_string(x).substr(0, 5);
     std::printf("rounds: speedup %s (median %.2fx)\n", each.c_str(), median(speedups));
+    std::string rates;
+    for (size_t i = 0; i < speedups.size(); ++i)
+      rates += (i ? ", " : "") + std::to_string(static_cast<int>(spec_rates[i])) + " / " +
+               std::to_string(static_cast<int>(plain_rates[i]));
+    std::printf("rounds: spec / plain tok/s %s\n", rates.c_str());
   }
   // Where the wall time went, per engine step (a verify step with speculation): the model's
   // forward (set_step, the device ops, sampling / verification, downloads), the proposer's
@@ -317,6 +354,8 @@ int run_spec_bench(const SpecBenchOptions& o) {
   const StepGraphStats dg = proposer->draft_graph_stats();
   if (dg.captures + dg.replays + dg.eager > 0) std::printf("draft: %s\n", graph_words(dg).c_str());
   if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs, plain_graphs, plain_x, plain_ft);
+  if (!o.node_stats.empty()) write_node_stats(o, acc, proposer.get());
+  if (o.gemm_report) std::printf("target choices:\n%s", model->backend().tuning_report().c_str());
   return 0;
 }
 

@@ -315,6 +315,10 @@ class Backend {
 
   // Host <-> device traffic and host waits so far (the probe of spec-bench and the GPU tests).
   virtual TransferStats transfer_stats() const { return {}; }
+  // What the backend chose at run time for each shape it met (the CUDA backend: the tuned
+  // cuBLASLt algorithm and chain GEMM per (out, in) weight shape), one line each; "" where
+  // nothing is chosen at run time. spec-bench --gemm-report prints it.
+  virtual std::string tuning_report() const { return ""; }
 
   // --- tensor parallelism (docs/tensor_parallel.md) -------------------------------------------
   // A backend made as one rank of a group (make_cpu_tp_backends, make_cuda_tp_backends) holds

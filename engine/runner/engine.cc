@@ -825,8 +825,8 @@ void Engine::commit(StepRun* run) {
     const DraftTree& tree = c.draft;
     const int32_t t = tree.size();
     stats_.tree_tokens += t;
-    c.result.acceptance.add(v);
-    if (t > 1) stats_.acceptance.add(v);
+    c.result.acceptance.add(v, t);
+    if (t > 1) stats_.acceptance.add(v, t);
     sched_.record_acceptance(it.id, v, t);
     // The root, then the accepted tokens (those of a tree left on a device are only known from
     // the results).

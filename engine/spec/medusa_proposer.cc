@@ -52,12 +52,14 @@ const StaticTree& MedusaProposer::tree_for(const TreeBudget& budget) {
   const auto key = std::make_pair(budget.max_nodes, budget.max_depth);
   auto it = cut_trees_.find(key);
   if (it != cut_trees_.end()) return it->second;
-  // Medusa order puts every parent before its children, so a prefix of the (depth-filtered)
-  // node list is a tree.
+  // The first nodes in the order the choices were listed (Medusa's lists rank them by expected
+  // gain): every parent is listed before its children, so a prefix of the (depth-filtered) list
+  // is a tree.
   TreeChoices kept;
-  for (int32_t i = 1; i < tree_.size(); ++i) {
+  for (int32_t i : tree_.listed) {
     if (static_cast<int32_t>(kept.size()) + 1 >= budget.max_nodes) break;
-    if (tree_.depth[i] <= budget.max_depth) kept.push_back(tree_.path[i]);
+    if (tree_.depth[static_cast<size_t>(i)] <= budget.max_depth)
+      kept.push_back(tree_.path[static_cast<size_t>(i)]);
   }
   TreeChoicesLimits limits;
   limits.top_k = std::max<int32_t>(1, static_cast<int32_t>(heads_.vocab_size));

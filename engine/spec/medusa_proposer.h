@@ -29,8 +29,8 @@ class MedusaProposer final : public Proposer {
   bool needs_hidden() const override { return true; }
   void begin(RequestId request, std::span<const int32_t> prompt) override;
   void observe(const TargetFeedback& feedback) override;
-  // The static tree cut to the budget: its first nodes (Medusa order) of depth <= max_depth, at
-  // most max_nodes in all.
+  // The static tree cut to the budget: its first nodes in the order its choices list gave them
+  // (StaticTree::listed) of depth <= max_depth, at most max_nodes in all, in Medusa order.
   DraftTree propose(RequestId request, const TreeBudget& budget) override;
   // Every request's tree; with a backend, all their heads in one device pass.
   std::vector<DraftTree> propose_batch(

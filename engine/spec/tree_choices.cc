@@ -145,6 +145,7 @@ StaticTree build_static_tree(const TreeChoices& choices, const std::string& name
     tree.path.push_back(path);
     index[path] = node;
   }
+  for (const std::vector<int32_t>& path : choices) tree.listed.push_back(index.at(path));
   return tree;
 }
 

@@ -31,6 +31,10 @@ struct StaticTree {
   std::vector<int32_t> parent;             // [T] parent[0] = -1
   std::vector<int32_t> depth;              // [T] path length
   std::vector<int32_t> rank;               // [T] last rank of the path (-1 for the root)
+  // [T - 1] the non-root nodes in the order the choices list gave their paths. Medusa's lists
+  // (mc_sim_7b_63, scripts/medusa_tree_from_stats.py) are in order of expected gain, parents
+  // first, so a tree cut to a budget keeps a prefix of this order (MedusaProposer::tree_for).
+  std::vector<int32_t> listed;
 
   int32_t size() const { return static_cast<int32_t>(parent.size()); }
   int32_t max_depth() const;

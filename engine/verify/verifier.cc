@@ -317,9 +317,19 @@ VerifyResult verify_greedy_argmax(const DraftTree& tree, std::span<const int32_t
   });
 }
 
-void AcceptanceStats::add(const VerifyResult& result) {
+void AcceptanceStats::add(const VerifyResult& result, int32_t tree_size) {
   ++steps;
+  if (tree_size > 0) {
+    if (in_tree.size() < static_cast<size_t>(tree_size))
+      in_tree.resize(static_cast<size_t>(tree_size), 0);
+    for (int32_t i = 0; i < tree_size; ++i) ++in_tree[static_cast<size_t>(i)];
+  }
   emitted += result.num_accepted() + 1;
+  for (int32_t node : result.accepted_nodes) {
+    if (node < 0) continue;
+    if (on_path.size() <= static_cast<size_t>(node)) on_path.resize(static_cast<size_t>(node) + 1);
+    ++on_path[static_cast<size_t>(node)];
+  }
   for (size_t d = 0; d < result.children_tried.size(); ++d) {
     if (result.children_tried[d] == 0) continue;
     if (offered.size() <= d) {
@@ -329,6 +339,19 @@ void AcceptanceStats::add(const VerifyResult& result) {
     ++offered[d];
     if (static_cast<int32_t>(d) < result.num_accepted()) ++accepted[d];
   }
+}
+
+void AcceptanceStats::merge(const AcceptanceStats& other) {
+  steps += other.steps;
+  emitted += other.emitted;
+  const auto add_into = [](std::vector<int64_t>* into, const std::vector<int64_t>& from) {
+    if (into->size() < from.size()) into->resize(from.size(), 0);
+    for (size_t i = 0; i < from.size(); ++i) (*into)[i] += from[i];
+  };
+  add_into(&offered, other.offered);
+  add_into(&accepted, other.accepted);
+  add_into(&on_path, other.on_path);
+  add_into(&in_tree, other.in_tree);
 }
 
 double AcceptanceStats::acceptance_rate(int32_t depth) const {

@@ -5,6 +5,8 @@
 // cuts, sequencing errors and malformed checkpoints.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <random>
 
 #include "engine/backend/cpu/cpu_backend.h"
@@ -178,33 +180,51 @@ TEST(MedusaDeviceHeads, OneBlockHeadsSharingTheLmHeadMatchTheHost) {
       });
 }
 
-TEST(MedusaProposer, BudgetCutsTheStaticTreeToItsFirstNodes) {
+TEST(MedusaProposer, BudgetCutsTheStaticTreeToItsFirstListedNodes) {
   const Fixture f = load("medusa_llama_gqa");
   const nlohmann::json& t = f.ref["trees"][0];  // mc_sim_7b_63
   ASSERT_EQ(t["name"], "mc_sim_7b_63");
   MedusaProposer p(load_medusa_heads(f.dir, f.target->output_weight()), tree_of(t));
   observe_prompt(p, f, 1);
   const std::vector<int32_t> tokens = t["tokens"].get<std::vector<int32_t>>();
-  const std::vector<int32_t> parents = t["parents"].get<std::vector<int32_t>>();
-  const std::vector<int32_t> depth = tree_depths(parents);
+  // The reference's node i > 0 is Medusa's sorted choice i - 1.
+  const TreeChoices listed = t["choices"].get<TreeChoices>();
+  TreeChoices sorted = listed;
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+    return a.size() != b.size() ? a.size() < b.size() : a < b;
+  });
+  std::map<std::vector<int32_t>, int32_t> node_of = {{{}, 0}};
+  for (size_t i = 0; i < sorted.size(); ++i) node_of[sorted[i]] = static_cast<int32_t>(i + 1);
   for (const TreeBudget budget : {TreeBudget{10, 2}, TreeBudget{64, 1}, TreeBudget{5, 8},
-                                  TreeBudget{1, 8}, TreeBudget{64, 0}}) {
-    // Expected by definition: the reference tree's nodes in order, depth <= max_depth, at most
-    // max_nodes of them.
-    std::vector<int32_t> want_tokens = {tokens[0]}, want_parents = {-1}, index(tokens.size(), -1);
-    index[0] = 0;
-    for (size_t i = 1; i < tokens.size(); ++i) {
-      if (static_cast<int32_t>(want_tokens.size()) >= budget.max_nodes) break;
-      if (depth[i] > budget.max_depth) continue;
-      index[i] = static_cast<int32_t>(want_tokens.size());
-      want_tokens.push_back(tokens[i]);
-      want_parents.push_back(index[parents[i]]);
+                                  TreeBudget{8, 8}, TreeBudget{1, 8}, TreeBudget{64, 0}}) {
+    // Expected by definition: the list's first paths of depth <= max_depth, at most max_nodes
+    // nodes with the root, in Medusa order, with the reference tree's tokens.
+    TreeChoices kept;
+    for (const auto& path : listed) {
+      if (static_cast<int32_t>(kept.size()) + 1 >= budget.max_nodes) break;
+      if (static_cast<int32_t>(path.size()) <= budget.max_depth) kept.push_back(path);
+    }
+    std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
+      return a.size() != b.size() ? a.size() < b.size() : a < b;
+    });
+    std::map<std::vector<int32_t>, int32_t> index = {{{}, 0}};
+    std::vector<int32_t> want_tokens = {tokens[0]}, want_parents = {-1};
+    for (const auto& path : kept) {
+      index[path] = static_cast<int32_t>(want_tokens.size());
+      want_tokens.push_back(tokens[static_cast<size_t>(node_of.at(path))]);
+      want_parents.push_back(index.at(std::vector<int32_t>(path.begin(), path.end() - 1)));
     }
     const DraftTree tree = p.propose(1, budget);
     test::expect_tree(
         tree, want_tokens, want_parents,
         "budget " + std::to_string(budget.max_nodes) + "/" + std::to_string(budget.max_depth));
   }
+  // An 8-node cut of mc_sim_7b_63 keeps its best-ranked paths, not its first depth-1 nodes.
+  EXPECT_EQ(p.propose(1, TreeBudget{8, 8}).size(), 8);
+  int32_t deeper = 0;
+  const DraftTree eight = p.propose(1, TreeBudget{8, 8});
+  for (int32_t parent : eight.parent) deeper += parent > 0;
+  EXPECT_EQ(deeper, 4);  // [0,0] [0,1] [0,0,0] [1,0] of [0] [0,0] [1] [0,1] [2] [0,0,0] [1,0]
 }
 
 TEST(MedusaProposer, SequencingErrorsNameTheRequest) {

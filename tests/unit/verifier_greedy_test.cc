@@ -219,8 +219,8 @@ TEST(VerifierStats, AccumulatesAcceptanceByDepth) {
   none.bonus_token = 1;
   none.children_tried = {3};
   AcceptanceStats stats;
-  stats.add(deep);
-  stats.add(none);
+  stats.add(deep, 5);
+  stats.add(none, 4);
   EXPECT_EQ(stats.steps, 2);
   EXPECT_EQ(stats.emitted, 4);
   EXPECT_DOUBLE_EQ(stats.mean_emitted_per_step(), 2.0);
@@ -229,6 +229,18 @@ TEST(VerifierStats, AccumulatesAcceptanceByDepth) {
   EXPECT_DOUBLE_EQ(stats.acceptance_rate(1), 0.5);
   EXPECT_DOUBLE_EQ(stats.acceptance_rate(2), 1.0);
   EXPECT_DOUBLE_EQ(stats.acceptance_rate(3), 0.0);
+  // Per tree node: the root in both steps, nodes 1 and 4 in one, nodes 2 and 3 in none.
+  EXPECT_EQ(stats.on_path, (std::vector<int64_t>{2, 1, 0, 0, 1}));
+  EXPECT_EQ(stats.in_tree, (std::vector<int64_t>{2, 2, 2, 2, 1}));
+  AcceptanceStats both;
+  both.add(none);
+  both.merge(stats);
+  EXPECT_EQ(both.steps, 3);
+  EXPECT_EQ(both.emitted, 5);
+  EXPECT_EQ(both.offered, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(both.accepted, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(both.on_path, (std::vector<int64_t>{3, 1, 0, 0, 1}));
+  EXPECT_EQ(both.in_tree, (std::vector<int64_t>{2, 2, 2, 2, 1}));  // none added without a size
   EXPECT_EQ(deep.emitted_tokens(), (std::vector<int32_t>{5, 6, 7}));
 }
 

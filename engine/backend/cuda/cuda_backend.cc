@@ -975,6 +975,14 @@ std::string CudaBackend::batch_invariant_gemm_algo(int64_t out_features,
   return it == s_->lt_algos.end() ? "" : it->second.words;
 }
 
+std::string CudaBackend::tuning_report() const {
+  std::string out;
+  for (const auto& [shape, algo] : s_->lt_algos)
+    out += "linear " + std::to_string(shape.first) + " x " + std::to_string(shape.second) + ": " +
+           algo.words + "\n";
+  return out;
+}
+
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(options);
 }

@@ -221,6 +221,7 @@ class CudaBackend final : public Backend {
   // The cuBLASLt algorithm batch-invariant linear() uses for an (out, in) shape, in words
   // (selected on first use; "" if none yet).
   std::string batch_invariant_gemm_algo(int64_t out_features, int64_t in_features) const;
+  std::string tuning_report() const override;
   void synchronize();
   // Launches deferred work now (consecutive skinny linears and a residual add are held back to
   // be fused with the op that follows; every op, download and synchronize() does this first).

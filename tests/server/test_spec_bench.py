@@ -1,0 +1,110 @@
+"""`arbor spec-bench` on the CPU backend (stories260K, the story openers): its table row, the
+per-round lines of --rounds, the speculative and plain outputs identical (greedy), the order
+flags --plain-first and --no-spec-warmup, Medusa's per-node acceptance (--node-stats:
+consistent counts, and scripts/medusa_tree_from_stats.py turns them into a tree spec-bench
+takes), and a bad value named in the error.
+
+Run (repository root): ARBOR_BIN=build/server/arbor python3 tests/server/test_spec_bench.py
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from arbor_server import ARBOR_BIN, SHARED  # noqa: E402
+
+REPO = os.environ.get("ARBOR_REPO", os.path.join(os.path.dirname(__file__), "..", ".."))
+MODEL = os.path.join(SHARED, "models", "stories260K", "stories260K.bin")
+PROMPTS = os.path.join(REPO, "scripts", "data", "story_openers.txt")
+
+
+HEADS = os.path.join(REPO, "tests", "data", "heads", "stories260K")
+TREE_SCRIPT = os.path.join(REPO, "scripts", "medusa_tree_from_stats.py")
+
+
+def spec_bench(*args, spec=("--spec", "ngram")):
+    cmd = [ARBOR_BIN, "spec-bench", "-m", MODEL, "--prompts", PROMPTS, "--limit", "4",
+           "--max-tokens", "24", "--threads", "1", *spec, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+class SpecBench(unittest.TestCase):
+    def check_rounds(self, out, rounds):
+        row = [line for line in out.splitlines() if line.startswith("| ngram")]
+        self.assertEqual(len(row), 1, out)
+        # greedy: every speculative output equals its plain one
+        self.assertIn("| 4/4 |", row[0], out)
+        m = re.search(r"^rounds: speedup (.*) \(median ([0-9.]+)x\)$", out, re.M)
+        self.assertIsNotNone(m, out)
+        self.assertEqual(len(m.group(1).split(", ")), rounds, out)
+        m = re.search(r"^rounds: spec / plain tok/s (.*)$", out, re.M)
+        self.assertIsNotNone(m, out)
+        pairs = m.group(1).split(", ")
+        self.assertEqual(len(pairs), rounds, out)
+        for p in pairs:
+            spec, plain = (int(x) for x in p.split(" / "))
+            self.assertGreater(spec, 0, out)
+            self.assertGreater(plain, 0, out)
+        self.assertIn("spec: ", out)
+        self.assertIn("plain: ", out)
+
+    def test_rounds_spec_first(self):
+        r = spec_bench("--rounds", "2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.check_rounds(r.stdout, 2)
+
+    def test_rounds_plain_first(self):
+        r = spec_bench("--rounds", "3", "--plain-first", "--no-spec-warmup", "--gemm-report")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.check_rounds(r.stdout, 3)
+        # the CPU backend chooses nothing at run time: the report is its heading alone
+        self.assertTrue(r.stdout.rstrip().endswith("target choices:"), r.stdout)
+
+    def test_node_stats_feed_the_tree_script(self):
+        with tempfile.TemporaryDirectory() as d:
+            stats = os.path.join(d, "stats.json")
+            r = spec_bench("--skip-plain", "--node-stats", stats, "--spec-tree", "product-4-2-2",
+                           spec=("--spec", "medusa", "--spec-heads",
+                                 os.path.join(HEADS, "medusa")))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(stats) as f:
+                st = json.load(f)
+            paths, on_path, in_tree = st["paths"], st["on_path"], st["in_tree"]
+            self.assertEqual(len(paths), 1 + 4 + 8 + 16)  # product-4-2-2 with the root
+            self.assertEqual(paths[0], [])
+            self.assertEqual(on_path[0], st["steps"])  # the root is on every accepted path
+            self.assertEqual(in_tree[0], st["steps"])
+            self.assertGreater(sum(on_path[1:]), 0, st)  # the heads accept something
+            index = {tuple(p): i for i, p in enumerate(paths)}
+            for i, p in enumerate(paths):
+                hits = on_path[i] if i < len(on_path) else 0
+                self.assertLessEqual(hits, in_tree[i] if i < len(in_tree) else 0, p)
+                if p:  # a node is accepted only after its parent
+                    self.assertLessEqual(hits, on_path[index[tuple(p[:-1])]], p)
+            m = re.search(r"^node stats: (\d+) steps, (\d+) nodes", r.stdout, re.M)
+            self.assertIsNotNone(m, r.stdout)
+            out = subprocess.run([sys.executable, TREE_SCRIPT, stats, "--nodes", "4", "8",
+                                  "--out-dir", d], capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            with open(os.path.join(d, "medusa_8.json")) as f:
+                tree = json.load(f)
+            self.assertEqual(len(tree), 7)
+            # the written tree is a valid --spec-tree for the same heads
+            r = spec_bench("--skip-plain", "--spec-tree", os.path.join(d, "medusa_8.json"),
+                           spec=("--spec", "medusa", "--spec-heads",
+                                 os.path.join(HEADS, "medusa")))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("| medusa |", r.stdout)
+
+    def test_bad_rounds_is_named(self):
+        r = spec_bench("--rounds", "0")
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        self.assertIn("--rounds", r.stderr + r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
