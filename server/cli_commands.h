@@ -63,18 +63,19 @@ struct SpecBenchOptions {
   int32_t threads = 0;
   int32_t tensor_parallel = 1;
   bool no_bos = false;
-  bool skip_plain = false;      // acceptance only: no plain-decoding baseline run
-  int32_t warmup_tokens = 16;   // untimed runs of both modes first (GEMM tuning, step graphs)
-  int32_t rounds = 1;           // timed rounds of both modes; the medians are reported
-  bool draft_graphs = true;     // the draft's backend records step graphs (A/B runs)
-  bool plain_first = false;     // each round (and the warm-up) runs plain before speculative
-  bool no_spec_warmup = false;  // the warm-up runs plain decoding only
-  bool gemm_report = false;     // print the target backend's run-time choices (tuning_report)
-  std::string node_stats;       // write per-node acceptance (JSON) to this file
-  bool host_sampling = false;   // download logits and verify on the host (EngineConfig)
-  int32_t pad_trees = -1;       // EngineConfig::pad_trees
-  bool adaptive_trees = false;  // EngineConfig::adaptive_trees
-  std::string cost_model;       // verify-cost curve (JSON) for adaptive trees
+  bool skip_plain = false;           // acceptance only: no plain-decoding baseline run
+  int32_t warmup_tokens = 16;        // untimed runs of both modes first (GEMM tuning, step graphs)
+  int32_t rounds = 1;                // timed rounds of both modes; the medians are reported
+  bool draft_graphs = true;          // the draft's backend records step graphs (A/B runs)
+  bool plain_first = false;          // each round (and the warm-up) runs plain before speculative
+  bool no_spec_warmup = false;       // the warm-up runs plain decoding only
+  bool plain_after_release = false;  // one more plain pass after the proposer is freed
+  bool gemm_report = false;          // print the target backend's run-time choices (tuning_report)
+  std::string node_stats;            // write per-node acceptance (JSON) to this file
+  bool host_sampling = false;        // download logits and verify on the host (EngineConfig)
+  int32_t pad_trees = -1;            // EngineConfig::pad_trees
+  bool adaptive_trees = false;       // EngineConfig::adaptive_trees
+  std::string cost_model;            // verify-cost curve (JSON) for adaptive trees
   std::string spec;
   SpecConfig spec_config;
   int32_t max_tree_nodes = 64;

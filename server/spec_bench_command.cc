@@ -80,6 +80,9 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
               "Warm up plain decoding only (with --plain-first the first plain round then runs "
               "before any speculative step; the first speculative round pays its one-time "
               "costs)");
+  c->add_flag("--plain-after-release", o->plain_after_release,
+              "After the rounds, free the proposer and its draft backend and time one more "
+              "plain pass");
   c->add_option("--node-stats", o->node_stats,
                 "Write, per tree node, the steps that offered it and those that accepted it "
                 "(JSON, with Medusa's static tree paths) to this file");
@@ -356,6 +359,19 @@ int run_spec_bench(const SpecBenchOptions& o) {
   if (!o.skip_plain) breakdown("plain", plain_stats, plain_secs, plain_graphs, plain_x, plain_ft);
   if (!o.node_stats.empty()) write_node_stats(o, acc, proposer.get());
   if (o.gemm_report) std::printf("target choices:\n%s", model->backend().tuning_report().c_str());
+  if (o.plain_after_release && !o.skip_plain) {
+    // The proposer and its draft backend (memory, streams, recorded graphs) freed, then one
+    // more timed plain pass: whether what the speculative runs left behind on the draft's side
+    // is what a later plain run pays for.
+    proposer.reset();
+    std::vector<GenerationResult> res;
+    double secs = 0;
+    Timings ft;
+    std::tie(res, secs) = timed(nullptr, &plain_stats, &plain_graphs, &plain_x, &ft);
+    std::printf("plain after the draft was released: %.1f tok/s (rounds' median %.1f)\n",
+                total_tokens(res) / secs, median(plain_rates));
+    breakdown("plain after release", plain_stats, secs, plain_graphs, plain_x, ft);
+  }
   return 0;
 }
 

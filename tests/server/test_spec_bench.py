@@ -1,8 +1,8 @@
 """`arbor spec-bench` on the CPU backend (stories260K, the story openers): its table row, the
-per-round lines of --rounds, the speculative and plain outputs identical (greedy), the order
-flags --plain-first and --no-spec-warmup, Medusa's per-node acceptance (--node-stats:
-consistent counts, and scripts/medusa_tree_from_stats.py turns them into a tree spec-bench
-takes), and a bad value named in the error.
+per-round lines of --rounds, the speculative and plain outputs identical (greedy), the flags
+--plain-first, --no-spec-warmup and --plain-after-release, Medusa's per-node acceptance
+(--node-stats: consistent counts, and scripts/medusa_tree_from_stats.py turns them into a tree
+spec-bench takes), and a bad value named in the error.
 
 Run (repository root): ARBOR_BIN=build/server/arbor python3 tests/server/test_spec_bench.py
 """
@@ -58,11 +58,16 @@ class SpecBench(unittest.TestCase):
         self.check_rounds(r.stdout, 2)
 
     def test_rounds_plain_first(self):
-        r = spec_bench("--rounds", "3", "--plain-first", "--no-spec-warmup", "--gemm-report")
+        r = spec_bench("--rounds", "3", "--plain-first", "--no-spec-warmup", "--gemm-report",
+                       "--plain-after-release")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.check_rounds(r.stdout, 3)
+        m = re.search(r"^plain after the draft was released: ([0-9.]+) tok/s", r.stdout, re.M)
+        self.assertIsNotNone(m, r.stdout)
+        self.assertGreater(float(m.group(1)), 0)
+        self.assertIn("plain after release: ", r.stdout)
         # the CPU backend chooses nothing at run time: the report is its heading alone
-        self.assertTrue(r.stdout.rstrip().endswith("target choices:"), r.stdout)
+        self.assertIn("target choices:\nplain after the draft", r.stdout)
 
     def test_node_stats_feed_the_tree_script(self):
         with tempfile.TemporaryDirectory() as d:
