@@ -18,6 +18,8 @@
 #                                        # (and EAGLE-3 with .stage/heads/eagle3.tar carried)
 #   bash scripts/gpu_bars.sh e2e-ab      # the same, this build's arbor against .gpu/base_arbor.tar.gz
 #   bash scripts/gpu_bars.sh e2e-sweep   # SmolLM2 spec-bench over tree shapes (ARBOR_E2E_SWEEP)
+#   bash scripts/gpu_bars.sh plain-after # SmolLM2 plain steps before / after a speculative run
+#                                        # and after its draft is freed (EAGLE's slowdown, †)
 #   bash scripts/gpu_bars.sh ncu-spec    # ncu's per-kernel times of a short SmolLM2 spec-bench
 # The SmolLM2 modes need only the CLI: carry .gpu/payload_cli.tar.gz (written by pack beside
 # the whole payload) and not .gpu/payload.tar.gz when a base binary must travel as well.
@@ -77,7 +79,8 @@ if [ "$MODE" = flashinfer ]; then
   exit $STATUS
 fi
 
-# The whole payload, else the CLI-only one (enough for stage, e2e, e2e-ab and e2e-sweep).
+# The whole payload, else the CLI-only one (enough for stage, e2e, e2e-ab, e2e-sweep and
+# plain-after).
 PAYLOAD=.gpu/payload.tar.gz
 [ -f "$PAYLOAD" ] || PAYLOAD=.gpu/payload_cli.tar.gz
 [ -f "$PAYLOAD" ] || { echo "no .gpu/payload.tar.gz: run scripts/run_gpu_suite.sh pack"; exit 1; }
@@ -298,6 +301,25 @@ case "$MODE" in
       done
     done
     ;;
+  plain-after)
+    # The plain step after a speculative run (docs/speculation.md, †): per method in
+    # ARBOR_PLAIN_AFTER_METHODS (default "eagle ngram"), batch 1, one process each: a plain-only
+    # warm-up, 3 rounds plain first (round 1's plain runs before any speculative step), then one
+    # more plain pass after the proposer and its draft backend are freed. Each round's tok/s
+    # and the last pass are printed.
+    cat /tmp/stage/smol.part.* >/tmp/smol.gguf || { echo "SmolLM2 is not staged"; exit 1; }
+    for method in ${ARBOR_PLAIN_AFTER_METHODS:-eagle ngram}; do
+      heads=""
+      [ "$method" != ngram ] && heads="--spec-heads $(heads_dir "$method")"
+      echo "== $method" | tee -a "$LOG/plain_after.log"
+      # shellcheck disable=SC2086
+      timeout 150 "$BIN/arbor" spec-bench --backend cuda -m /tmp/smol.gguf \
+        --prompts .stage/heldout.jsonl --no-bos --max-tokens 128 --temperature 0 --batch 1 \
+        --rounds 3 --plain-first --no-spec-warmup --plain-after-release --spec "$method" $heads \
+        2>&1 | grep -E '^(\| [a-z]|rounds|plain after|plain( after release)? forward, )' |
+        tee -a "$LOG/plain_after.log" || STATUS=1
+    done
+    ;;
   ncu-spec)
     # ncu's per-kernel GPU times of a short SmolLM2 spec-bench run ("method [spec-bench
     # options]" in ARBOR_NCU_SPEC, default eagle; the first held-out prompt, 32 tokens, batch
@@ -322,7 +344,7 @@ case "$MODE" in
     wc -l "$LOG/ncu_spec.csv"
     ;;
   *)
-    echo "unknown mode '$MODE' (attention | model | decode-ab | model-ab | env-ab | e2e | e2e-ab | e2e-sweep | ncu-spec | stage | flashinfer)"
+    echo "unknown mode '$MODE' (attention | model | decode-ab | model-ab | env-ab | e2e | e2e-ab | e2e-sweep | plain-after | ncu-spec | stage | flashinfer)"
     exit 2
     ;;
 esac
