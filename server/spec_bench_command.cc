@@ -159,6 +159,8 @@ int run_spec_bench(const SpecBenchOptions& o) {
   sc.method = parse_spec_method(o.spec);
   sc.validate();
   check_spec_for_model(o.model, sc.method);
+  if (!o.node_stats.empty() && !std::ofstream(o.node_stats))  // before the runs, not after
+    throw_error(ErrorCode::kInvalidArgument, "--node-stats: cannot write " + o.node_stats);
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;

@@ -105,6 +105,13 @@ class SpecBench(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("| medusa |", r.stdout)
 
+    def test_unwritable_node_stats_is_named_before_the_runs(self):
+        r = spec_bench("--node-stats", "/nonexistent-dir/stats.json")
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        self.assertIn("--node-stats", r.stderr + r.stdout)
+        self.assertIn("/nonexistent-dir/stats.json", r.stderr + r.stdout)
+        self.assertNotIn("| ngram", r.stdout)  # refused before benchmarking
+
     def test_bad_rounds_is_named(self):
         r = spec_bench("--rounds", "0")
         self.assertNotEqual(r.returncode, 0, r.stdout)
