@@ -71,6 +71,7 @@ struct SpecBenchOptions {
   bool no_spec_warmup = false;       // the warm-up runs plain decoding only
   bool plain_after_release = false;  // one more plain pass after the proposer is freed
   bool gemm_report = false;          // print the target backend's run-time choices (tuning_report)
+  bool time_graphs = false;          // time the target's and draft's step-graph replays (device)
   std::string node_stats;            // write per-node acceptance (JSON) to this file
   bool host_sampling = false;        // download logits and verify on the host (EngineConfig)
   int32_t pad_trees = -1;            // EngineConfig::pad_trees
@@ -89,9 +90,10 @@ std::unique_ptr<LlamaModel> load_for_cli(
     std::unique_ptr<Backend>* backend,
     const std::function<void(const ModelWeights&)>& before_release = {});
 // A backend of the named kind for a proposer's draft model (EAGLE, Medusa's heads): a CUDA
-// backend for "cuda" (recording step graphs unless step_graphs is false), nullptr (the
-// proposer's own CPU backend, or Medusa's heads on the host) otherwise.
-std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind,
+// backend for "cuda" (recording step graphs unless step_graphs is false) that launches into
+// the target's stream (make_cuda_backend_on_stream_of; target: the model's rank-0 backend),
+// nullptr (the proposer's own CPU backend, or Medusa's heads on the host) otherwise.
+std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind, Backend& target,
                                             bool step_graphs = true);
 // The same on a named backend: "cpu", or "cuda" (bf16 weights on GPU 0; builds with
 // -DARBOR_CUDA=ON only, else a kUnsupported error naming the build option). A dummy model

@@ -75,15 +75,17 @@ void add_generate_command(CLI::App& app, GenerateOptions* o) {
               "Medusa typical acceptance instead of rejection sampling (NOT lossless)");
 }
 
-std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind, bool step_graphs) {
+std::unique_ptr<Backend> make_draft_backend(const std::string& backend_kind, Backend& target,
+                                            bool step_graphs) {
 #ifdef ARBOR_CUDA
   if (backend_kind == "cuda") {
     CudaBackendOptions options;
     options.cuda_graphs = step_graphs;
-    return make_cuda_backend(options);
+    return make_cuda_backend_on_stream_of(options, target);
   }
 #endif
   (void)backend_kind;
+  (void)target;
   (void)step_graphs;
   return nullptr;
 }
@@ -182,7 +184,8 @@ int run_generate(const GenerateOptions& o) {
   std::unique_ptr<Proposer> proposer;
   auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, o.tensor_parallel, &bundle,
                             &backend, [&](const ModelWeights& w) {
-                              proposer = make_proposer(sc, w, make_draft_backend(o.backend));
+                              proposer =
+                                  make_proposer(sc, w, make_draft_backend(o.backend, *backend));
                             });
   const Tokenizer& tok = *bundle.tokenizer;
 

@@ -162,7 +162,8 @@ int run_serve() {
   std::unique_ptr<Proposer> proposer;
   auto model = load_for_cli(cfg.model_path, cfg.tokenizer_path, cfg.backend, cfg.threads,
                             cfg.tensor_parallel, &bundle, &backend, [&](const ModelWeights& w) {
-                              proposer = make_proposer(sc, w, make_draft_backend(cfg.backend));
+                              proposer =
+                                  make_proposer(sc, w, make_draft_backend(cfg.backend, *backend));
                             });
   model->set_step_graphs(cfg.cuda_graphs);
   const Tokenizer& tok = *bundle.tokenizer;

@@ -89,6 +89,9 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   c->add_flag("--gemm-report", o->gemm_report,
               "Print the target backend's run-time choices per weight shape (the CUDA backend's "
               "tuned GEMM algorithms)");
+  c->add_flag("--time-graphs", o->time_graphs,
+              "Time the target's and the draft's step-graph replays on the device (events around "
+              "each) and print their means beside each run's forward times");
   c->add_flag("--host-sampling", o->host_sampling,
               "Download logits and sample / verify on the host (default: on the backend)");
   c->add_option("--pad-trees", o->pad_trees,
@@ -115,7 +118,7 @@ void write_node_stats(const SpecBenchOptions& o, const AcceptanceStats& acc,
   j["prompts"] = o.prompts;
   j["steps"] = acc.steps;
   j["on_path"] = acc.on_path;
-  j["in_tree"] = acc.in_tree;
+  j["in_tree"] = acc.in_tree();
   j["paths"] = nullptr;
   if (const auto* medusa = dynamic_cast<const MedusaProposer*>(proposer)) {
     j["tree"] = medusa->tree().name;
@@ -164,11 +167,12 @@ int run_spec_bench(const SpecBenchOptions& o) {
   ModelBundle bundle;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Proposer> proposer;
-  auto model =
-      load_for_cli(o.model, o.tokenizer, o.backend, o.threads, o.tensor_parallel, &bundle, &backend,
-                   [&](const ModelWeights& w) {
-                     proposer = make_proposer(sc, w, make_draft_backend(o.backend, o.draft_graphs));
-                   });
+  auto model = load_for_cli(o.model, o.tokenizer, o.backend, o.threads, o.tensor_parallel, &bundle,
+                            &backend, [&](const ModelWeights& w) {
+                              auto draft = make_draft_backend(o.backend, *backend, o.draft_graphs);
+                              if (draft != nullptr && o.time_graphs) draft->set_graph_timing(true);
+                              proposer = make_proposer(sc, w, std::move(draft));
+                            });
   const auto texts = read_prompts(o.prompts, o.limit);
   std::vector<GenerationRequest> reqs;
   for (size_t i = 0; i < texts.size(); ++i) {
@@ -194,6 +198,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
   gc.num_blocks = static_cast<int32_t>(
       o.batch * ((longest + o.max_tokens + o.max_tree_nodes) / gc.block_size + 2) + 16);
 
+  if (o.time_graphs) model->backend().set_graph_timing(true);
   // Step graphs used by a run: the model's counters after it minus before.
   // Host waits and bytes copied by a run: target and draft backends, after minus before.
   auto transfers = [&](Proposer* p) {
@@ -201,10 +206,12 @@ int run_spec_bench(const SpecBenchOptions& o) {
            (p != nullptr ? p->draft_transfer_stats() : TransferStats{});
   };
   using Timings = LlamaModel::ForwardTimings;
+  TransferStats last_draft_x;  // the draft backend's share of the last timed run's transfers
   auto timed = [&](Proposer* p, GeneratorStats* st, StepGraphStats* g, TransferStats* x,
                    Timings* ft) {
     const StepGraphStats g0 = model->step_graph_stats();
     const TransferStats x0 = transfers(p);
+    const TransferStats d0 = p != nullptr ? p->draft_transfer_stats() : TransferStats{};
     const Timings f0 = model->forward_timings();
     Generator gen(*model, gc, p);
     const auto t0 = std::chrono::steady_clock::now();
@@ -218,6 +225,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
     g->replays = g1.replays - g0.replays;
     g->evictions = g1.evictions - g0.evictions;
     *x = transfers(p) - x0;
+    last_draft_x = p != nullptr ? p->draft_transfer_stats() - d0 : TransferStats{};
     *ft = model->forward_timings() - f0;
     return std::make_pair(std::move(res), secs);
   };
@@ -244,7 +252,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
   }
   GeneratorStats spec_stats, plain_stats;
   StepGraphStats spec_graphs, plain_graphs;
-  TransferStats spec_x, plain_x;
+  TransferStats spec_x, plain_x, spec_draft_x;
   Timings spec_ft, plain_ft;
   std::vector<GenerationResult> spec_res, plain_res;
   double spec_secs = 0, plain_secs = 0;
@@ -265,6 +273,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
     if (o.plain_first && !o.skip_plain) run_plain();
     std::tie(spec_res, spec_secs) =
         timed(proposer.get(), &spec_stats, &spec_graphs, &spec_x, &spec_ft);
+    spec_draft_x = last_draft_x;
     spec_rates.push_back(total_tokens(spec_res) / spec_secs);
     if (o.skip_plain) continue;
     if (!o.plain_first) run_plain();
@@ -324,7 +333,8 @@ int run_spec_bench(const SpecBenchOptions& o) {
     return std::string(buf);
   };
   auto breakdown = [&](const char* what, const GeneratorStats& st, double secs,
-                       const StepGraphStats& g, const TransferStats& x, const Timings& ft) {
+                       const StepGraphStats& g, const TransferStats& x, const Timings& ft,
+                       const TransferStats& dx = {}) {
     const double steps = static_cast<double>(std::max<int64_t>(st.steps, 1));
     const double fwd = st.decode_seconds + st.mixed_seconds + st.prefill_seconds;
     std::printf(
@@ -339,6 +349,17 @@ int run_spec_bench(const SpecBenchOptions& o) {
         "%s transfers: per step %.2f host syncs, %.1f KB device->host, %.1f KB "
         "host->device\n",
         what, x.syncs / steps, x.d2h_bytes / steps / 1024, x.h2d_bytes / steps / 1024);
+    // --time-graphs: the target's step graphs, then the draft's (EAGLE), on the device.
+    const auto device_time = [&](const char* whose, const TransferStats& t) {
+      if (t.graphs_timed > 0)
+        std::printf(
+            "%s %s step graphs on the device: %.3f ms per replay, %.3f ms per step (%lld "
+            "timed)\n",
+            what, whose, t.graph_device_ms / static_cast<double>(t.graphs_timed),
+            t.graph_device_ms / steps, static_cast<long long>(t.graphs_timed));
+    };
+    device_time("target", x - dx);
+    device_time("draft", dx);
     // The forward's host phases (LlamaModel::ForwardTimings): the device's time is in the
     // finish, which ends with the wait for it.
     const double fs = static_cast<double>(std::max<int64_t>(ft.steps, 1));
@@ -354,7 +375,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
                 static_cast<long long>(ft.replayed_steps), ft.replayed_launch_s / rs * 1e3,
                 ft.replayed_finish_s / rs * 1e3);
   };
-  breakdown("spec", spec_stats, spec_secs, spec_graphs, spec_x, spec_ft);
+  breakdown("spec", spec_stats, spec_secs, spec_graphs, spec_x, spec_ft, spec_draft_x);
   // The draft model's own recordings (EAGLE), warm-up included.
   const StepGraphStats dg = proposer->draft_graph_stats();
   if (dg.captures + dg.replays + dg.eager > 0) std::printf("draft: %s\n", graph_words(dg).c_str());

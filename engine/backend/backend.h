@@ -96,11 +96,17 @@ struct TransferStats {
   int64_t syncs = 0;
   int64_t d2h_bytes = 0;  // device -> host
   int64_t h2d_bytes = 0;  // host -> device (step metadata, uploads; weights included)
+  // Step-graph replays timed on the device (Backend::set_graph_timing) and their device time:
+  // from the replay's start on the stream to its end, waits for the host excluded.
+  int64_t graphs_timed = 0;
+  double graph_device_ms = 0;
   TransferStats operator-(const TransferStats& o) const {
-    return {syncs - o.syncs, d2h_bytes - o.d2h_bytes, h2d_bytes - o.h2d_bytes};
+    return {syncs - o.syncs, d2h_bytes - o.d2h_bytes, h2d_bytes - o.h2d_bytes,
+            graphs_timed - o.graphs_timed, graph_device_ms - o.graph_device_ms};
   }
   TransferStats operator+(const TransferStats& o) const {
-    return {syncs + o.syncs, d2h_bytes + o.d2h_bytes, h2d_bytes + o.h2d_bytes};
+    return {syncs + o.syncs, d2h_bytes + o.d2h_bytes, h2d_bytes + o.h2d_bytes,
+            graphs_timed + o.graphs_timed, graph_device_ms + o.graph_device_ms};
   }
 };
 
@@ -315,6 +321,10 @@ class Backend {
 
   // Host <-> device traffic and host waits so far (the probe of spec-bench and the GPU tests).
   virtual TransferStats transfer_stats() const { return {}; }
+  // Diagnostics (spec-bench --time-graphs): time every step-graph replay on the device with
+  // events around it, read at the next wait (TransferStats::graph_device_ms). No-op where steps
+  // are not recorded.
+  virtual void set_graph_timing(bool on) { (void)on; }
   // What the backend chose at run time for each shape it met (the CUDA backend: the tuned
   // cuBLASLt algorithm and chain GEMM per (out, in) weight shape), one line each; "" where
   // nothing is chosen at run time. spec-bench --gemm-report prints it.

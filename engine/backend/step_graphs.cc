@@ -75,15 +75,19 @@ void StepGraphCache::clear() {
   seen_.clear();
 }
 
-namespace {
-// ARBOR_STEP_GRAPH_TRACE=1: one stderr line per lookup (action, sightings, key), to see which
-// key fields keep a workload from replaying.
-bool trace_lookups() {
+bool step_graph_trace_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("ARBOR_STEP_GRAPH_TRACE");
     return e != nullptr && std::string(e) == "1";
   }();
   return on;
+}
+
+namespace {
+// One stderr line per lookup (action, sightings, key), to see which key fields keep a workload
+// from replaying.
+bool trace_lookups() {
+  return step_graph_trace_enabled();
 }
 void trace(const char* action, const StepGraphKey& key, int32_t eager_runs) {
   if (!trace_lookups()) return;

@@ -22,6 +22,10 @@ namespace arbor {
 // returns, and what the backend appends (Backend::prepare_step_graph).
 using StepGraphKey = std::vector<int64_t>;
 
+// ARBOR_STEP_GRAPH_TRACE=1 (read once): StepGraphCache prints every lookup, and backends print
+// every reallocation that moves their memory epoch (what, size, address) to stderr.
+bool step_graph_trace_enabled();
+
 struct StepGraphStats {
   int64_t eager = 0;             // graph-eligible steps run op by op (key not steady yet)
   int64_t captures = 0;          // recordings made (each is launched once right away)

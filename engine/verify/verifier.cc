@@ -320,9 +320,9 @@ VerifyResult verify_greedy_argmax(const DraftTree& tree, std::span<const int32_t
 void AcceptanceStats::add(const VerifyResult& result, int32_t tree_size) {
   ++steps;
   if (tree_size > 0) {
-    if (in_tree.size() < static_cast<size_t>(tree_size))
-      in_tree.resize(static_cast<size_t>(tree_size), 0);
-    for (int32_t i = 0; i < tree_size; ++i) ++in_tree[static_cast<size_t>(i)];
+    if (tree_sizes.size() <= static_cast<size_t>(tree_size))
+      tree_sizes.resize(static_cast<size_t>(tree_size) + 1, 0);
+    ++tree_sizes[static_cast<size_t>(tree_size)];
   }
   emitted += result.num_accepted() + 1;
   for (int32_t node : result.accepted_nodes) {
@@ -351,7 +351,18 @@ void AcceptanceStats::merge(const AcceptanceStats& other) {
   add_into(&offered, other.offered);
   add_into(&accepted, other.accepted);
   add_into(&on_path, other.on_path);
-  add_into(&in_tree, other.in_tree);
+  add_into(&tree_sizes, other.tree_sizes);
+}
+
+std::vector<int64_t> AcceptanceStats::in_tree() const {
+  // Node i is in every tree of more than i nodes: a suffix sum of the size histogram.
+  std::vector<int64_t> out(tree_sizes.empty() ? 0 : tree_sizes.size() - 1, 0);
+  int64_t larger = 0;
+  for (size_t i = out.size(); i-- > 0;) {
+    larger += tree_sizes[i + 1];
+    out[i] = larger;
+  }
+  return out;
 }
 
 double AcceptanceStats::acceptance_rate(int32_t depth) const {

@@ -113,16 +113,19 @@ struct AcceptanceStats {
   int64_t emitted = 0;            // accepted + bonus tokens
   std::vector<int64_t> offered;   // [max depth] entry d: steps that tested a node at depth d + 1
   std::vector<int64_t> accepted;  // [max depth] entry d: steps that accepted a node at depth d + 1
-  // Per tree node i (entry 0 the root): steps whose accepted path holds node i, and steps whose
-  // tree had node i (add() given the tree's size). With a static tree (Medusa, cut to a budget by
-  // keeping its first nodes) node i is the same tree position in every step, so on_path[i] /
-  // in_tree[i] is how often that position is accepted when offered (spec-bench --node-stats,
-  // scripts/medusa_tree_from_stats.py).
+  // Per tree node i (entry 0 the root): steps whose accepted path holds node i. With a static
+  // tree (Medusa, cut to a budget by keeping its first nodes) node i is the same tree position in
+  // every step, so on_path[i] / in_tree()[i] is how often that position is accepted when offered
+  // (spec-bench --node-stats, scripts/medusa_tree_from_stats.py).
   std::vector<int64_t> on_path;
-  std::vector<int64_t> in_tree;
+  // tree_sizes[n]: steps whose verified tree had n nodes (add() given the tree's size).
+  std::vector<int64_t> tree_sizes;
 
-  // tree_size: the verified tree's node count (in_tree), or -1 when not known.
+  // tree_size: the verified tree's node count (tree_sizes), or -1 when not known.
   void add(const VerifyResult& result, int32_t tree_size = -1);
+  // Per tree node i: steps whose tree had node i (a tree of n nodes has nodes 0..n-1), from
+  // tree_sizes; as long as the largest tree.
+  std::vector<int64_t> in_tree() const;
   void merge(const AcceptanceStats& other);  // both sets of steps
   double mean_emitted_per_step() const { return steps ? double(emitted) / steps : 0.0; }
   // accepted / offered at `depth` (>= 1); 0 when never offered.

@@ -7,12 +7,14 @@
 // plain greedy without graphs. The tests also check that recordings were made and replayed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
 
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/core/error.h"
 #include "engine/draft/eagle_checkpoint.h"
 #include "engine/draft/eagle_draft_model.h"
 #include "engine/model/llama_model.h"
@@ -197,26 +199,76 @@ TEST_P(CudaGraphs, SpeculativeGreedyWithGraphsEqualsPlain) {
     if (std::filesystem::exists(heads)) methods.push_back({method, heads});
   }
   for (const auto& [method, heads] : methods) {
-    SpecConfig sc;
-    sc.method = parse_spec_method(method);
-    sc.head_path = heads;
-    sc.total_tokens = 16;  // small trees: shapes repeat, so verify steps get recorded too
-    sc.ngram_max_nodes = 8;
-    auto proposer = make_proposer(sc, w);
-    GpuModel on = make_model(w, true);
-    Generator spec(*on.model, config(), proposer.get());
-    const auto got = spec.run(reqs);
-    const StepGraphStats s = on.model->step_graph_stats();
-    std::printf("  %-16s %s speculation with graphs: %s; acceptance %.2f tokens/step\n",
-                GetParam().c_str(), method.c_str(), describe(s).c_str(),
-                spec.stats().acceptance.mean_emitted_per_step());
-    expect_equal(got, want, GetParam() + " " + method + " + graphs == plain without");
-    EXPECT_GT(s.replays, 0) << method;
-    if (method != "ngram") {
-      EXPECT_GT(spec.stats().path_feedback_steps, 0) << method;
+    // EAGLE's draft on the host, then on a CUDA backend launching into the target's stream
+    // with step graphs of its own (as arbor serve / generate / spec-bench make it).
+    for (const bool draft_on_target_stream : {false, true}) {
+      if (draft_on_target_stream && method == "ngram") continue;
+      SpecConfig sc;
+      sc.method = parse_spec_method(method);
+      sc.head_path = heads;
+      sc.total_tokens = 16;  // small trees: shapes repeat, so verify steps get recorded too
+      sc.ngram_max_nodes = 8;
+      GpuModel on = make_model(w, true);
+      std::unique_ptr<Backend> draft_backend;
+      if (draft_on_target_stream) {
+        draft_backend = make_cuda_backend_on_stream_of(CudaBackendOptions{}, *on.backend);
+        ASSERT_EQ(static_cast<CudaBackend&>(*draft_backend).stream_handle(),
+                  static_cast<CudaBackend&>(*on.backend).stream_handle());
+      }
+      auto proposer = make_proposer(sc, w, std::move(draft_backend));
+      Generator spec(*on.model, config(), proposer.get());
+      const auto got = spec.run(reqs);
+      const StepGraphStats s = on.model->step_graph_stats();
+      const std::string what =
+          method + (draft_on_target_stream ? " (draft on the target's stream)" : "");
+      std::printf(
+          "  %-16s %s speculation with graphs: %s; draft: %s; acceptance %.2f tokens/step\n",
+          GetParam().c_str(), what.c_str(), describe(s).c_str(),
+          describe(proposer->draft_graph_stats()).c_str(),
+          spec.stats().acceptance.mean_emitted_per_step());
+      expect_equal(got, want, GetParam() + " " + what + " + graphs == plain without");
+      EXPECT_GT(s.replays, 0) << what;
+      if (method != "ngram") {
+        EXPECT_GT(spec.stats().path_feedback_steps, 0) << what;
+      }
+      if (draft_on_target_stream) {
+        EXPECT_GT(proposer->draft_graph_stats().replays, 0) << what;
+      }
+      EXPECT_EQ(s.capture_failures, 0) << what;
     }
-    EXPECT_EQ(s.capture_failures, 0) << method;
   }
+}
+
+// A backend on another's stream (make_cuda_backend_on_stream_of) shares it, orders with it
+// without events, and keeps working after the backend whose stream it took is gone.
+TEST(CudaSharedStream, OutlivesThePeerAndKeepsOrder) {
+  ARBOR_REQUIRE_GPU();
+  auto target = make_cuda_backend();
+  auto draft = make_cuda_backend_on_stream_of(CudaBackendOptions{}, *target);
+  auto& t = static_cast<CudaBackend&>(*target);
+  auto& d = static_cast<CudaBackend&>(*draft);
+  ASSERT_EQ(t.stream_handle(), d.stream_handle());
+  std::mt19937 rng(3);
+  const HostTensor x = random_tensor(rng, {4, 64}, 1.f);
+  std::vector<float> twice(x.data.size());
+  for (size_t i = 0; i < twice.size(); ++i) twice[i] = x.data[i] + x.data[i];
+  // Written by the target, read by the draft after wait_for (no event on one stream).
+  const Tensor on_target = target->persistent(4, 64);
+  target->upload(x.data.data(), on_target);
+  draft->wait_for(*target);
+  const Tensor sum = draft->persistent(4, 64);
+  draft->add(on_target, on_target, sum);
+  std::vector<float> back(x.data.size());
+  draft->download(sum, back.data());
+  EXPECT_EQ(back, twice);
+  target.reset();  // the stream stays with the draft
+  const Tensor mine = draft->persistent(4, 64);
+  draft->upload(x.data.data(), mine);
+  draft->add(mine, mine, sum);
+  std::fill(back.begin(), back.end(), 0.f);
+  draft->download(sum, back.data());
+  EXPECT_EQ(back, twice);
+  EXPECT_THROW(make_cuda_backend_on_stream_of(CudaBackendOptions{}, *make_cpu_backend(1)), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaGraphs,

@@ -1,6 +1,6 @@
 """`arbor spec-bench` on the CPU backend (stories260K, the story openers): its table row, the
 per-round lines of --rounds, the speculative and plain outputs identical (greedy), the flags
---plain-first, --no-spec-warmup and --plain-after-release, Medusa's per-node acceptance
+--plain-first, --no-spec-warmup, --plain-after-release and --time-graphs, Medusa's per-node acceptance
 (--node-stats: consistent counts, and scripts/medusa_tree_from_stats.py turns them into a tree
 spec-bench takes), and a bad value named in the error.
 
@@ -59,7 +59,7 @@ class SpecBench(unittest.TestCase):
 
     def test_rounds_plain_first(self):
         r = spec_bench("--rounds", "3", "--plain-first", "--no-spec-warmup", "--gemm-report",
-                       "--plain-after-release")
+                       "--plain-after-release", "--time-graphs")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.check_rounds(r.stdout, 3)
         m = re.search(r"^plain after the draft was released: ([0-9.]+) tok/s", r.stdout, re.M)
@@ -68,6 +68,8 @@ class SpecBench(unittest.TestCase):
         self.assertIn("plain after release: ", r.stdout)
         # the CPU backend chooses nothing at run time: the report is its heading alone
         self.assertIn("target choices:\nplain after the draft", r.stdout)
+        # nor does it record step graphs: --time-graphs has no replay to time
+        self.assertNotIn("step graphs on the device", r.stdout)
 
     def test_node_stats_feed_the_tree_script(self):
         with tempfile.TemporaryDirectory() as d:

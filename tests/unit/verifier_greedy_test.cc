@@ -231,7 +231,7 @@ TEST(VerifierStats, AccumulatesAcceptanceByDepth) {
   EXPECT_DOUBLE_EQ(stats.acceptance_rate(3), 0.0);
   // Per tree node: the root in both steps, nodes 1 and 4 in one, nodes 2 and 3 in none.
   EXPECT_EQ(stats.on_path, (std::vector<int64_t>{2, 1, 0, 0, 1}));
-  EXPECT_EQ(stats.in_tree, (std::vector<int64_t>{2, 2, 2, 2, 1}));
+  EXPECT_EQ(stats.in_tree(), (std::vector<int64_t>{2, 2, 2, 2, 1}));
   AcceptanceStats both;
   both.add(none);
   both.merge(stats);
@@ -240,7 +240,7 @@ TEST(VerifierStats, AccumulatesAcceptanceByDepth) {
   EXPECT_EQ(both.offered, (std::vector<int64_t>{3, 1}));
   EXPECT_EQ(both.accepted, (std::vector<int64_t>{1, 1}));
   EXPECT_EQ(both.on_path, (std::vector<int64_t>{3, 1, 0, 0, 1}));
-  EXPECT_EQ(both.in_tree, (std::vector<int64_t>{2, 2, 2, 2, 1}));  // none added without a size
+  EXPECT_EQ(both.in_tree(), (std::vector<int64_t>{2, 2, 2, 2, 1}));  // none added without a size
   EXPECT_EQ(deep.emitted_tokens(), (std::vector<int32_t>{5, 6, 7}));
 }
 

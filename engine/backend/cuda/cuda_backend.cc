@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
@@ -17,9 +18,11 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "engine/backend/draft_frontier.h"
 #include "engine/backend/step_graphs.h"
@@ -122,6 +125,10 @@ struct DeviceBuffer {
     bytes = 0;
     cuda_check(cudaMalloc(&ptr, need), what);
     bytes = need;
+    if (step_graph_trace_enabled())
+      std::fprintf(stderr, "memory %s: %s %zu bytes at %p (epoch %p)\n",
+                   epoch != nullptr ? "moved" : "grown", what, need, ptr,
+                   static_cast<void*>(epoch));
   }
   ~DeviceBuffer() {
     if (ptr != nullptr) cudaFree(ptr);
@@ -219,7 +226,19 @@ class Packer {
 
 }  // namespace
 
+// A CUDA stream and the backends that launch into it (make_cuda_backend_on_stream_of: an EAGLE
+// draft beside its target). The last backend to go destroys it.
+struct SharedStream {
+  cudaStream_t stream = nullptr;
+  std::vector<void*> users;  // CudaBackend::State of each backend using it
+  ~SharedStream() {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
 struct CudaBackend::State {
+  // First member, so it goes last: everything below is released before the stream may be.
+  std::shared_ptr<SharedStream> shared_stream;
   CudaBackendOptions options;
   cudaStream_t stream = nullptr;
   // Host waits and bytes copied (Backend::transfer_stats).
@@ -227,6 +246,24 @@ struct CudaBackend::State {
   void wait(const char* what) {
     cuda_check(cudaStreamSynchronize(stream), what);
     ++transfers.syncs;
+    if (graph_timing.pending) collect_graph_time();
+  }
+  // set_graph_timing: events around the last replay, read once the stream has passed them.
+  struct GraphTiming {
+    bool on = false, pending = false;
+    cudaEvent_t start = nullptr, end = nullptr;
+    ~GraphTiming() {
+      if (start != nullptr) cudaEventDestroy(start);
+      if (end != nullptr) cudaEventDestroy(end);
+    }
+  } graph_timing;
+  void collect_graph_time() {
+    cuda_check(cudaEventSynchronize(graph_timing.end), "graph timing");
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, graph_timing.start, graph_timing.end), "graph timing");
+    transfers.graph_device_ms += ms;
+    ++transfers.graphs_timed;
+    graph_timing.pending = false;
   }
   void d2h(void* dst, const void* src, size_t bytes, const char* what) {
     cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), what);
@@ -331,6 +368,7 @@ struct CudaBackend::State {
   uint64_t capture_epoch = 0;  // epoch when the recording began (a move fails it)
   std::map<int64_t, cudaGraphExec_t> graphs;
   int64_t next_graph = 0;
+  int backend_index = 0;  // this process's backends in creation order (graph_dot_dir's names)
   DeviceBuffer cublas_workspace;  // cuBLAS must not allocate inside a recording
   int32_t last_splits = 1;
   bool last_tensor_core = false;
@@ -526,8 +564,11 @@ std::optional<long> env_int(const char* name, long lo, long hi, long multiple,
 // invariant_split_keys, ARBOR_ATTN_KERNEL (0..3) attention_kernel, ARBOR_CHAIN_GEMM (0..16)
 // chain_gemm_max_rows and chain_gemm_small_max_rows, ARBOR_CHAIN_SMALL / ARBOR_CHAIN_DEEP
 // (<warps><stages><stage k>) the chain GEMM tilings, ARBOR_CHUNKED_WGMMA (0..2)
-// chunked_gemm_wgmma, ARBOR_PDL (0 | 1) pdl, ARBOR_DEFER_SPLIT (0 | 1) defer_split.
+// chunked_gemm_wgmma, ARBOR_PDL (0 | 1) pdl, ARBOR_DEFER_SPLIT (0 | 1) defer_split,
+// ARBOR_STEP_GRAPH_DOT (a folder) graph_dot_dir.
 CudaBackendOptions with_env_overrides(CudaBackendOptions o) {
+  if (const char* dot = std::getenv("ARBOR_STEP_GRAPH_DOT"); dot != nullptr && *dot != '\0')
+    o.graph_dot_dir = dot;
   if (const auto v = env_int("ARBOR_PDL", 0, 1, 1, "0 or 1")) o.pdl = *v != 0;
   if (const auto v = env_int("ARBOR_DEFER_SPLIT", 0, 1, 1, "0 or 1")) o.defer_split = *v != 0;
   if (const auto v = env_int("ARBOR_CHUNKED_WGMMA", 0, 2, 1, "0 never, 1 always, 2 auto"))
@@ -565,6 +606,8 @@ CudaBackendOptions with_env_overrides(CudaBackendOptions o) {
 CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_unique<State>()) {
   const CudaBackendOptions options = with_env_overrides(requested);
   s_->options = options;
+  static std::atomic<int> backends_created{0};
+  s_->backend_index = backends_created++;
   if (options.kv_dtype != DType::kBF16 && options.kv_dtype != DType::kF16)
     throw_error(ErrorCode::kUnsupported, std::string("cuda backend: KV cache dtype ") +
                                              dtype_name(options.kv_dtype) +
@@ -582,6 +625,9 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
   cuda_check(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
   s_->device_name = "device " + std::to_string(options.device) + " (" + prop.name + ")";
   cuda_check(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  s_->shared_stream = std::make_shared<SharedStream>();
+  s_->shared_stream->stream = s_->stream;
+  s_->shared_stream->users.push_back(s_.get());
   kernels::set_pdl_allowed(options.pdl);
   kernels::pdl_enabled();  // its one-time probe now, never inside a step-graph capture
   cublas_check(cublasCreate(&s_->cublas), "cublasCreate");
@@ -662,10 +708,32 @@ CudaBackend::~CudaBackend() {
   for (auto& [key, layout] : s_->lt_layouts) cublasLtMatrixLayoutDestroy(layout);
   if (s_->lt_desc != nullptr) cublasLtMatmulDescDestroy(s_->lt_desc);
   if (s_->lt != nullptr) cublasLtDestroy(s_->lt);
-  // Buffers and events are released by State's members before the stream.
-  cudaStream_t stream = s_->stream;
+  // Buffers and events are released by State's members before the stream (shared_stream, the
+  // first member), which goes with the last backend using it.
+  if (s_->shared_stream != nullptr) std::erase(s_->shared_stream->users, s_.get());
   s_.reset();
-  if (stream != nullptr) cudaStreamDestroy(stream);
+}
+
+std::unique_ptr<Backend> make_cuda_backend_on_stream_of(const CudaBackendOptions& options,
+                                                        Backend& peer) {
+  auto* p = dynamic_cast<CudaBackend*>(&peer);
+  if (p == nullptr)
+    throw_error(ErrorCode::kInvalidArgument,
+                "make_cuda_backend_on_stream_of: the peer is a " + peer.name() + " backend");
+  if (p->s_->options.device != options.device)
+    throw_error(ErrorCode::kInvalidArgument,
+                "make_cuda_backend_on_stream_of: the peer is on device " +
+                    std::to_string(p->s_->options.device) + ", not " +
+                    std::to_string(options.device));
+  auto b = std::make_unique<CudaBackend>(options);
+  CudaBackend::State& s = *b->s_;
+  s.wait("make_cuda_backend_on_stream_of");  // nothing of its own stream is left in flight
+  std::erase(s.shared_stream->users, &s);
+  s.shared_stream = p->s_->shared_stream;  // its own stream goes with the last reference
+  s.shared_stream->users.push_back(&s);
+  s.stream = s.shared_stream->stream;
+  cublas_check(cublasSetStream(s.cublas, s.stream), "cublasSetStream");
+  return b;
 }
 
 // --- batch-invariant linear (cuBLASLt) --------------------------------------------------------
@@ -1277,6 +1345,9 @@ Tensor CudaBackend::scratch(int64_t rows, int64_t cols) {
     State::Chunk c{nullptr, std::max<size_t>(bytes, 64u << 20)};
     cuda_check(cudaMalloc(&c.ptr, c.bytes), "scratch");
     ++s.epoch;
+    if (step_graph_trace_enabled())
+      std::fprintf(stderr, "memory moved: scratch chunk %zu bytes at %p (epoch %p)\n", c.bytes,
+                   c.ptr, static_cast<void*>(&s.epoch));
     s.chunks.push_back(c);
     s.chunk_used = 0;
   }
@@ -1300,6 +1371,9 @@ void CudaBackend::reset_scratch() {
     cuda_check(cudaMalloc(&c.ptr, c.bytes), "reset_scratch");
     s.chunks.push_back(c);
     ++s.epoch;
+    if (step_graph_trace_enabled())
+      std::fprintf(stderr, "memory moved: scratch %zu bytes at %p (epoch %p)\n", c.bytes, c.ptr,
+                   static_cast<void*>(&s.epoch));
   }
   s.chunk_index = 0;
   s.chunk_used = 0;
@@ -1384,6 +1458,9 @@ void CudaBackend::allocate_kv(const KvCacheShape& shape) {
   s.kv_width = shape.num_kv_heads * shape.head_dim;
   const size_t bytes = static_cast<size_t>(2 * shape.num_layers * s.num_slots * s.kv_width) * 2;
   s.kv.ensure(bytes, "allocate_kv");
+  if (step_graph_trace_enabled())
+    std::fprintf(stderr, "memory moved: kv cache %zu bytes at %p (epoch %p)\n", s.kv.bytes,
+                 s.kv.ptr, static_cast<void*>(&s.epoch));
   cuda_check(cudaMemsetAsync(s.kv.ptr, 0, bytes, s.stream), "allocate_kv");
   s.wait("allocate_kv");
 }
@@ -2069,6 +2146,9 @@ bool CudaBackend::prepare_step_graph(int64_t num_q_heads, std::vector<int64_t>* 
 void CudaBackend::begin_step_capture() {
   s_->flush();
   State& s = *s_;
+  // Deferred launches of a backend sharing the stream go in now, not into this recording.
+  for (void* u : s.shared_stream->users)
+    if (u != &s) static_cast<State*>(u)->flush();
   ARBOR_CHECK(!s.capturing, "begin_step_capture: a recording is already under way");
   // Relaxed: cuBLASLt's capture path is proven in this mode (tests/cuda/model_bench); a host
   // synchronisation on the stream still fails the recording (then the step runs eagerly).
@@ -2093,6 +2173,11 @@ int64_t CudaBackend::end_step_capture() {
   cudaError_t e = cudaStreamEndCapture(s.stream, &graph);
   cudaGraphExec_t exec = nullptr;
   if (e == cudaSuccess && flushed && graph != nullptr) e = cudaGraphInstantiate(&exec, graph, 0);
+  if (e == cudaSuccess && graph != nullptr && !s.options.graph_dot_dir.empty()) {
+    const std::string path = s.options.graph_dot_dir + "/b" + std::to_string(s.backend_index) +
+                             "_g" + std::to_string(s.next_graph) + ".dot";
+    cudaGraphDebugDotPrint(graph, path.c_str(), cudaGraphDebugDotFlagsVerbose);
+  }
   if (graph != nullptr) cudaGraphDestroy(graph);
   // Memory reallocated inside the recording (a grown buffer, a new scratch chunk): earlier
   // nodes may point at what was freed.
@@ -2123,7 +2208,27 @@ void CudaBackend::replay_step_graph(int64_t graph) {
   State& s = *s_;
   auto it = s.graphs.find(graph);
   ARBOR_CHECK(it != s.graphs.end(), "replay_step_graph: no graph " + std::to_string(graph));
+  State::GraphTiming& t = s.graph_timing;
+  if (t.on) {
+    if (t.pending) s.collect_graph_time();
+    cuda_check(cudaEventRecord(t.start, s.stream), "graph timing");
+  }
   cuda_check(cudaGraphLaunch(it->second, s.stream), "cudaGraphLaunch");
+  if (t.on) {
+    cuda_check(cudaEventRecord(t.end, s.stream), "graph timing");
+    t.pending = true;
+  }
+}
+
+void CudaBackend::set_graph_timing(bool on) {
+  State& s = *s_;
+  State::GraphTiming& t = s.graph_timing;
+  if (on && t.start == nullptr) {
+    cuda_check(cudaEventCreate(&t.start), "graph timing");
+    cuda_check(cudaEventCreate(&t.end), "graph timing");
+  }
+  if (!on && t.pending) s.collect_graph_time();
+  t.on = on;
 }
 
 void CudaBackend::release_step_graph(int64_t graph) {
@@ -2243,6 +2348,7 @@ void CudaBackend::wait_for(Backend& other) {
   o->s_->flush();
   s_->flush();
   State& s = *s_;
+  if (o->s_->stream == s.stream) return;  // one stream: in order already
   if (s.order_event.e == nullptr)
     cuda_check(cudaEventCreateWithFlags(&s.order_event.e, cudaEventDisableTiming), "wait_for");
   cuda_check(cudaEventRecord(s.order_event.e, o->s_->stream), "wait_for");

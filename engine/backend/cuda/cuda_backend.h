@@ -111,6 +111,11 @@ struct CudaBackendOptions {
   // split_cols (fused q|k|v and gate|up) runs inside the op that consumes its outputs (RoPE,
   // SiLU * up) instead of as its own launch; off for A/B runs. Same results.
   bool defer_split = true;
+  // Diagnostics: a folder where every step graph recorded is written as Graphviz DOT with its
+  // kernel nodes' functions, grids and parameters (cudaGraphDebugDotPrint), named
+  // b<backend>_g<graph id>.dot; empty: none. The environment variable ARBOR_STEP_GRAPH_DOT sets
+  // it.
+  std::string graph_dot_dir;
 };
 
 class CudaBackend final : public Backend {
@@ -175,6 +180,7 @@ class CudaBackend final : public Backend {
   void draft_frontier_log(int32_t depths, std::vector<int32_t>* ids, std::vector<float>* values,
                           std::vector<int32_t>* root_ids, std::vector<float>* root_values) override;
   TransferStats transfer_stats() const override;
+  void set_graph_timing(bool on) override;
   void sample_trees_and_path_rows(const Tensor& logits, const TreeSampleBatch& batch,
                                   const PathRowsRequest& rows, TreeSampleResult* out) override;
   void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
@@ -239,6 +245,8 @@ class CudaBackend final : public Backend {
                          const PathRowsRequest* rows, TreeSampleResult* out);
   friend std::vector<std::unique_ptr<Backend>> make_cuda_tp_backends(const CudaBackendOptions&,
                                                                      int);
+  friend std::unique_ptr<Backend> make_cuda_backend_on_stream_of(const CudaBackendOptions&,
+                                                                 Backend&);
   struct State;
   std::unique_ptr<State> s_;
   KvCacheShape kv_shape_;
@@ -247,6 +255,13 @@ class CudaBackend final : public Backend {
 // The factory the server and tests use (declared here, not in backend.h, so builds without
 // CUDA never reference it).
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
+// A backend that launches into `peer`'s stream (a CUDA backend on the same device) instead of
+// a stream of its own: an EAGLE draft beside its target, whose work runs in turn with the
+// target's anyway. A draft whose step graphs replayed on a second stream made the target's own
+// step graphs run ~12% longer on the device for the rest of the process (H200,
+// docs/speculation.md); on one stream they do not. Either backend may go first.
+std::unique_ptr<Backend> make_cuda_backend_on_stream_of(const CudaBackendOptions& options,
+                                                        Backend& peer);
 // `size` CUDA backends on GPUs options.device .. options.device + size - 1, one
 // tensor-parallel group over NCCL (ncclCommInitAll); size 1 is make_cuda_backend. Errors: a
 // build without NCCL (kUnsupported), fewer GPUs than ranks (kInvalidArgument, naming both).
