@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/backend/draft_frontier.h"
@@ -246,24 +247,31 @@ struct CudaBackend::State {
   void wait(const char* what) {
     cuda_check(cudaStreamSynchronize(stream), what);
     ++transfers.syncs;
-    if (graph_timing.pending) collect_graph_time();
+    if (!graph_timing.pending.empty()) collect_graph_times();
   }
-  // set_graph_timing: events around the last replay, read once the stream has passed them.
+  // set_graph_timing: an event pair around each replay, read at the next wait for the stream
+  // (never a wait of its own: the host keeps running ahead of the device as without timing).
   struct GraphTiming {
-    bool on = false, pending = false;
-    cudaEvent_t start = nullptr, end = nullptr;
+    bool on = false;
+    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending, free;
     ~GraphTiming() {
-      if (start != nullptr) cudaEventDestroy(start);
-      if (end != nullptr) cudaEventDestroy(end);
+      for (auto* list : {&pending, &free})
+        for (auto& [a, b] : *list) {
+          cudaEventDestroy(a);
+          cudaEventDestroy(b);
+        }
     }
   } graph_timing;
-  void collect_graph_time() {
-    cuda_check(cudaEventSynchronize(graph_timing.end), "graph timing");
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, graph_timing.start, graph_timing.end), "graph timing");
-    transfers.graph_device_ms += ms;
-    ++transfers.graphs_timed;
-    graph_timing.pending = false;
+  void collect_graph_times() {
+    for (auto& [start, end] : graph_timing.pending) {
+      cuda_check(cudaEventSynchronize(end), "graph timing");  // passed already after a wait
+      float ms = 0;
+      cuda_check(cudaEventElapsedTime(&ms, start, end), "graph timing");
+      transfers.graph_device_ms += ms;
+      ++transfers.graphs_timed;
+      graph_timing.free.emplace_back(start, end);
+    }
+    graph_timing.pending.clear();
   }
   void d2h(void* dst, const void* src, size_t bytes, const char* what) {
     cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), what);
@@ -2209,26 +2217,30 @@ void CudaBackend::replay_step_graph(int64_t graph) {
   auto it = s.graphs.find(graph);
   ARBOR_CHECK(it != s.graphs.end(), "replay_step_graph: no graph " + std::to_string(graph));
   State::GraphTiming& t = s.graph_timing;
+  std::pair<cudaEvent_t, cudaEvent_t> events{nullptr, nullptr};
   if (t.on) {
-    if (t.pending) s.collect_graph_time();
-    cuda_check(cudaEventRecord(t.start, s.stream), "graph timing");
+    // A backend that replays but leaves the waits to another on its stream: read them now.
+    if (t.pending.size() >= 64) s.collect_graph_times();
+    if (!t.free.empty()) {
+      events = t.free.back();
+      t.free.pop_back();
+    } else {
+      cuda_check(cudaEventCreate(&events.first), "graph timing");
+      cuda_check(cudaEventCreate(&events.second), "graph timing");
+    }
+    cuda_check(cudaEventRecord(events.first, s.stream), "graph timing");
   }
   cuda_check(cudaGraphLaunch(it->second, s.stream), "cudaGraphLaunch");
   if (t.on) {
-    cuda_check(cudaEventRecord(t.end, s.stream), "graph timing");
-    t.pending = true;
+    cuda_check(cudaEventRecord(events.second, s.stream), "graph timing");
+    t.pending.push_back(events);
   }
 }
 
 void CudaBackend::set_graph_timing(bool on) {
   State& s = *s_;
-  State::GraphTiming& t = s.graph_timing;
-  if (on && t.start == nullptr) {
-    cuda_check(cudaEventCreate(&t.start), "graph timing");
-    cuda_check(cudaEventCreate(&t.end), "graph timing");
-  }
-  if (!on && t.pending) s.collect_graph_time();
-  t.on = on;
+  if (!on && !s.graph_timing.pending.empty()) s.collect_graph_times();
+  s.graph_timing.on = on;
 }
 
 void CudaBackend::release_step_graph(int64_t graph) {
