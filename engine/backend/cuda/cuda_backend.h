@@ -112,9 +112,9 @@ struct CudaBackendOptions {
   // SiLU * up) instead of as its own launch; off for A/B runs. Same results.
   bool defer_split = true;
   // Diagnostics: a folder where every step graph recorded is written as Graphviz DOT with its
-  // kernel nodes' functions, grids and parameters (cudaGraphDebugDotPrint), named
-  // b<backend>_g<graph id>.dot; empty: none. The environment variable ARBOR_STEP_GRAPH_DOT sets
-  // it.
+  // kernel nodes' functions, grid and block sizes, shared memory and edges
+  // (cudaGraphDebugDotPrint), named b<backend>_g<graph id>.dot (backends numbered in creation
+  // order); empty: none. The environment variable ARBOR_STEP_GRAPH_DOT sets it.
   std::string graph_dot_dir;
 };
 
