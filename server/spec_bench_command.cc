@@ -199,33 +199,31 @@ int run_spec_bench(const SpecBenchOptions& o) {
       o.batch * ((longest + o.max_tokens + o.max_tree_nodes) / gc.block_size + 2) + 16);
 
   if (o.time_graphs) model->backend().set_graph_timing(true);
-  // Step graphs used by a run: the model's counters after it minus before.
-  // Host waits and bytes copied by a run: target and draft backends, after minus before.
-  auto transfers = [&](Proposer* p) {
-    return model->backend().transfer_stats() +
-           (p != nullptr ? p->draft_transfer_stats() : TransferStats{});
-  };
+  // Step graphs used by a run: the model's counters after it minus before. Host waits and bytes
+  // copied by a run: target and draft backends together in *x, the draft's share in *dx.
   using Timings = LlamaModel::ForwardTimings;
-  TransferStats last_draft_x;  // the draft backend's share of the last timed run's transfers
   auto timed = [&](Proposer* p, GeneratorStats* st, StepGraphStats* g, TransferStats* x,
-                   Timings* ft) {
+                   Timings* ft, TransferStats* dx = nullptr) {
+    const auto draft_stats = [&] {
+      return p != nullptr ? p->draft_transfer_stats() : TransferStats{};
+    };
     const StepGraphStats g0 = model->step_graph_stats();
-    const TransferStats x0 = transfers(p);
-    const TransferStats d0 = p != nullptr ? p->draft_transfer_stats() : TransferStats{};
+    const TransferStats t0 = model->backend().transfer_stats(), d0 = draft_stats();
     const Timings f0 = model->forward_timings();
     Generator gen(*model, gc, p);
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto start = std::chrono::steady_clock::now();
     auto res = gen.run(reqs);
     const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     *st = gen.stats();
     const StepGraphStats g1 = model->step_graph_stats();
     g->eager = g1.eager - g0.eager;
     g->captures = g1.captures - g0.captures;
     g->replays = g1.replays - g0.replays;
     g->evictions = g1.evictions - g0.evictions;
-    *x = transfers(p) - x0;
-    last_draft_x = p != nullptr ? p->draft_transfer_stats() - d0 : TransferStats{};
+    const TransferStats draft = draft_stats() - d0;
+    *x = (model->backend().transfer_stats() - t0) + draft;
+    if (dx != nullptr) *dx = draft;
     *ft = model->forward_timings() - f0;
     return std::make_pair(std::move(res), secs);
   };
@@ -272,8 +270,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
     };
     if (o.plain_first && !o.skip_plain) run_plain();
     std::tie(spec_res, spec_secs) =
-        timed(proposer.get(), &spec_stats, &spec_graphs, &spec_x, &spec_ft);
-    spec_draft_x = last_draft_x;
+        timed(proposer.get(), &spec_stats, &spec_graphs, &spec_x, &spec_ft, &spec_draft_x);
     spec_rates.push_back(total_tokens(spec_res) / spec_secs);
     if (o.skip_plain) continue;
     if (!o.plain_first) run_plain();

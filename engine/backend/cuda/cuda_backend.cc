@@ -108,6 +108,15 @@ size_t align_up(size_t n, size_t a) {
   return (n + a - 1) / a * a;
 }
 
+// ARBOR_STEP_GRAPH_TRACE=1: one stderr line per device reallocation ("moved": memory recordings
+// point into; "grown": the rest), with the owning backend's epoch address to tell backends apart.
+void trace_memory(const char* verb, const char* what, size_t bytes, const void* ptr,
+                  const void* epoch) {
+  if (step_graph_trace_enabled())
+    std::fprintf(stderr, "memory %s: %s %zu bytes at %p (epoch %p)\n", verb, what, bytes, ptr,
+                 epoch);
+}
+
 // A grow-only device allocation. Buffers that recorded step graphs point into have `epoch`
 // set: a reallocation moves it (the recordings are then dropped) and grows by half again, so
 // that slowly growing needs reallocate rarely.
@@ -126,10 +135,7 @@ struct DeviceBuffer {
     bytes = 0;
     cuda_check(cudaMalloc(&ptr, need), what);
     bytes = need;
-    if (step_graph_trace_enabled())
-      std::fprintf(stderr, "memory %s: %s %zu bytes at %p (epoch %p)\n",
-                   epoch != nullptr ? "moved" : "grown", what, need, ptr,
-                   static_cast<void*>(epoch));
+    trace_memory(epoch != nullptr ? "moved" : "grown", what, need, ptr, epoch);
   }
   ~DeviceBuffer() {
     if (ptr != nullptr) cudaFree(ptr);
@@ -227,17 +233,16 @@ class Packer {
 
 }  // namespace
 
-// A CUDA stream and the backends that launch into it (make_cuda_backend_on_stream_of: an EAGLE
-// draft beside its target). The last backend to go destroys it.
-struct SharedStream {
-  cudaStream_t stream = nullptr;
-  std::vector<void*> users;  // CudaBackend::State of each backend using it
-  ~SharedStream() {
-    if (stream != nullptr) cudaStreamDestroy(stream);
-  }
-};
-
 struct CudaBackend::State {
+  // A CUDA stream and the backends that launch into it (make_cuda_backend_on_stream_of: an
+  // EAGLE draft beside its target). The last backend to go destroys it.
+  struct SharedStream {
+    cudaStream_t stream = nullptr;
+    std::vector<State*> users;
+    ~SharedStream() {
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }
+  };
   // First member, so it goes last: everything below is released before the stream may be.
   std::shared_ptr<SharedStream> shared_stream;
   CudaBackendOptions options;
@@ -633,7 +638,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& requested) : s_(std::make_uni
   cuda_check(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
   s_->device_name = "device " + std::to_string(options.device) + " (" + prop.name + ")";
   cuda_check(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  s_->shared_stream = std::make_shared<SharedStream>();
+  s_->shared_stream = std::make_shared<State::SharedStream>();
   s_->shared_stream->stream = s_->stream;
   s_->shared_stream->users.push_back(s_.get());
   kernels::set_pdl_allowed(options.pdl);
@@ -1353,9 +1358,7 @@ Tensor CudaBackend::scratch(int64_t rows, int64_t cols) {
     State::Chunk c{nullptr, std::max<size_t>(bytes, 64u << 20)};
     cuda_check(cudaMalloc(&c.ptr, c.bytes), "scratch");
     ++s.epoch;
-    if (step_graph_trace_enabled())
-      std::fprintf(stderr, "memory moved: scratch chunk %zu bytes at %p (epoch %p)\n", c.bytes,
-                   c.ptr, static_cast<void*>(&s.epoch));
+    trace_memory("moved", "scratch chunk", c.bytes, c.ptr, &s.epoch);
     s.chunks.push_back(c);
     s.chunk_used = 0;
   }
@@ -1379,9 +1382,7 @@ void CudaBackend::reset_scratch() {
     cuda_check(cudaMalloc(&c.ptr, c.bytes), "reset_scratch");
     s.chunks.push_back(c);
     ++s.epoch;
-    if (step_graph_trace_enabled())
-      std::fprintf(stderr, "memory moved: scratch %zu bytes at %p (epoch %p)\n", c.bytes, c.ptr,
-                   static_cast<void*>(&s.epoch));
+    trace_memory("moved", "scratch", c.bytes, c.ptr, &s.epoch);
   }
   s.chunk_index = 0;
   s.chunk_used = 0;
@@ -1466,9 +1467,7 @@ void CudaBackend::allocate_kv(const KvCacheShape& shape) {
   s.kv_width = shape.num_kv_heads * shape.head_dim;
   const size_t bytes = static_cast<size_t>(2 * shape.num_layers * s.num_slots * s.kv_width) * 2;
   s.kv.ensure(bytes, "allocate_kv");
-  if (step_graph_trace_enabled())
-    std::fprintf(stderr, "memory moved: kv cache %zu bytes at %p (epoch %p)\n", s.kv.bytes,
-                 s.kv.ptr, static_cast<void*>(&s.epoch));
+  trace_memory("moved", "kv cache", s.kv.bytes, s.kv.ptr, &s.epoch);
   cuda_check(cudaMemsetAsync(s.kv.ptr, 0, bytes, s.stream), "allocate_kv");
   s.wait("allocate_kv");
 }
@@ -2155,8 +2154,8 @@ void CudaBackend::begin_step_capture() {
   s_->flush();
   State& s = *s_;
   // Deferred launches of a backend sharing the stream go in now, not into this recording.
-  for (void* u : s.shared_stream->users)
-    if (u != &s) static_cast<State*>(u)->flush();
+  for (State* u : s.shared_stream->users)
+    if (u != &s) u->flush();
   ARBOR_CHECK(!s.capturing, "begin_step_capture: a recording is already under way");
   // Relaxed: cuBLASLt's capture path is proven in this mode (tests/cuda/model_bench); a host
   // synchronisation on the stream still fails the recording (then the step runs eagerly).
