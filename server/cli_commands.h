@@ -110,6 +110,9 @@ std::unique_ptr<LlamaModel> load_for_cli(
 // kInvalidArgument when `method` needs trained heads and `model_path` names a dummy model
 // (random weights have none): such a model serves with speculation off or n-gram.
 void check_spec_for_model(const std::string& model_path, SpecMethod method);
+// "EAGLE draft vocabulary: 8192 of 49152 target ids (token map F)" for an EAGLE-1/2 proposer
+// (the whole vocabulary without a token map), "" for other proposers.
+std::string draft_vocab_line(const SpecConfig& config, const Proposer* proposer);
 
 void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o);
 int run_spec_bench(const SpecBenchOptions& o);

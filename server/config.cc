@@ -56,6 +56,8 @@ const std::map<std::string, Reader>& fields() {
       {"speculation.total_tokens", field(&ServeConfig::spec_total_tokens, "an integer")},
       {"speculation.depth", field(&ServeConfig::spec_depth, "an integer")},
       {"speculation.top_k", field(&ServeConfig::spec_top_k, "an integer")},
+      {"speculation.token_map", field(&ServeConfig::spec_token_map, "a string")},
+      {"speculation.draft_vocab", field(&ServeConfig::spec_draft_vocab, "an integer")},
       {"speculation.max_nodes", field(&ServeConfig::spec_max_nodes, "an integer")},
       {"speculation.adaptive", field(&ServeConfig::spec_adaptive, "a boolean")},
       {"speculation.cost_model", field(&ServeConfig::spec_cost_model, "a string")},
@@ -153,6 +155,7 @@ void ServeConfig::validate() const {
   range("speculation.total_tokens", spec_total_tokens, 1, 1024);
   range("speculation.depth", spec_depth, 0, 64);
   range("speculation.top_k", spec_top_k, 1, 1024);
+  range("speculation.draft_vocab", spec_draft_vocab, 0, 1 << 24);
   range("speculation.max_nodes", spec_max_nodes, 1, 1024);
   if (spec_max_nodes > max_step_tokens)
     invalid("speculation.max_nodes", std::to_string(spec_max_nodes) +
@@ -198,6 +201,8 @@ std::string ServeConfig::to_yaml() const {
   e << YAML::Key << "total_tokens" << YAML::Value << spec_total_tokens;
   e << YAML::Key << "depth" << YAML::Value << spec_depth;
   e << YAML::Key << "top_k" << YAML::Value << spec_top_k;
+  e << YAML::Key << "token_map" << YAML::Value << spec_token_map;
+  e << YAML::Key << "draft_vocab" << YAML::Value << spec_draft_vocab;
   e << YAML::Key << "max_nodes" << YAML::Value << spec_max_nodes;
   e << YAML::Key << "adaptive" << YAML::Value << spec_adaptive;
   e << YAML::Key << "cost_model" << YAML::Value << spec_cost_model << YAML::EndMap;

@@ -35,6 +35,9 @@ struct ServeConfig {
   int32_t spec_total_tokens = 60;
   int32_t spec_depth = 5;
   int32_t spec_top_k = 10;
+  std::string spec_token_map;    // EAGLE-1/2 draft vocabulary file; "" = the heads' token_map.json
+                                 // when present, "none" = the whole vocabulary
+  int32_t spec_draft_vocab = 0;  // the token map's first N ids (0: all)
   int32_t spec_max_nodes = 64;
   bool spec_adaptive = true;
   std::string spec_cost_model;  // JSON curve (configs/verify_cost_*.json), "measure" (at

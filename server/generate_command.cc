@@ -14,6 +14,7 @@
 #include "engine/model/dummy_weights.h"
 #include "engine/runner/generator.h"
 #include "engine/runner/model_bundle.h"
+#include "engine/spec/eagle_proposer.h"
 #include "server/cli_commands.h"
 
 #ifdef ARBOR_CUDA
@@ -67,6 +68,12 @@ void add_generate_command(CLI::App& app, GenerateOptions* o) {
       ->capture_default_str();
   c->add_option("--spec-depth", sc.depth, "EAGLE draft steps")->capture_default_str();
   c->add_option("--spec-top-k", sc.top_k, "EAGLE children per node")->capture_default_str();
+  c->add_option("--spec-token-map", sc.token_map,
+                "EAGLE-1/2 draft vocabulary: token map file ('none': all; default: the heads' "
+                "token_map.json when present)");
+  c->add_option("--spec-draft-vocab", sc.draft_vocab,
+                "EAGLE-1/2: the token map's first N ids (0: all)")
+      ->check(CLI::NonNegativeNumber);
   c->add_option("--spec-max-ngram", sc.max_ngram, "n-gram: longest suffix matched")
       ->capture_default_str();
   c->add_option("--spec-max-nodes", o->max_tree_nodes, "Largest tree verified in one step")
@@ -96,6 +103,16 @@ namespace {
 constexpr int64_t kMaxHostDummyBytes = int64_t{2} << 30;
 
 }  // namespace
+
+std::string draft_vocab_line(const SpecConfig& config, const Proposer* proposer) {
+  const auto* eagle = dynamic_cast<const EagleProposer*>(proposer);
+  if (eagle == nullptr || eagle->draft().eagle3()) return "";
+  const EagleDraftConfig& c = eagle->draft().config();
+  const std::string map = resolve_token_map(config);
+  return "EAGLE draft vocabulary: " + std::to_string(c.draft_vocab_size) + " of " +
+         std::to_string(c.vocab_size) + " target ids (" +
+         (map.empty() ? std::string("no token map") : "token map " + map) + ")";
+}
 
 void check_spec_for_model(const std::string& model_path, SpecMethod method) {
   if (is_dummy_model_path(model_path) && method != SpecMethod::kOff && method != SpecMethod::kNgram)
@@ -187,6 +204,8 @@ int run_generate(const GenerateOptions& o) {
                               proposer =
                                   make_proposer(sc, w, make_draft_backend(o.backend, *backend));
                             });
+  if (const std::string line = draft_vocab_line(sc, proposer.get()); !line.empty())
+    spdlog::info("{}", line);
   const Tokenizer& tok = *bundle.tokenizer;
 
   GenerationRequest req;

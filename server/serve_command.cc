@@ -89,6 +89,11 @@ void add_serve_command(CLI::App& app) {
   flag(c, s, "--spec-total-tokens", &ServeConfig::spec_total_tokens, "EAGLE tree nodes");
   flag(c, s, "--spec-depth", &ServeConfig::spec_depth, "EAGLE draft depth");
   flag(c, s, "--spec-top-k", &ServeConfig::spec_top_k, "EAGLE top-k");
+  flag(c, s, "--spec-token-map", &ServeConfig::spec_token_map,
+       "EAGLE-1/2 draft vocabulary: token map file ('none': all; default: the heads' "
+       "token_map.json when present)");
+  flag(c, s, "--spec-draft-vocab", &ServeConfig::spec_draft_vocab,
+       "EAGLE-1/2: the token map's first N ids (0: all)");
   flag(c, s, "--spec-max-nodes", &ServeConfig::spec_max_nodes, "Largest tree per request");
   flag(c, s, "--spec-adaptive", &ServeConfig::spec_adaptive,
        "Size trees per step from the cost model (true/false)");
@@ -154,6 +159,8 @@ int run_serve() {
   sc.total_tokens = cfg.spec_total_tokens;
   sc.depth = cfg.spec_depth;
   sc.top_k = cfg.spec_top_k;
+  sc.token_map = cfg.spec_token_map;
+  sc.draft_vocab = cfg.spec_draft_vocab;
   sc.num_threads = cfg.threads;
   sc.validate();
   check_spec_for_model(cfg.model_path, sc.method);
@@ -181,6 +188,8 @@ int run_serve() {
   ec.set_cost_model(cfg.spec_cost_model);
   Engine engine(*model, ec, proposer.get());
   spdlog::info("{}", engine.kv_capacity());
+  if (const std::string line = draft_vocab_line(sc, proposer.get()); !line.empty())
+    spdlog::info("{}", line);
   if (ec.measure_cost && ec.adaptive_trees)
     spdlog::info("verify cost measured (total tokens -> ms): {}",
                  format_cost_curves(engine.scheduler().cost().config().curves));

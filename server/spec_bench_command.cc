@@ -51,6 +51,12 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   c->add_option("--spec-total-tokens", o->spec_config.total_tokens, "EAGLE tree nodes");
   c->add_option("--spec-depth", o->spec_config.depth, "EAGLE draft steps");
   c->add_option("--spec-top-k", o->spec_config.top_k, "EAGLE children per node");
+  c->add_option("--spec-token-map", o->spec_config.token_map,
+                "EAGLE-1/2 draft vocabulary: token map file ('none': all; default: the heads' "
+                "token_map.json when present)");
+  c->add_option("--spec-draft-vocab", o->spec_config.draft_vocab,
+                "EAGLE-1/2: the token map's first N ids (0: all)")
+      ->check(CLI::NonNegativeNumber);
   c->add_option("--spec-grow-on-device", o->spec_config.grow_on_device,
                 "EAGLE trees grown on the draft's backend: -1 auto (on a GPU), 0 no "
                 "(depth by depth on the host), 1 yes")
@@ -173,6 +179,8 @@ int run_spec_bench(const SpecBenchOptions& o) {
                               if (draft != nullptr && o.time_graphs) draft->set_graph_timing(true);
                               proposer = make_proposer(sc, w, std::move(draft));
                             });
+  if (const std::string line = draft_vocab_line(sc, proposer.get()); !line.empty())
+    std::printf("%s\n", line.c_str());
   const auto texts = read_prompts(o.prompts, o.limit);
   std::vector<GenerationRequest> reqs;
   for (size_t i = 0; i < texts.size(); ++i) {

@@ -232,4 +232,56 @@ EagleWeights load_eagle_checkpoint(const std::string& dir, EagleVersion version)
   return w;
 }
 
+std::vector<int32_t> load_token_map(const std::string& path, int64_t vocab_size, int64_t limit) {
+  std::ifstream in(path);
+  if (!in) throw_error(ErrorCode::kNotFound, "token map " + path + " not found");
+  const json doc = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const json* ids = &doc;
+  if (doc.is_object() && doc.contains("token_ids")) ids = &doc["token_ids"];
+  if (doc.is_discarded() || !ids->is_array() || ids->empty())
+    throw_error(ErrorCode::kCorruptData,
+                path +
+                    ": expected a non-empty JSON array of token ids, or an object whose "
+                    "\"token_ids\" is one");
+  const int64_t n = static_cast<int64_t>(ids->size());
+  if (limit < 0 || limit > n)
+    throw_error(ErrorCode::kInvalidArgument, "draft vocabulary of " + std::to_string(limit) +
+                                                 " tokens asked for, token map " + path +
+                                                 " holds " + std::to_string(n));
+  const int64_t take = limit == 0 ? n : limit;
+  std::vector<int32_t> out;
+  out.reserve(static_cast<size_t>(take));
+  std::vector<bool> seen(static_cast<size_t>(vocab_size), false);
+  for (int64_t i = 0; i < n; ++i) {
+    const json& v = (*ids)[static_cast<size_t>(i)];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab_size)
+      throw_error(ErrorCode::kCorruptData, path + ": entry " + std::to_string(i) + " is " +
+                                               v.dump() + ", expected a token id in [0, " +
+                                               std::to_string(vocab_size) + ")");
+    const int64_t id = v.get<int64_t>();
+    if (seen[static_cast<size_t>(id)])
+      throw_error(ErrorCode::kCorruptData,
+                  path + ": token id " + std::to_string(id) + " appears twice");
+    seen[static_cast<size_t>(id)] = true;
+    if (i < take) out.push_back(static_cast<int32_t>(id));
+  }
+  return out;
+}
+
+void restrict_draft_vocab(EagleWeights* weights, std::span<const int32_t> token_ids) {
+  EagleDraftConfig& c = weights->config;
+  if (c.version == EagleVersion::kEagle3)
+    throw_error(ErrorCode::kInvalidArgument,
+                "EAGLE-3 draft " + weights->source +
+                    ": a token map applies to EAGLE-1/2 drafts (EAGLE-3 has its own draft "
+                    "vocabulary and d2t)");
+  ARBOR_CHECK(!token_ids.empty() && static_cast<int64_t>(token_ids.size()) <= c.vocab_size);
+  c.draft_vocab_size = static_cast<int64_t>(token_ids.size());
+  weights->d2t.resize(token_ids.size());
+  for (size_t i = 0; i < token_ids.size(); ++i) {
+    ARBOR_CHECK(token_ids[i] >= 0 && token_ids[i] < c.vocab_size);
+    weights->d2t[i] = static_cast<int64_t>(token_ids[i]) - static_cast<int64_t>(i);
+  }
+}
+
 }  // namespace arbor

@@ -146,9 +146,19 @@ EagleDraftModel::EagleDraftModel(std::unique_ptr<Backend> backend, const EagleWe
     fc_feat_ = b.upload_weight(columns(w.fc, h, h));
     fc_bias_ = opt(w.fc_bias);
     upload_qkv(w.wq, w.wk, w.wv, &wq_, &wk_, &wv_, &wqkv_);
-    // A tied target hands the same tensor twice: upload it once.
-    const bool shared = w.embed.empty() && &target_lm_head == &target_embed;
-    lm_head_ = shared ? embed_ : b.upload_weight(target_lm_head);
+    if (!d2t_.empty()) {
+      // A token map (restrict_draft_vocab): only its rows of the target's LM head, in its order.
+      HostTensor rows({c.draft_vocab_size, h});
+      for (int64_t i = 0; i < c.draft_vocab_size; ++i)
+        std::memcpy(rows.ptr() + i * h,
+                    target_lm_head.ptr() + to_target(static_cast<int32_t>(i)) * h,
+                    sizeof(float) * h);
+      lm_head_ = b.upload_weight(rows);
+    } else {
+      // A tied target hands the same tensor twice: upload it once.
+      const bool shared = w.embed.empty() && &target_lm_head == &target_embed;
+      lm_head_ = shared ? embed_ : b.upload_weight(target_lm_head);
+    }
   }
   if (!fused_) {
     bq_ = opt(w.bq);

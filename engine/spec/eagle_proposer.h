@@ -53,6 +53,7 @@ class EagleProposer final : public Proposer {
   bool fork(RequestId src, RequestId dst) override;
 
   EagleDraftModel& draft() { return draft_; }
+  const EagleDraftModel& draft() const { return draft_; }
   StepGraphStats draft_graph_stats() const override { return draft_.step_graph_stats(); }
   TransferStats draft_transfer_stats() const override { return draft_.transfer_stats(); }
   const EagleOptions& options() const { return options_; }

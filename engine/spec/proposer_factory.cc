@@ -1,5 +1,7 @@
 #include "engine/spec/proposer_factory.h"
 
+#include <filesystem>
+
 #include "engine/core/error.h"
 #include "engine/spec/eagle_proposer.h"
 #include "engine/spec/medusa_proposer.h"
@@ -52,12 +54,35 @@ void SpecConfig::validate() const {
   need(draft_block_size >= 1, "draft_block_size", draft_block_size, ">= 1");
   need(grow_on_device >= -1 && grow_on_device <= 1, "grow_on_device", grow_on_device,
        "-1 (auto), 0 or 1");
+  need(draft_vocab >= 0, "draft_vocab", draft_vocab, ">= 0 (0: the whole token map)");
+  if ((!token_map.empty() || draft_vocab > 0) && method == SpecMethod::kEagle3)
+    throw_error(ErrorCode::kInvalidArgument,
+                "spec token_map / draft_vocab apply to eagle (EAGLE-1/2) drafts; eagle3 heads "
+                "carry their own draft vocabulary");
+  if (draft_vocab > 0 && token_map == "none")
+    throw_error(ErrorCode::kInvalidArgument,
+                "spec draft_vocab is " + std::to_string(draft_vocab) +
+                    " but token_map is none: a reduced draft vocabulary needs a token map");
   need(min_ngram >= 1, "min_ngram", min_ngram, ">= 1");
   need(max_ngram >= min_ngram, "max_ngram", max_ngram,
        ">= min_ngram (" + std::to_string(min_ngram) + ")");
   need(ngram_max_depth >= 1, "ngram_max_depth", ngram_max_depth, ">= 1");
   need(ngram_max_nodes >= 1, "ngram_max_nodes", ngram_max_nodes, ">= 1");
   need(num_threads >= 0, "num_threads", num_threads, ">= 0");
+}
+
+std::string resolve_token_map(const SpecConfig& config) {
+  if (config.method != SpecMethod::kEagle || config.token_map == "none") return "";
+  if (!config.token_map.empty()) return config.token_map;
+  const std::filesystem::path beside =
+      std::filesystem::path(config.head_path) / kDefaultTokenMapName;
+  if (std::filesystem::is_regular_file(beside)) return beside.string();
+  if (config.draft_vocab > 0)
+    throw_error(ErrorCode::kInvalidArgument,
+                "spec draft_vocab is " + std::to_string(config.draft_vocab) + " but " +
+                    config.head_path + " has no " + kDefaultTokenMapName +
+                    " and no token_map was given");
+  return "";
 }
 
 std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWeights& target,
@@ -84,8 +109,12 @@ std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWei
       options.draft_kv = {config.draft_kv_blocks, config.draft_block_size, false};
       options.num_threads = config.num_threads;
       options.grow_on_backend = config.grow_on_device;
-      return std::make_unique<EagleProposer>(load_eagle_checkpoint(config.head_path, version),
-                                             target, options, std::move(draft_backend));
+      EagleWeights weights = load_eagle_checkpoint(config.head_path, version);
+      const std::string map = resolve_token_map(config);
+      if (!map.empty())
+        restrict_draft_vocab(&weights,
+                             load_token_map(map, target.config.vocab_size, config.draft_vocab));
+      return std::make_unique<EagleProposer>(weights, target, options, std::move(draft_backend));
     }
     case SpecMethod::kNgram: {
       NgramOptions options;

@@ -31,16 +31,25 @@ struct SpecConfig {
   int32_t draft_block_size = 16;      // EAGLE: tokens per draft KV block
   int32_t grow_on_device = -1;        // EAGLE: trees grown on the draft's backend
                                       // (EagleOptions::grow_on_backend: -1 auto, 0, 1)
-  int32_t min_ngram = 1;              // n-gram: shortest suffix matched
-  int32_t max_ngram = 4;              // n-gram: longest suffix matched (tried first)
-  int32_t ngram_max_depth = 8;        // n-gram: longest continuation proposed
-  int32_t ngram_max_nodes = 64;       // n-gram: tree nodes including the root
-  int num_threads = 0;                // BLAS threads of a draft's CPU backend (0 = default)
+  // EAGLE-1/2: a frequency-ranked draft vocabulary (load_token_map's file); "" = the heads'
+  // token_map.json when the checkpoint directory has one, "none" = the whole vocabulary.
+  std::string token_map;
+  int32_t draft_vocab = 0;       // EAGLE-1/2: the token map's first N ids (0 = all of them)
+  int32_t min_ngram = 1;         // n-gram: shortest suffix matched
+  int32_t max_ngram = 4;         // n-gram: longest suffix matched (tried first)
+  int32_t ngram_max_depth = 8;   // n-gram: longest continuation proposed
+  int32_t ngram_max_nodes = 64;  // n-gram: tree nodes including the root
+  int num_threads = 0;           // BLAS threads of a draft's CPU backend (0 = default)
 
   // kInvalidArgument naming the field and value ("spec depth is -1, need >= 0"); head_path must
   // be set for medusa / eagle / eagle3.
   void validate() const;
 };
+
+// The token map file an EAGLE-1/2 draft uses under `config` ("" = none): config.token_map, or
+// the heads' kDefaultTokenMapName when the directory has one (unless token_map is "none").
+inline constexpr const char* kDefaultTokenMapName = "token_map.json";
+std::string resolve_token_map(const SpecConfig& config);
 
 // The proposer for `config` (nullptr for kOff). `target` supplies what the heads share with the
 // target model: hidden size, vocabulary, embeddings and LM head, layer count. Loader errors

@@ -291,11 +291,23 @@ class CudaDraftGraphs : public ::testing::TestWithParam<std::string> {
 };
 
 // The random EAGLE draft of tests/data/spec/random named `name` (eagle3_*: EAGLE-3) for
-// stories260K.
+// stories260K; "<name>_token_map": that EAGLE-1/2 draft restricted to a token map (every third
+// id of the vocabulary, highest first: a non-contiguous draft vocabulary in another order).
 EagleWeights random_draft(const std::string& name) {
+  const std::string suffix = "_token_map";
+  const bool mapped = name.size() > suffix.size() &&
+                      name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const std::string dir = mapped ? name.substr(0, name.size() - suffix.size()) : name;
   const EagleVersion version =
-      name.rfind("eagle3", 0) == 0 ? EagleVersion::kEagle3 : EagleVersion::kEagle1;
-  return load_eagle_checkpoint(testing::test_data_dir() + "/spec/random/" + name, version);
+      dir.rfind("eagle3", 0) == 0 ? EagleVersion::kEagle3 : EagleVersion::kEagle1;
+  EagleWeights w = load_eagle_checkpoint(testing::test_data_dir() + "/spec/random/" + dir, version);
+  if (mapped) {
+    std::vector<int32_t> ids;
+    for (int64_t id = w.config.vocab_size - 1; id >= 0; id -= 3)
+      ids.push_back(static_cast<int32_t>(id));
+    restrict_draft_vocab(&w, ids);
+  }
+  return w;
 }
 
 TEST_P(CudaDraftGraphs, EagleDraftReplaysEqualEagerSteps) {
@@ -484,7 +496,8 @@ TEST_P(CudaDraftGraphs, EagleTreesGrownOnTheDeviceEqualTheHostLoop) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Drafts, CudaDraftGraphs,
-                         ::testing::Values("eagle_stories260K", "eagle3_stories260K"),
+                         ::testing::Values("eagle_stories260K", "eagle3_stories260K",
+                                           "eagle_stories260K_token_map"),
                          [](const auto& info) { return info.param; });
 
 // Op-level: one decode step recorded, then replayed with new metadata (next tokens, one more

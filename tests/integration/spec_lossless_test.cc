@@ -9,9 +9,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/backend/backend.h"
+#include "engine/draft/eagle_checkpoint.h"
 #include "engine/model/llama_model.h"
 #include "engine/model/model_loader.h"
 #include "engine/runner/generator.h"
@@ -31,7 +35,27 @@ struct SpecCase {
   // Medusa's heads on a CPU backend of their own: the trees' tokens stay in its memory, which
   // the model's backend reads (DraftTree::device), not on the host.
   bool draft_backend = false;
+  // EAGLE-1/2 with a token map (SpecConfig::token_map): "trained" = the 256 ids of the trained
+  // stories260K EAGLE-3 head's d2t (the ids its training replies used), "thirds" = every third
+  // id of the vocabulary, highest first; "" = none.
+  std::string token_map = {};
 };
+
+// The token map file of a case, written under the test's temporary directory.
+std::string write_token_map(const SpecCase& c, int64_t vocab) {
+  std::vector<int32_t> ids;
+  if (c.token_map == "trained") {
+    const EagleWeights e3 = load_eagle_checkpoint(
+        std::string(ARBOR_TEST_DATA_DIR) + "/heads/stories260K/eagle3", EagleVersion::kEagle3);
+    for (size_t i = 0; i < e3.d2t.size(); ++i)
+      ids.push_back(static_cast<int32_t>(static_cast<int64_t>(i) + e3.d2t[i]));
+  } else {
+    for (int64_t id = vocab - 1; id >= 0; id -= 3) ids.push_back(static_cast<int32_t>(id));
+  }
+  const std::string path = ::testing::TempDir() + "/" + c.name + "_token_map.json";
+  std::ofstream(path) << nlohmann::json(ids).dump();
+  return path;
+}
 
 std::string model_path(const std::string& name) {
   if (name == "stories260K")
@@ -115,6 +139,7 @@ TEST_P(SpecLossless, GreedyEqualsPlainGreedy) {
   sc.total_tokens = c.total_tokens;
   sc.depth = c.depth;
   sc.top_k = c.top_k;
+  if (!c.token_map.empty()) sc.token_map = write_token_map(c, w.config.vocab_size);
   auto proposer = make_proposer(sc, w, c.draft_backend ? make_cpu_backend(1) : nullptr);
   ASSERT_NE(proposer, nullptr);
 
@@ -260,12 +285,16 @@ std::vector<SpecCase> cases() {
     v.push_back(
         {model + "_eagle_small", model, "eagle", "spec/random/eagle_" + model, "", 8, 3, 2});
     v.push_back({model + "_eagle3", model, "eagle3", "spec/random/eagle3_" + model});
+    v.push_back({model + "_eagle_token_map", model, "eagle", "spec/random/eagle_" + model, "", 60,
+                 5, 10, -1, false, "thirds"});
   }
   // Trained heads (scripts/train_medusa.py, scripts/train_eagle.py): high acceptance, so long
   // accepted paths and compaction of deep nodes are exercised.
   v.push_back({"stories260K_trained_medusa", "stories260K", "medusa", "heads/stories260K/medusa",
                "mc_sim_7b_63"});
   v.push_back({"stories260K_trained_eagle", "stories260K", "eagle", "heads/stories260K/eagle"});
+  v.push_back({"stories260K_trained_eagle_token_map", "stories260K", "eagle",
+               "heads/stories260K/eagle", "", 60, 5, 10, -1, false, "trained"});
   // Medusa's tokens left on its heads' backend, read there by the step.
   v.push_back({"llama_gqa_medusa_tree_tokens_on_draft_backend", "llama_gqa", "medusa",
                "spec/random/medusa_llama_gqa", "mc_sim_7b_63", 60, 5, 10, -1, true});

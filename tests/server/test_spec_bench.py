@@ -2,7 +2,8 @@
 per-round lines of --rounds, the speculative and plain outputs identical (greedy), the flags
 --plain-first, --no-spec-warmup, --plain-after-release and --time-graphs, Medusa's per-node acceptance
 (--node-stats: consistent counts, and scripts/medusa_tree_from_stats.py turns them into a tree
-spec-bench takes), and a bad value named in the error.
+spec-bench takes), an EAGLE token map built by scripts/make_token_map.py from a server's
+replies, and a bad value named in the error.
 
 Run (repository root): ARBOR_BIN=build/server/arbor python3 tests/server/test_spec_bench.py
 """
@@ -118,6 +119,51 @@ class SpecBench(unittest.TestCase):
         r = spec_bench("--rounds", "0")
         self.assertNotEqual(r.returncode, 0, r.stdout)
         self.assertIn("--rounds", r.stderr + r.stdout)
+
+    def test_token_map_from_the_models_own_replies(self):
+        """scripts/make_token_map.py against a running server (the model's greedy completions of
+        the story openers, their ids from /tokenize), then EAGLE with the map's first 96 ids: the
+        draft vocabulary line, outputs identical to plain; a size past the map is named."""
+        from arbor_server import ArborServer
+        script = os.path.join(REPO, "scripts", "make_token_map.py")
+        with tempfile.TemporaryDirectory() as d:
+            replies, tmap = os.path.join(d, "replies.jsonl"), os.path.join(d, "map.json")
+            with ArborServer(["--threads", "1"], model=MODEL, grpc=False) as srv:
+                g = subprocess.run([sys.executable, script, "gen", "--url", srv.base_url + "/v1",
+                                    "--prompts", PROMPTS, "--replies", replies, "--limit", "12",
+                                    "--max-tokens", "48", "--concurrency", "4"],
+                                   capture_output=True, text=True, timeout=300)
+                self.assertEqual(g.returncode, 0, g.stderr)
+            with open(replies) as f:
+                rows = [json.loads(line) for line in f]
+            self.assertEqual(len(rows), 12)
+            self.assertTrue(all(r["ids"] and r["text"] for r in rows), rows[0])
+            c = subprocess.run([sys.executable, script, "count", "--replies", replies,
+                                "--vocab-size", "512", "--eos-id", "2", "--size", "128",
+                                "--out", tmap], capture_output=True, text=True, timeout=60)
+            self.assertEqual(c.returncode, 0, c.stderr)
+            with open(tmap) as f:
+                ids = json.load(f)["token_ids"]
+            self.assertEqual(len(ids), 128)
+            self.assertEqual(len(set(ids)), 128)
+            counted = {}
+            for r in rows:
+                for t in r["ids"]:
+                    counted[t] = counted.get(t, 0) + 1
+            top = max(counted, key=lambda t: (counted[t], -t))
+            self.assertEqual(ids[0], top)  # most frequent first
+            eagle = ("--spec", "eagle", "--spec-heads", os.path.join(HEADS, "eagle"))
+            r = spec_bench("--spec-token-map", tmap, "--spec-draft-vocab", "96", spec=eagle)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("EAGLE draft vocabulary: 96 of 512 target ids (token map " + tmap + ")",
+                          r.stdout)
+            row = [line for line in r.stdout.splitlines() if line.startswith("| eagle")]
+            self.assertEqual(len(row), 1, r.stdout)
+            self.assertIn("| 4/4 |", row[0], r.stdout)
+            r = spec_bench("--spec-token-map", tmap, "--spec-draft-vocab", "1000", spec=eagle)
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertIn("1000 tokens asked for", r.stderr + r.stdout)
+            self.assertIn("holds 128", r.stderr + r.stdout)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,11 @@
 // sequencing errors and malformed checkpoints.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <set>
+
 #include "engine/spec/eagle_proposer.h"
+#include "engine/spec/proposer_factory.h"
 #include "engine/verify/tree_layout.h"
 #include "tests/unit/proposer_test_util.h"
 
@@ -466,6 +470,191 @@ TEST(EagleProposer, DraftForAnotherTargetIsRejected) {
   bad.tree.top_k = 0;
   expect_error([&] { EagleProposer p(w, test::target_weights("llama_gqa"), bad); },
                ErrorCode::kInvalidArgument, {"top_k is 0"});
+}
+
+// A token map (load_token_map / restrict_draft_vocab, as SGLang's --speculative-token-map): the
+// draft scores only the map's rows of the target's LM head, in the map's order, and proposes
+// their target ids.
+std::vector<int32_t> every_third_descending(int64_t vocab) {
+  std::vector<int32_t> ids;
+  for (int64_t id = vocab - 1; id >= 0; id -= 3) ids.push_back(static_cast<int32_t>(id));
+  return ids;
+}
+
+std::unique_ptr<EagleProposer> make_mapped(const Fixture& f, const EagleOptions& o,
+                                           const std::vector<int32_t>& ids) {
+  EagleWeights w = load_eagle_checkpoint(spec_fixture(f.name), f.version);
+  restrict_draft_vocab(&w, ids);
+  return std::make_unique<EagleProposer>(w, *f.target, o);
+}
+
+class EagleTokenMap : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EagleTokenMap, DraftLogitsAreThePyTorchLogitsOfTheMappedIds) {
+  const Fixture f = load(GetParam());
+  const int64_t vocab = f.target->config.vocab_size, h = f.target->config.hidden_size;
+  const std::vector<int32_t> ids = every_third_descending(vocab);
+  auto p = make_mapped(f, options_of(f.ref["rounds"][0]["trees"][0]), ids);
+  EagleDraftModel& draft = p->draft();
+  ASSERT_EQ(draft.draft_vocab(), static_cast<int64_t>(ids.size()));
+  for (size_t j = 0; j < ids.size(); ++j)
+    ASSERT_EQ(draft.to_target(static_cast<int32_t>(j)), ids[j]);
+  const Round rd = round_of(f.ref["rounds"][0]);
+  std::vector<int32_t> next(rd.tokens.begin() + 1, rd.tokens.end());
+  next.push_back(rd.next_token);
+  const size_t n = rd.tokens.size();
+  const SeqId seq = draft.create_sequence();
+  const std::vector<float> out = draft.append(
+      seq, next, std::vector<float>(rd.hidden.begin(), rd.hidden.begin() + n * h), rd.start);
+  const std::vector<float> logits = draft.logits(out, static_cast<int64_t>(n));
+  const std::vector<float> ref = test::flat_rows(f.ref["rounds"][0]["draft_logits"]);
+  ASSERT_EQ(logits.size(), n * ids.size());
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<float> want;
+    for (int32_t id : ids) want.push_back(ref[i * static_cast<size_t>(vocab) + id]);
+    EXPECT_LE(test::rel_error(logits.data() + i * ids.size(), want.data(), ids.size()), 1e-4)
+        << "row " << i;
+  }
+}
+
+// A map of the whole vocabulary in reverse order changes the draft's ids, not its
+// distributions: the official trees of both rounds, grown on the host and on the backend.
+TEST_P(EagleTokenMap, AWholeVocabularyInAnotherOrderGivesTheOfficialTrees) {
+  const Fixture f = load(GetParam());
+  std::vector<int32_t> ids(static_cast<size_t>(f.target->config.vocab_size));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(ids.size() - 1 - i);
+  const auto& rounds = f.ref["rounds"];
+  for (int on_backend : {0, 1})
+    for (size_t s = 0; s < rounds[0]["trees"].size(); ++s) {
+      EagleOptions o = options_of(rounds[0]["trees"][s]);
+      o.grow_on_backend = on_backend;
+      auto p = make_mapped(f, o, ids);
+      p->begin(4, round_of(rounds[0]).tokens);
+      for (size_t ri = 0; ri < rounds.size(); ++ri) {
+        p->observe(round_of(rounds[ri]).feedback(4));
+        const nlohmann::json& t = rounds[ri]["trees"][s];
+        const std::vector<DraftTree> trees = p->propose_batch({{4, TreeBudget{64, 8}}});
+        test::expect_tree(trees[0], t["tokens"].get<std::vector<int32_t>>(),
+                          t["parents"].get<std::vector<int32_t>>(),
+                          std::string(on_backend ? "backend" : "host") + ", setting " +
+                              std::to_string(s) + " round " + std::to_string(ri));
+      }
+      p->end(4);
+    }
+}
+
+// With a third of the vocabulary every drafted token is one of the map's, and the trees grown
+// on the backend (the draft-to-target map applied where the top-k is taken) are the host loop's.
+TEST_P(EagleTokenMap, TreesHoldOnlyMappedTokens) {
+  const Fixture f = load(GetParam());
+  const std::vector<int32_t> ids = every_third_descending(f.target->config.vocab_size);
+  const std::set<int32_t> in_map(ids.begin(), ids.end());
+  const auto& rounds = f.ref["rounds"];
+  std::vector<std::vector<DraftTree>> by_way;
+  for (int on_backend : {0, 1}) {
+    EagleOptions o = options_of(rounds[0]["trees"][0]);
+    o.grow_on_backend = on_backend;
+    auto p = make_mapped(f, o, ids);
+    const Round r0 = round_of(rounds[0]), r1 = round_of(rounds[1]);
+    for (RequestId id : {1, 2}) {
+      p->begin(id, r0.tokens);
+      p->observe(r0.feedback(id));
+    }
+    p->observe(r1.feedback(2));
+    by_way.push_back(p->propose_batch({{1, TreeBudget{64, 8}}, {2, TreeBudget{64, 8}}}));
+    for (const DraftTree& tree : by_way.back()) {
+      EXPECT_EQ(tree.size(), o.tree.total_tokens);
+      validate_draft_tree(tree, f.target->config.vocab_size, TreeBudget{64, 8});
+      for (int32_t i = 1; i < tree.size(); ++i)
+        EXPECT_TRUE(in_map.count(tree.token[i])) << "node " << i << " token " << tree.token[i];
+    }
+    for (RequestId id : {1, 2}) p->end(id);
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(by_way[0][i].token, by_way[1][i].token) << "request " << i;
+    EXPECT_EQ(by_way[0][i].parent, by_way[1][i].parent) << "request " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Drafts, EagleTokenMap,
+                         ::testing::Values("eagle_llama_gqa", "eagle_stories260K"),
+                         [](const auto& info) { return info.param; });
+
+TEST(EagleTokenMapFile, MalformedMapsAndMisuseAreNamed) {
+  test::TempDir dir;
+  auto write = [&](const std::string& name, const std::string& text) {
+    test::write_bytes(dir.file(name), text);
+    return dir.file(name);
+  };
+  EXPECT_EQ(load_token_map(write("a.json", "[5, 3, 9]"), 16, 0), (std::vector<int32_t>{5, 3, 9}));
+  EXPECT_EQ(
+      load_token_map(write("o.json", R"({"token_ids": [7, 1, 2, 4], "coverage": {}})"), 16, 2),
+      (std::vector<int32_t>{7, 1}));
+  expect_error([&] { load_token_map(dir.file("missing.json"), 16, 0); }, ErrorCode::kNotFound,
+               {"missing.json", "not found"});
+  expect_error([&] { load_token_map(write("b.json", "{not json"), 16, 0); },
+               ErrorCode::kCorruptData, {"b.json", "JSON array"});
+  expect_error([&] { load_token_map(write("e.json", "[]"), 16, 0); }, ErrorCode::kCorruptData,
+               {"e.json", "non-empty"});
+  expect_error([&] { load_token_map(write("r.json", "[1, 16]"), 16, 0); }, ErrorCode::kCorruptData,
+               {"r.json", "entry 1 is 16", "[0, 16)"});
+  expect_error([&] { load_token_map(write("s.json", "[1, \"x\"]"), 16, 0); },
+               ErrorCode::kCorruptData, {"entry 1"});
+  expect_error([&] { load_token_map(write("d.json", "[3, 4, 3]"), 16, 0); },
+               ErrorCode::kCorruptData, {"d.json", "token id 3 appears twice"});
+  expect_error([&] { load_token_map(write("l.json", "[3, 4]"), 16, 3); },
+               ErrorCode::kInvalidArgument, {"3 tokens asked for", "holds 2"});
+
+  EagleWeights e3 = load_eagle_checkpoint(spec_fixture("eagle3_llama_gqa"), EagleVersion::kEagle3);
+  const std::vector<int32_t> ids = {1, 2};
+  expect_error([&] { restrict_draft_vocab(&e3, ids); }, ErrorCode::kInvalidArgument,
+               {"EAGLE-3", "own draft vocabulary"});
+
+  // The factory: a token_map.json beside the heads is used unless token_map is "none";
+  // draft_vocab takes its first N ids.
+  SpecConfig sc;
+  sc.method = SpecMethod::kEagle;
+  sc.head_path = dir.path();
+  EXPECT_EQ(resolve_token_map(sc), "");
+  const std::string beside = write("token_map.json", "[1, 2, 3]");
+  EXPECT_EQ(resolve_token_map(sc), beside);
+  sc.token_map = "none";
+  EXPECT_EQ(resolve_token_map(sc), "");
+  sc.draft_vocab = 2;
+  expect_error([&] { sc.validate(); }, ErrorCode::kInvalidArgument, {"draft_vocab is 2", "none"});
+  sc.token_map = "";
+  sc.method = SpecMethod::kEagle3;
+  expect_error([&] { sc.validate(); }, ErrorCode::kInvalidArgument, {"eagle3"});
+  sc.method = SpecMethod::kEagle;
+  sc.draft_vocab = -1;
+  expect_error([&] { sc.validate(); }, ErrorCode::kInvalidArgument, {"draft_vocab is -1"});
+}
+
+// Through make_proposer: the heads' own map, its first N ids, and "none".
+TEST(EagleTokenMapFile, TheFactoryAppliesTheMap) {
+  const ModelWeights& target = test::target_weights("llama_gqa");
+  test::TempDir dir;
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(spec_fixture("eagle_llama_gqa") + "/" + f, dir.file(f));
+  test::write_bytes(dir.file("token_map.json"), "[9, 4, 7, 1, 30]");
+  SpecConfig sc;
+  sc.method = SpecMethod::kEagle;
+  sc.head_path = dir.path();
+  auto vocab_of = [&](const SpecConfig& c) {
+    auto p = make_proposer(c, target);
+    const auto& draft = static_cast<EagleProposer&>(*p).draft();
+    return std::pair{draft.draft_vocab(), draft.to_target(0)};
+  };
+  EXPECT_EQ(vocab_of(sc), (std::pair<int64_t, int32_t>{5, 9}));
+  sc.draft_vocab = 3;
+  EXPECT_EQ(vocab_of(sc), (std::pair<int64_t, int32_t>{3, 9}));
+  sc.draft_vocab = 0;
+  sc.token_map = "none";
+  EXPECT_EQ(vocab_of(sc), (std::pair<int64_t, int32_t>{target.config.vocab_size, 0}));
+  sc.token_map = dir.file("token_map.json");
+  sc.draft_vocab = 6;
+  expect_error([&] { make_proposer(sc, target); }, ErrorCode::kInvalidArgument,
+               {"6 tokens asked for", "holds 5"});
 }
 
 }  // namespace
