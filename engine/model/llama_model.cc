@@ -418,6 +418,7 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
   StepTensors t;
   bool done = false;
   const StepGraphKey key = graph_key(rank, step, want);
+  const Clock::time_point t_key = Clock::now();
   if (!key.empty()) {
     std::vector<Tensor> outs;
     const auto ops = [&] {
@@ -441,7 +442,7 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
   // Rank 0's phases, the last one recorded on every return below.
   struct Finish {
     ForwardTimings& t;
-    Clock::time_point start, set, launched;
+    Clock::time_point start, set, keyed, launched;
     bool replayed;
     ~Finish() {
       const auto secs = [](Clock::time_point a, Clock::time_point b) {
@@ -456,9 +457,10 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
         t.replayed_steps++;
         t.replayed_launch_s += secs(set, launched);
         t.replayed_finish_s += secs(launched, end);
+        t.replayed_key_s += secs(set, keyed);
       }
     }
-  } finish{timings_, t_start, t_set, Clock::now(), done};
+  } finish{timings_, t_start, t_set, t_key, Clock::now(), done};
 
   // The proposer's feature rows: the final hidden states or the capture layers' streams.
   const bool captures = !want.capture_layers.empty();

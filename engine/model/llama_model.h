@@ -120,6 +120,9 @@ class LlamaModel {
     // are prefill and mixed steps, warm-ups and recordings, whose ops launch one by one).
     int64_t replayed_steps = 0;
     double replayed_launch_s = 0, replayed_finish_s = 0;
+    // Of a replayed step's launch: its graph key (Backend::prepare_step_graph: the attention
+    // plan built and uploaded); the rest is the recording's lookup and cudaGraphLaunch.
+    double replayed_key_s = 0;
     ForwardTimings operator-(const ForwardTimings& o) const {
       return {steps - o.steps,
               set_step_s - o.set_step_s,
@@ -127,7 +130,8 @@ class LlamaModel {
               finish_s - o.finish_s,
               replayed_steps - o.replayed_steps,
               replayed_launch_s - o.replayed_launch_s,
-              replayed_finish_s - o.replayed_finish_s};
+              replayed_finish_s - o.replayed_finish_s,
+              replayed_key_s - o.replayed_key_s};
     }
   };
   const ForwardTimings& forward_timings() const { return timings_; }
