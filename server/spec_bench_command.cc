@@ -365,6 +365,15 @@ int run_spec_bench(const SpecBenchOptions& o) {
     };
     device_time("target", x - dx);
     device_time("draft", dx);
+    // The host's time in each step-graph launch (cudaGraphLaunch), target and draft.
+    const auto launch_time = [&](const char* whose, const TransferStats& t) {
+      if (t.graph_launches > 0)
+        std::printf("%s %s step-graph launches: %.3f ms host each, %.3f ms per step (%lld)\n", what,
+                    whose, t.graph_launch_host_ms / static_cast<double>(t.graph_launches),
+                    t.graph_launch_host_ms / steps, static_cast<long long>(t.graph_launches));
+    };
+    launch_time("target", x - dx);
+    launch_time("draft", dx);
     // The forward's host phases (LlamaModel::ForwardTimings): the device's time is in the
     // finish, which ends with the wait for it.
     const double fs = static_cast<double>(std::max<int64_t>(ft.steps, 1));

@@ -100,13 +100,26 @@ struct TransferStats {
   // from the replay's start on the stream to its end, waits for the host excluded.
   int64_t graphs_timed = 0;
   double graph_device_ms = 0;
+  // Step-graph launches and the host's time in them (the CUDA backend's cudaGraphLaunch).
+  int64_t graph_launches = 0;
+  double graph_launch_host_ms = 0;
   TransferStats operator-(const TransferStats& o) const {
-    return {syncs - o.syncs, d2h_bytes - o.d2h_bytes, h2d_bytes - o.h2d_bytes,
-            graphs_timed - o.graphs_timed, graph_device_ms - o.graph_device_ms};
+    return {syncs - o.syncs,
+            d2h_bytes - o.d2h_bytes,
+            h2d_bytes - o.h2d_bytes,
+            graphs_timed - o.graphs_timed,
+            graph_device_ms - o.graph_device_ms,
+            graph_launches - o.graph_launches,
+            graph_launch_host_ms - o.graph_launch_host_ms};
   }
   TransferStats operator+(const TransferStats& o) const {
-    return {syncs + o.syncs, d2h_bytes + o.d2h_bytes, h2d_bytes + o.h2d_bytes,
-            graphs_timed + o.graphs_timed, graph_device_ms + o.graph_device_ms};
+    return {syncs + o.syncs,
+            d2h_bytes + o.d2h_bytes,
+            h2d_bytes + o.h2d_bytes,
+            graphs_timed + o.graphs_timed,
+            graph_device_ms + o.graph_device_ms,
+            graph_launches + o.graph_launches,
+            graph_launch_host_ms + o.graph_launch_host_ms};
   }
 };
 

@@ -182,6 +182,24 @@ TEST_P(CudaGraphs, GreedyDecodeWithGraphsEqualsWithout) {
   // The same model again, its recordings warm: a second run replays from its first steps.
   const auto again = g_on.run(reqs);
   expect_equal(again, want, GetParam() + " plain: second run on warm graphs");
+
+  // A new engine on the same model (a KV cache of the same shape, as spec-bench's runs and a
+  // server restarted in-process make): the cache takes the old one's memory, the recordings
+  // stay valid, and it records nothing new.
+  const StepGraphStats before = on.model->step_graph_stats();
+  Generator g_new(*on.model, config());
+  const auto fresh = g_new.run(reqs);
+  expect_equal(fresh, want, GetParam() + " plain: a new engine on warm graphs");
+  const StepGraphStats after = on.model->step_graph_stats();
+  EXPECT_EQ(after.invalidations, before.invalidations) << describe(after);
+  EXPECT_EQ(after.captures, before.captures) << describe(after);
+  EXPECT_GT(after.replays, before.replays) << describe(after);
+  // Another shape moves the cache: the recordings over the old one are dropped.
+  GeneratorConfig other = config();
+  other.num_blocks = 320;
+  Generator g_other(*on.model, other);
+  expect_equal(g_other.run(reqs), want, GetParam() + " plain: another cache shape");
+  EXPECT_GT(on.model->step_graph_stats().invalidations, after.invalidations);
 }
 
 TEST_P(CudaGraphs, SpeculativeGreedyWithGraphsEqualsPlain) {
