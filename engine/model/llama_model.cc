@@ -207,8 +207,13 @@ void LlamaModel::set_step_graphs(bool enabled) {
     }
     if (r.graphs) continue;
     Backend* b = r.backend;
-    r.graphs = std::make_unique<StepGraphCache>(StepGraphCache::Options{},
-                                                [b](int64_t g) { b->release_step_graph(g); });
+    // The target's recordings cover plain decode and verify steps of every batch size, token
+    // count (adaptive trees) and block-table width bucket: at 64 recordings, SmolLM2's
+    // spec-bench at batch 64 evicted a dozen of the plain run's recordings each round.
+    StepGraphCache::Options options;
+    options.max_graphs = 256;
+    r.graphs =
+        std::make_unique<StepGraphCache>(options, [b](int64_t g) { b->release_step_graph(g); });
   }
 }
 
