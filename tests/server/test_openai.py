@@ -318,6 +318,41 @@ class SpeculatingServer(unittest.TestCase):
         self.assertIn("arbor_spec_speculating_sequences", m)
         self.assertIn('arbor_step_graphs_total{outcome="replay"}', m)
 
+    def test_eagle_token_map_from_the_config_file(self):
+        """speculation.token_map / draft_vocab in the YAML: the draft vocabulary is logged,
+        greedy output equals plain; a missing map stops the server with the file named."""
+        import subprocess
+        import tempfile
+        from arbor_server import ARBOR_BIN
+        heads = os.path.join(REPO, "tests", "data", "heads", "stories260K", "eagle")
+        with tempfile.TemporaryDirectory() as d:
+            tmap = os.path.join(d, "map.json")
+            with open(tmap, "w") as f:
+                json.dump({"token_ids": list(range(511, -1, -2))}, f)  # 256 odd ids, high first
+            config = os.path.join(d, "c.yaml")
+            with open(config, "w") as f:
+                f.write("speculation:\n  method: eagle\n  heads: %s\n  adaptive: false\n"
+                        "  token_map: %s\n  draft_vocab: 200\n" % (heads, tmap))
+            with ArborServer(["--config", config], grpc=False) as srv:
+                self.assertIn("EAGLE draft vocabulary: 200 of 512 target ids (token map %s)"
+                              % tmap, srv.output())
+                self.assertIn("token_map: " + tmap, srv.output())  # the echoed configuration
+                c = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+                for p in ["Once upon a time", "The little dog was sad because"]:
+                    spec = c.completions.create(model="stories260K.bin", prompt=p, max_tokens=48,
+                                                temperature=0)
+                    off = c.completions.create(model="stories260K.bin", prompt=p, max_tokens=48,
+                                               temperature=0, extra_body={"speculate": False})
+                    self.assertEqual(spec.choices[0].text, off.choices[0].text)
+            missing = os.path.join(d, "nope.json")
+            r = subprocess.run([ARBOR_BIN, "serve", "--model", STORIES, "--port", "0",
+                                "--grpc-port", "0", "--spec", "eagle", "--spec-heads", heads,
+                                "--spec-token-map", missing], capture_output=True, text=True,
+                               timeout=120)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn(missing, r.stderr)
+            self.assertIn("not found", r.stderr)
+
     def test_spec_override_rejected_without_a_proposer(self):
         with ArborServer([], grpc=False) as srv:
             code, resp = raw(srv.port, "POST", "/v1/completions",
