@@ -9,9 +9,10 @@ reply token outside the map can only be accepted as the target's own next token.
 
 Two phases:
   gen    send every prompt's first turn as one chat message (plain text lines: as completion
-         prompts) to a running arbor (or any OpenAI-compatible) server, greedy, and write the replies as JSONL {"id", "text",
-         "finish"}; resumable (replies already in --replies are skipped); standard library only;
-  count  count the replies' token ids (the server's /tokenize of each reply), write the map.
+         prompts) to a running arbor server, greedy, and write the replies as JSONL {"id",
+         "text", "ids" (the reply through the server's /tokenize), "finish"}; resumable
+         (replies already in --replies are skipped); standard library only;
+  count  count the replies' token ids (and an end token per finished reply), write the map.
 
   arbor serve -m models/SmolLM2-135M-Instruct.Q4_1.gguf --port 8011 --max-running 64 &
   python3 scripts/make_instruction_prompts.py --n 3000 --out /tmp/fr/instructions.jsonl \\
