@@ -349,6 +349,16 @@ int run_spec_bench(const SpecBenchOptions& o) {
         st.draft_seconds / steps * 1e3, st.feedback_seconds / steps * 1e3,
         (secs - fwd - st.draft_seconds - st.feedback_seconds) / steps * 1e3,
         graph_words(g).c_str());
+    // The engine's host stages in "other" (EngineStats::stage_seconds); the rest is outside
+    // the engine's step (the generator's event handling, stop checks).
+    const EngineStats::Stages& sg = st.stage_seconds;
+    const double other = secs - fwd - st.draft_seconds - st.feedback_seconds;
+    std::printf(
+        "%s other: per step %.3f ms plan + %.3f trees + %.3f reserve + %.3f inputs + %.3f "
+        "verify + %.3f commit + %.3f learn + %.3f outside the engine step\n",
+        what, sg.plan / steps * 1e3, sg.trees / steps * 1e3, sg.reserve / steps * 1e3,
+        sg.inputs / steps * 1e3, sg.verify / steps * 1e3, sg.commit / steps * 1e3,
+        sg.learn / steps * 1e3, (other - sg.sum()) / steps * 1e3);
     // The device probe: host waits and bytes per step, target and draft backends together.
     std::printf(
         "%s transfers: per step %.2f host syncs, %.1f KB device->host, %.1f KB "

@@ -394,18 +394,36 @@ struct Engine::StepRun {
 };
 
 std::vector<EngineEvent> Engine::step() {
+  using Clock = std::chrono::steady_clock;
   StepRun run(model_.config().vocab_size);
-  run.start = std::chrono::steady_clock::now();
-  PlannedStep planned = sched_.plan_step();                       // admission, items, budgets
+  run.start = Clock::now();
+  EngineStats::Stages& st = stats_.stage_seconds;
+  Clock::time_point mark = run.start;
+  const auto lap = [&mark](double* into) {  // the time since the last lap, into a stage
+    const Clock::time_point now = Clock::now();
+    *into += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
+  PlannedStep planned = sched_.plan_step();  // admission, items, budgets
+  lap(&st.plan);
   const std::vector<int32_t> sizes = draft(planned.trees, &run);  // trees, all requests at once
-  run.plan = sched_.reserve_step(std::move(planned), sizes);      // KV slots, preemption
+  lap(&st.trees);
+  st.trees -= run.drafted_ms * 1e-3;                          // the proposer's part: draft_seconds
+  run.plan = sched_.reserve_step(std::move(planned), sizes);  // KV slots, preemption
   apply_plan(run.plan);
+  lap(&st.reserve);
   if (run.plan.items.empty()) return {};
-  forward(&run);  // one forward pass; sampling and verification on the backend where it can
-  verify(&run);   // every tree's accepted path (from the backend's results or on the host)
-  commit(&run);   // KV compaction, tokens emitted, stops
+  forward(&run);        // one forward pass; sampling and verification on the backend where it can
+  mark = Clock::now();  // (inputs and the forward timed inside)
+  verify(&run);         // every tree's accepted path (from the backend's results or on the host)
+  lap(&st.verify);
+  commit(&run);  // KV compaction, tokens emitted, stops
+  lap(&st.commit);
+  const double feedback_before = stats_.feedback_seconds;
   observe(&run);  // the proposer folds in the accepted paths; the cost models learn the step
   for (uint64_t sid : run.finished) drop(sid);
+  lap(&st.learn);
+  st.learn -= stats_.feedback_seconds - feedback_before;  // the proposer's part: feedback
   return std::move(run.events);
 }
 
@@ -535,6 +553,7 @@ void Engine::resolve_device_tokens(const std::vector<DraftTree*>& trees) {
 }
 
 void Engine::forward(StepRun* run) {
+  const auto inputs_start = std::chrono::steady_clock::now();
   const StepPlan& plan = run->plan;
   // Trees whose tokens a drafter left on its backend: read there by the step (one source
   // buffer per step; the trees of any other come to the host first).
@@ -649,6 +668,7 @@ void Engine::forward(StepRun* run) {
   if (!run->argmax_only && !backend_sample) stats_.logits_downloads++;
   const StepGraphStats graphs_before = model_.step_graph_stats();
   const auto t0 = std::chrono::steady_clock::now();
+  stats_.stage_seconds.inputs += std::chrono::duration<double>(t0 - inputs_start).count();
   model_.forward(run->inputs, &out_, want);
   feature_index_.clear();  // flat row -> row of out_.hidden / captured when only some came back
   if (!out_.feature_rows.empty()) {

@@ -116,7 +116,17 @@ struct EngineStats {
   double mixed_seconds = 0;     // steps with both
   double draft_seconds = 0;     // proposer: drafting trees (propose_batch)
   double feedback_seconds = 0;  // proposer: folding accepted tokens into its state (observe)
-  AcceptanceStats acceptance;   // all verify steps with a tree of more than one node
+  // The host's stages of a step around the forward and the proposer (Engine::step): planning
+  // (admission, budgets), the drafted trees' handling outside the proposer (checks, padding),
+  // reserving KV and applying the plan, building the step's inputs (tree layouts and masks),
+  // verification (accepted paths from the results), committing (KV compaction, emitted tokens,
+  // stops) and learning (cost models, finished requests dropped).
+  struct Stages {
+    double plan = 0, trees = 0, reserve = 0, inputs = 0, verify = 0, commit = 0, learn = 0;
+    double sum() const { return plan + trees + reserve + inputs + verify + commit + learn; }
+  };
+  Stages stage_seconds;
+  AcceptanceStats acceptance;  // all verify steps with a tree of more than one node
 };
 
 class Engine {

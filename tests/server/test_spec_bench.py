@@ -52,6 +52,17 @@ class SpecBench(unittest.TestCase):
             self.assertGreater(plain, 0, out)
         self.assertIn("spec: ", out)
         self.assertIn("plain: ", out)
+        # "other" split into the engine's host stages and what is outside its step: the parts
+        # are not negative and add up to the step line's "other" (printed to 0.001 ms).
+        for what in ("spec", "plain"):
+            m = re.search(r"^%s: .* \+ other (-?[0-9.]+);" % what, out, re.M)
+            self.assertIsNotNone(m, out)
+            parts = re.search(r"^%s other: per step (.*)$" % what, out, re.M)
+            self.assertIsNotNone(parts, out)
+            values = [float(v) for v in re.findall(r"(-?[0-9]+\.[0-9]+)", parts.group(1))]
+            self.assertEqual(len(values), 8, parts.group(0))
+            self.assertTrue(all(v >= -0.002 for v in values), parts.group(0))
+            self.assertAlmostEqual(sum(values), float(m.group(1)), delta=0.01)
 
     def test_rounds_spec_first(self):
         r = spec_bench("--rounds", "2")
