@@ -342,17 +342,16 @@ int run_spec_bench(const SpecBenchOptions& o) {
                        const TransferStats& dx = {}) {
     const double steps = static_cast<double>(std::max<int64_t>(st.steps, 1));
     const double fwd = st.decode_seconds + st.mixed_seconds + st.prefill_seconds;
+    const double other = secs - fwd - st.draft_seconds - st.feedback_seconds;
     std::printf(
         "%s: %lld steps, per step %.3f ms = forward %.3f + draft %.3f + feedback %.3f + other "
         "%.3f; %s\n",
         what, static_cast<long long>(st.steps), secs / steps * 1e3, fwd / steps * 1e3,
-        st.draft_seconds / steps * 1e3, st.feedback_seconds / steps * 1e3,
-        (secs - fwd - st.draft_seconds - st.feedback_seconds) / steps * 1e3,
+        st.draft_seconds / steps * 1e3, st.feedback_seconds / steps * 1e3, other / steps * 1e3,
         graph_words(g).c_str());
     // The engine's host stages in "other" (EngineStats::stage_seconds); the rest is outside
     // the engine's step (the generator's event handling, stop checks).
     const EngineStats::Stages& sg = st.stage_seconds;
-    const double other = secs - fwd - st.draft_seconds - st.feedback_seconds;
     std::printf(
         "%s other: per step %.3f ms plan + %.3f trees + %.3f reserve + %.3f inputs + %.3f "
         "verify + %.3f commit + %.3f learn + %.3f outside the engine step\n",

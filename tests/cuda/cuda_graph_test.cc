@@ -22,6 +22,7 @@
 #include "engine/runner/generator.h"
 #include "engine/spec/eagle_proposer.h"
 #include "engine/spec/proposer_factory.h"
+#include "tests/common/token_maps.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace arbor {
@@ -319,12 +320,7 @@ EagleWeights random_draft(const std::string& name) {
   const EagleVersion version =
       dir.rfind("eagle3", 0) == 0 ? EagleVersion::kEagle3 : EagleVersion::kEagle1;
   EagleWeights w = load_eagle_checkpoint(testing::test_data_dir() + "/spec/random/" + dir, version);
-  if (mapped) {
-    std::vector<int32_t> ids;
-    for (int64_t id = w.config.vocab_size - 1; id >= 0; id -= 3)
-      ids.push_back(static_cast<int32_t>(id));
-    restrict_draft_vocab(&w, ids);
-  }
+  if (mapped) restrict_draft_vocab(&w, test::every_third_descending(w.config.vocab_size));
   return w;
 }
 

@@ -20,6 +20,7 @@
 #include "engine/model/model_loader.h"
 #include "engine/runner/generator.h"
 #include "engine/spec/proposer_factory.h"
+#include "tests/common/token_maps.h"
 
 namespace arbor {
 namespace {
@@ -50,7 +51,7 @@ std::string write_token_map(const SpecCase& c, int64_t vocab) {
     for (size_t i = 0; i < e3.d2t.size(); ++i)
       ids.push_back(static_cast<int32_t>(static_cast<int64_t>(i) + e3.d2t[i]));
   } else {
-    for (int64_t id = vocab - 1; id >= 0; id -= 3) ids.push_back(static_cast<int32_t>(id));
+    ids = test::every_third_descending(vocab);
   }
   const std::string path = ::testing::TempDir() + "/" + c.name + "_token_map.json";
   std::ofstream(path) << nlohmann::json(ids).dump();

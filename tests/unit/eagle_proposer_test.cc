@@ -13,6 +13,7 @@
 #include "engine/spec/eagle_proposer.h"
 #include "engine/spec/proposer_factory.h"
 #include "engine/verify/tree_layout.h"
+#include "tests/common/token_maps.h"
 #include "tests/unit/proposer_test_util.h"
 
 namespace arbor {
@@ -475,11 +476,7 @@ TEST(EagleProposer, DraftForAnotherTargetIsRejected) {
 // A token map (load_token_map / restrict_draft_vocab, as SGLang's --speculative-token-map): the
 // draft scores only the map's rows of the target's LM head, in the map's order, and proposes
 // their target ids.
-std::vector<int32_t> every_third_descending(int64_t vocab) {
-  std::vector<int32_t> ids;
-  for (int64_t id = vocab - 1; id >= 0; id -= 3) ids.push_back(static_cast<int32_t>(id));
-  return ids;
-}
+using test::every_third_descending;
 
 std::unique_ptr<EagleProposer> make_mapped(const Fixture& f, const EagleOptions& o,
                                            const std::vector<int32_t>& ids) {
