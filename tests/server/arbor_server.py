@@ -62,10 +62,13 @@ class ArborServer:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
             try:
                 with urllib.request.urlopen(self.base_url + "/health", timeout=1) as r:
-                    if r.status == 200:
+                    # /health answers once HTTP is up; the start-up messages (the listening
+                    # lines, the bind warning) are flushed after gRPC starts, a moment later.
+                    if r.status == 200 and "HTTP listening" in self.output():
                         return self
             except Exception:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         raise RuntimeError("server did not become healthy:\n" + self.output())
 
     def output(self):
