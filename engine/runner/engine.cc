@@ -344,23 +344,46 @@ void Engine::feed(Choice& c, int32_t start, const std::vector<int32_t>& tokens,
 namespace {
 
 // Extra children of the root until `tree` has `size` nodes (EngineConfig::pad_trees). They are
-// deterministic candidates, so any distinct tokens keep verification lossless; the request's
-// recent tokens first (text repeats), then ids from 0, never a token the root already has as a
-// child. A tree whose root children were sampled from a draft distribution is left as it is.
+// deterministic candidates, so any tokens keep verification lossless (a child repeating an
+// earlier sibling's token is never accepted before it); the request's recent tokens first (text
+// repeats), then ids from 0, never a token the root has as a child on the host. Tokens left on
+// the drafter's device stay there (the extra children's are on the host: index -1), so padding
+// never waits for the device. A tree whose root children were sampled from a draft
+// distribution is left as it is.
 void pad_tree(DraftTree* tree, int32_t size, std::span<const int32_t> context, int64_t vocab) {
   if (tree->size() >= size || (!tree->q_row.empty() && tree->q_row[0] >= 0)) return;
+  const bool device = !tree->device.empty();
   std::unordered_set<int32_t> used;
-  for (int32_t i = 1; i < tree->size(); ++i)
-    if (tree->parent[static_cast<size_t>(i)] == 0) used.insert(tree->token[static_cast<size_t>(i)]);
+  for (int32_t i = 1; i < tree->size(); ++i) {
+    const auto k = static_cast<size_t>(i);
+    if (tree->parent[k] == 0 && (!device || tree->device.index[k] < 0)) used.insert(tree->token[k]);
+  }
   auto add = [&](int32_t t) {
     if (tree->size() >= size || t < 0 || t >= vocab || !used.insert(t).second) return;
     tree->parent.push_back(0);
     tree->token.push_back(t);
     if (!tree->q_row.empty()) tree->q_row.push_back(-1);
+    if (device) tree->device.index.push_back(-1);
   };
   for (size_t i = context.size(); i > 0 && tree->size() < size && context.size() - i < 256; --i)
     add(context[i - 1]);
   for (int32_t t = 0; t < vocab && tree->size() < size; ++t) add(t);
+}
+
+// Deals `extra` nodes one at a time to the smallest of `size`'s entries listed in `open` that
+// are below their `cap`; returns what could not be dealt.
+int64_t deal_nodes(std::vector<int32_t>* size, const std::vector<int32_t>& cap,
+                   const std::vector<size_t>& open, int64_t extra) {
+  std::vector<int32_t>& s = *size;
+  while (extra > 0) {
+    size_t pick = s.size();
+    for (size_t i : open)
+      if (s[i] < cap[i] && (pick == s.size() || s[i] < s[pick])) pick = i;
+    if (pick == s.size()) break;  // every open entry is at its cap
+    ++s[pick];
+    --extra;
+  }
+  return extra;
 }
 
 }  // namespace
@@ -405,8 +428,9 @@ std::vector<EngineEvent> Engine::step() {
     mark = now;
   };
   PlannedStep planned = sched_.plan_step();  // admission, items, budgets
+  bucket_budgets(&planned);                  // room to reach a step-graph size
   lap(&st.plan);
-  const std::vector<int32_t> sizes = draft(planned.trees, &run);  // trees, all requests at once
+  const std::vector<int32_t> sizes = draft(planned, &run);  // trees, all requests at once
   lap(&st.trees);
   st.trees -= run.drafted_ms * 1e-3;                          // the proposer's part: draft_seconds
   run.plan = sched_.reserve_step(std::move(planned), sizes);  // KV slots, preemption
@@ -427,8 +451,33 @@ std::vector<EngineEvent> Engine::step() {
   return std::move(run.events);
 }
 
-std::vector<int32_t> Engine::draft(const std::vector<std::pair<ReqId, TreeBudget>>& wanted,
-                                   StepRun* run) {
+bool Engine::pad_for_graphs() const {
+  return config_.pad_trees == 1 || (config_.pad_trees == -1 && model_.step_graphs());
+}
+
+bool Engine::bucket_steps() const {
+  return proposer_ != nullptr && config_.adaptive_trees && pad_for_graphs();
+}
+
+void Engine::bucket_budgets(PlannedStep* planned) const {
+  if (!bucket_steps() || planned->trees.empty() || planned->has_prefill()) return;
+  const int32_t max_nodes = sched_.config().tree.max_tree.max_nodes;
+  std::vector<int32_t> size, cap(planned->trees.size(), max_nodes);
+  std::vector<size_t> open;
+  int64_t total = planned->decodes_without_tree();
+  for (const auto& [sid, budget] : planned->trees) {
+    open.push_back(size.size());
+    size.push_back(budget.max_nodes);
+    total += budget.max_nodes;
+  }
+  const int64_t target =
+      std::min<int64_t>(graph_bucket(total, kStepTokenBuckets), config_.max_step_tokens);
+  deal_nodes(&size, cap, open, target - total);
+  for (size_t i = 0; i < size.size(); ++i) planned->trees[i].second.max_nodes = size[i];
+}
+
+std::vector<int32_t> Engine::draft(const PlannedStep& planned, StepRun* run) {
+  const std::vector<std::pair<ReqId, TreeBudget>>& wanted = planned.trees;
   if (wanted.empty()) return {};
   const int64_t vocab = model_.config().vocab_size;
   std::vector<std::pair<RequestId, TreeBudget>> requests;
@@ -457,32 +506,35 @@ std::vector<int32_t> Engine::draft(const std::vector<std::pair<ReqId, TreeBudget
                 "proposer tree root differs from the request's newest token");
     n.push_back(std::min<int32_t>(c.draft.size(), budget.max_nodes));
   }
-  if (proposer_->varying_tree_sizes() &&
-      (config_.pad_trees == 1 || (config_.pad_trees == -1 && model_.step_graphs()))) {
-    // A step graph's key holds the step's token count, not each request's tree size: the
-    // trees' total is padded up to a bucket (the next power of two for one tree, 2 buckets
-    // per power of two for several), the extra nodes dealt out one at a time to the smallest
-    // trees that may still grow.
-    std::vector<size_t> open;  // trees that may grow (no tree, or cut to its budget later: no)
+  // A step graph's key holds the step's token count, not each request's tree size: trees that
+  // came back smaller than their budgets are padded (pad_tree) so that the count lands on a
+  // bucket. With adaptive trees the whole decode step's count (bucket_budgets gave the budgets
+  // the room); else, for proposers whose trees vary (n-gram), the trees' total: the next power
+  // of two for one tree, 2 buckets per power of two for several.
+  const bool bucket = bucket_steps() && !planned.has_prefill();
+  if (bucket || (proposer_->varying_tree_sizes() && pad_for_graphs())) {
+    // Trees that may grow: not cut to their budgets later, and (outside step bucketing, where
+    // a step with any tree pads all of them) not a bare root.
+    std::vector<size_t> open;
+    std::vector<int32_t> cap;
     int64_t total = 0;
+    bool any_tree = false;
     for (size_t i = 0; i < wanted.size(); ++i) {
       total += n[i];
-      if (n[i] >= 2 && choices_.at(wanted[i].first)->draft.size() <= n[i]) open.push_back(i);
+      cap.push_back(wanted[i].second.max_nodes);
+      any_tree = any_tree || n[i] >= 2;
+      if ((bucket || n[i] >= 2) && choices_.at(wanted[i].first)->draft.size() <= n[i])
+        open.push_back(i);
     }
+    // With no tree at all the step is plain decoding's shape already.
+    const int64_t others = planned.decodes_without_tree();
+    const int64_t target = !bucket    ? graph_bucket(total, wanted.size() > 1 ? 2 : 1)
+                           : any_tree ? graph_bucket(total + others, kStepTokenBuckets) - others
+                                      : total;
     std::vector<int32_t> size = n;
-    int64_t extra = graph_bucket(total, wanted.size() > 1 ? 2 : 1) - total;
-    while (extra > 0) {
-      size_t pick = wanted.size();
-      for (size_t i : open)
-        if (size[i] < wanted[i].second.max_nodes && (pick == wanted.size() || size[i] < size[pick]))
-          pick = i;
-      if (pick == wanted.size()) break;  // every open tree is at its budget
-      ++size[pick];
-      --extra;
-    }
+    deal_nodes(&size, cap, open, target - total);
     for (size_t i : open) {
       Choice& c = *choices_.at(wanted[i].first);
-      resolve_device_tokens(&c.draft);  // padding reads the root's children
       pad_tree(&c.draft, size[i], sched_.context(wanted[i].first), vocab);
       n[i] = c.draft.size();
     }

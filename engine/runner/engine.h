@@ -58,6 +58,10 @@ struct EngineEvent {
   GenerationResult result;  // when finished: the choice's whole result
 };
 
+// Buckets per power of two for a decode step's token count under adaptive trees
+// (EngineConfig::pad_trees): at most a quarter of the step is padding.
+constexpr int64_t kStepTokenBuckets = 4;
+
 struct EngineConfig {
   // KV cache blocks; 0: as many as gpu_memory_utilization of the backend's memory holds after
   // the weights and a profiled step (runner/kv_sizing.h), which `arbor serve` and `generate` do
@@ -85,11 +89,13 @@ struct EngineConfig {
   bool backend_sampling = true;
   // Pad drafted trees (within their budgets) with extra candidate children of the root, so
   // that verify steps repeat the few token counts that recorded step graphs replay (a graph key
-  // holds the step's token count; n-gram trees vary from step to step:
+  // holds the step's token count). Trees that vary from step to step (n-gram:
   // Proposer::varying_tree_sizes): one tree to its size rounded up to a power of two, several
-  // to a total in 2 buckets per power of two. Lossless: the extra children are deterministic
-  // candidates like any other. -1: when the model records step graphs (CUDA); 0: never; 1:
-  // always (for such proposers).
+  // to a total in 2 buckets per power of two. With adaptive_trees, for every proposer: the
+  // planned budgets are raised and the trees padded so that a decode step that verifies a tree
+  // scores graph_bucket(tokens, kStepTokenBuckets) tokens (the policy's budgets change from step
+  // to step). Lossless: the extra children are deterministic candidates like any other. -1:
+  // when the model records step graphs (CUDA); 0: never; 1: always.
   int32_t pad_trees = -1;
   // Let the proposer leave its trees' tokens on its backend when the model's backend can read
   // them there (Proposer::set_tree_reader; one rank only): the step's ids and the tree sampling
@@ -188,9 +194,17 @@ class Engine {
   // step()'s stages, in order (README.md): plan (Scheduler::plan_step) -> draft -> reserve
   // (Scheduler::reserve_step, apply_plan) -> forward -> verify -> commit -> observe.
   struct StepRun;
+  // Step graphs are keyed by the step's token count (EngineConfig::pad_trees): whether trees
+  // are padded for them, and whether a decode step's whole count is (adaptive trees).
+  bool pad_for_graphs() const;
+  bool bucket_steps() const;
+  // Adaptive trees with step graphs: raises the planned tree budgets (smallest first, up to the
+  // largest tree) until the decode step's tokens reach graph_bucket(tokens, kStepTokenBuckets),
+  // so that the policy's changing budgets replay a few recorded sizes.
+  void bucket_budgets(PlannedStep* planned) const;
   // Drafts the planned trees (all requests in one Proposer::propose_batch call), pads them for
   // step graphs; returns each tree's node count.
-  std::vector<int32_t> draft(const std::vector<std::pair<ReqId, TreeBudget>>& wanted, StepRun* run);
+  std::vector<int32_t> draft(const PlannedStep& planned, StepRun* run);
   // Preemptions, admissions and detachments reach the proposer; copy-on-write copies run.
   void apply_plan(const StepPlan& plan);
   // Builds the flat step and runs the model: argmax ids only, or sampling and verification on

@@ -384,6 +384,14 @@ StepPlan Scheduler::reserve_step(PlannedStep planned, std::span<const int32_t> d
     const ReqId id = it.id;
     int32_t n = 1;
     if (it.budget.max_nodes > 1) {
+      const auto& [tree_id, budget] = planned.trees[next_draft];
+      ARBOR_CHECK(tree_id == id && budget.max_nodes >= it.budget.max_nodes &&
+                      budget.max_nodes <= config_.tree.max_tree.max_nodes,
+                  "planned tree of request " + std::to_string(id) + " changed to " +
+                      std::to_string(budget.max_nodes) + " nodes (planned " +
+                      std::to_string(it.budget.max_nodes) + ", max " +
+                      std::to_string(config_.tree.max_tree.max_nodes) + ")");
+      it.budget = budget;
       n = drafted[next_draft++];
       ARBOR_CHECK(n >= 1 && n <= it.budget.max_nodes,
                   "draft of request " + std::to_string(id) + " returned " + std::to_string(n) +

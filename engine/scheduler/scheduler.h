@@ -70,10 +70,18 @@ struct StepPlan {
   int32_t total_tokens() const;
 };
 
-// The first phase of a step's plan (Scheduler::plan_step): the trees to draft, in order.
+// The first phase of a step's plan (Scheduler::plan_step): the trees to draft, in order. The
+// caller may raise a tree's max_nodes (never beyond SchedulerConfig::tree.max_tree.max_nodes)
+// before drafting, e.g. so that the step's token count lands on a size that recorded step
+// graphs replay; reserve_step() holds each tree to its budget here.
 class PlannedStep {
  public:
   std::vector<std::pair<ReqId, TreeBudget>> trees;
+  // Decode items without a tree (one token each).
+  int32_t decodes_without_tree() const {
+    return static_cast<int32_t>(decodes_.size() - trees.size());
+  }
+  bool has_prefill() const { return !chunks_.empty(); }
 
  private:
   friend class Scheduler;

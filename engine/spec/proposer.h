@@ -43,7 +43,8 @@ class Proposer {
   virtual std::vector<int32_t> capture_layers() const { return {}; }
   // Whether its trees change size from step to step with what it finds (n-gram matches), so
   // the engine may pad them to a few sizes for step graphs (EngineConfig::pad_trees); false for
-  // trees of a fixed shape or size (Medusa's static tree, EAGLE's total_tokens).
+  // trees of a fixed shape or size (Medusa's static tree, EAGLE's total_tokens). With adaptive
+  // trees the budgets vary and the engine pads any proposer's trees.
   virtual bool varying_tree_sizes() const { return false; }
 
   // A new request: its prompt (the positions prefill will cover).

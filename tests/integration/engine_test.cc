@@ -7,9 +7,11 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/step_graphs.h"
 #include "engine/core/error.h"
 #include "engine/model/llama_model.h"
 #include "engine/runner/engine.h"
@@ -595,6 +597,88 @@ class WarmingProposer final : public Proposer {
   int calls_ = 0;
   StepGraphStats stats_;
 };
+
+// With adaptive trees the policy's budgets change from step to step; with step graphs
+// (EngineConfig::pad_trees, forced on here) the engine raises them and pads the drafted trees so
+// that every decode step that verifies a tree scores graph_bucket(tokens, kStepTokenBuckets)
+// tokens: a few recorded sizes instead of one per total. The padding is lossless (greedy output
+// equals plain), for a proposer whose trees come to the host (EAGLE), one whose tokens stay on
+// its own backend (Medusa on a second CPU backend: the extra nodes' ids come from the host) and
+// one whose trees vary by themselves (n-gram). Without the padding some totals are off-bucket,
+// so the check can fail. (The policy weighs the drafting time it measures, so how many steps
+// draft trees depends on the machine's load: the counts are checked over all three methods.)
+TEST_F(EngineTest, AdaptiveTreesPadDecodeStepsToGraphSizes) {
+  const char* texts[] = {"Once upon a time", "The little dog",     "Lily and Ben went to the park",
+                         "One day, a girl",  "Tom had a red ball", "The sun was hot and"};
+  std::vector<GenerationRequest> reqs;
+  for (const char* t : texts) {
+    GenerationRequest r = greedy(bundle_->tokenizer->encode(t, true, false), 40);
+    r.speculate = true;
+    reqs.push_back(r);
+  }
+  Engine plain(*model_, EngineConfig{});
+  for (size_t i = 0; i < reqs.size(); ++i) plain.add(i + 1, reqs[i]);
+  const auto expect = drain(plain);
+
+  struct Method {
+    SpecMethod method;
+    std::string heads;
+    bool draft_backend;
+    double per_token_ms;  // tree tokens cheap, not free: budgets differ per request and step
+  };
+  const std::string dir = std::string(ARBOR_TEST_DATA_DIR) + "/heads/stories260K/";
+  int64_t padded_tree_steps = 0, off_bucket_unpadded = 0;
+  for (const Method& m : {Method{SpecMethod::kEagle, dir + "eagle", false, 0.3},
+                          Method{SpecMethod::kMedusa, dir + "medusa", true, 0.3},
+                          Method{SpecMethod::kNgram, "", false, 0.02}}) {
+    for (int32_t pad : {1, 0}) {
+      SCOPED_TRACE(std::string(spec_method_name(m.method)) + (pad ? " padded" : " unpadded"));
+      SpecConfig sc;
+      sc.method = m.method;
+      sc.head_path = m.heads;
+      auto proposer =
+          make_proposer(sc, bundle_->weights, m.draft_backend ? make_cpu_backend(1) : nullptr);
+      EngineConfig ec;
+      ec.adaptive_trees = true;
+      ec.pad_trees = pad;
+      ec.tree_budget = {16, 4};
+      ec.cost.fixed_ms = 4.0;
+      ec.cost.per_token_ms = m.per_token_ms;
+      ec.cost.online = false;
+      auto backend = make_cpu_backend(1);
+      LlamaModel model(*backend, bundle_->weights);
+      Engine e(model, ec, proposer.get());
+      for (size_t i = 0; i < reqs.size(); ++i) e.add(i + 1, reqs[i]);
+      std::map<std::pair<ReqId, int32_t>, std::vector<EngineEvent>> out;
+      int64_t tree_steps = 0, off_bucket = 0;
+      std::set<int64_t> sizes;
+      for (int guard = 0; !e.idle() && guard < 10000; ++guard) {
+        const EngineStats before = e.stats();
+        const auto decoding = static_cast<int64_t>(e.scheduler().num_running());
+        for (EngineEvent& ev : e.step()) out[{ev.id, ev.choice}].push_back(std::move(ev));
+        const int64_t tokens = e.stats().tree_tokens - before.tree_tokens;
+        if (e.stats().prefill_tokens != before.prefill_tokens || tokens <= decoding) continue;
+        ++tree_steps;  // a decode-only step with at least one tree
+        sizes.insert(tokens);
+        if (graph_bucket(tokens, kStepTokenBuckets) != tokens) ++off_bucket;
+      }
+      ASSERT_TRUE(e.idle());
+      for (size_t i = 0; i < reqs.size(); ++i)
+        EXPECT_EQ(tokens_of(out[{i + 1, 0}]), tokens_of(expect.at({i + 1, 0}))) << i;
+      std::printf("%s pad %d: %lld tree steps, %zu step sizes, %lld off-bucket\n",
+                  spec_method_name(m.method), pad, static_cast<long long>(tree_steps), sizes.size(),
+                  static_cast<long long>(off_bucket));
+      if (pad == 1) {
+        EXPECT_EQ(off_bucket, 0);
+        padded_tree_steps += tree_steps;
+      } else {
+        off_bucket_unpadded += off_bucket;
+      }
+    }
+  }
+  EXPECT_GT(padded_tree_steps, 20);
+  EXPECT_GT(off_bucket_unpadded, 0);
+}
 
 TEST_F(EngineTest, DraftStepsThatRecordAGraphDoNotSetTheDraftCost) {
   const std::vector<int32_t> prompt = bundle_->tokenizer->encode("Once upon a time", true, false);

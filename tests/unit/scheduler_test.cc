@@ -177,6 +177,45 @@ TEST(SchedulerTicks, AProbeRevisesAPessimisticAcceptanceEstimate) {
   EXPECT_THROW(bad.validate(), Error);
 }
 
+// The engine may raise a planned tree's budget before drafting (up to the largest tree; step
+// graphs want the step's token count on a bucket): reserve_step holds the tree to the raised
+// budget and the item carries it; beyond the largest tree, or below what was planned, is refused.
+TEST(SchedulerTicks, APlannedTreeBudgetMayBeRaisedUpToTheLargestTree) {
+  SchedulerConfig c;
+  c.max_step_tokens = 64;
+  c.max_running = 4;
+  c.tree.max_tree = {8, 3};
+  c.cost.fixed_ms = 5.0;
+  c.cost.per_token_ms = 0.5;  // tree tokens cost enough that the policy plans less than 8
+  c.cost.online = false;
+  c.probe_every = 0;
+  for (int32_t raised : {8, 9, 1}) {
+    SCOPED_TRACE(raised);
+    Harness h(64, 4, c);
+    h.add("A", 4, /*spec=*/true);
+    h.add("B", 4, /*spec=*/false, 50);
+    EXPECT_EQ(h.tick(), "+A +B A:P4* B:P4*");
+    PlannedStep p = h.sched.plan_step();
+    ASSERT_EQ(p.trees.size(), 1u);
+    const int32_t planned = p.trees[0].second.max_nodes;
+    ASSERT_GT(planned, 1);
+    ASSERT_LT(planned, 8);
+    EXPECT_EQ(p.decodes_without_tree(), 1);  // B
+    EXPECT_FALSE(p.has_prefill());
+    p.trees[0].second.max_nodes = raised;
+    const std::vector<int32_t> sizes = {raised};
+    if (raised != 8) {
+      EXPECT_THROW(h.sched.reserve_step(std::move(p), sizes), Error);
+      continue;
+    }
+    const StepPlan plan = h.sched.reserve_step(std::move(p), sizes);
+    ASSERT_EQ(plan.items.size(), 2u);
+    EXPECT_EQ(plan.items[0].num_tokens, 8);
+    EXPECT_EQ(plan.items[0].budget.max_nodes, 8);
+    EXPECT_EQ(plan.items[1].num_tokens, 1);
+  }
+}
+
 TEST(SchedulerTicks, AdmissionWaitsForBlocksAndRunningSlots) {
   // 6 blocks of 4 tokens; max_running 2; a look-ahead of 4 tokens (one block).
   Harness h(6, 4, fixed_trees(64, 2, 1, /*lookahead=*/4));
