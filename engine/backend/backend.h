@@ -26,6 +26,7 @@ struct KvCacheShape {
   int64_t block_size = 16;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
+  bool operator==(const KvCacheShape&) const = default;
 };
 
 // Host-side description of one forward step over a flat batch of R requests and N tokens.

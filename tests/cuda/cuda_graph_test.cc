@@ -258,6 +258,54 @@ TEST_P(CudaGraphs, SpeculativeGreedyWithGraphsEqualsPlain) {
   }
 }
 
+// Adaptive trees change each request's budget from step to step; with step graphs the engine
+// rounds a decode step's token count up to a bucket (budgets raised, trees padded:
+// EngineConfig::pad_trees), so verify steps replay a few recordings. Lossless on the GPU for
+// trees grown on the host (n-gram), on the device with their tokens left there (EAGLE on a CUDA
+// backend: the extra children's ids come from the host, DeviceTokens::index -1) and for
+// Medusa's heads; the recordings with and without the padding are printed.
+class CudaAdaptiveGraphs : public CudaGraphs {};  // stories260K: its trained heads
+
+TEST_P(CudaAdaptiveGraphs, AdaptiveTreesPaddedToBucketsEqualPlain) {
+  const ModelWeights& w = weights_of(GetParam());
+  const auto reqs = requests(w.config.vocab_size);
+  GpuModel off = make_model(w, false);
+  Generator plain(*off.model, config());
+  const auto want = plain.run(reqs);
+  const std::string heads = testing::test_data_dir() + "/heads/stories260K/";
+  for (const auto& [method, dir] : std::vector<std::pair<std::string, std::string>>{
+           {"ngram", ""}, {"eagle", heads + "eagle"}, {"medusa", heads + "medusa"}}) {
+    for (const int32_t pad : {-1, 0}) {
+      SpecConfig sc;
+      sc.method = parse_spec_method(method);
+      sc.head_path = dir;
+      GpuModel on = make_model(w, true);
+      auto proposer = make_proposer(
+          sc, w,
+          method == "ngram" ? nullptr
+                            : make_cuda_backend_on_stream_of(CudaBackendOptions{}, *on.backend));
+      GeneratorConfig gc = config();
+      gc.adaptive_trees = true;
+      gc.pad_trees = pad;
+      gc.tree_budget = {16, 4};
+      gc.cost.fixed_ms = 4.0;  // tree tokens cheap, not free: budgets differ per request
+      gc.cost.per_token_ms = method == "ngram" ? 0.02 : 0.3;
+      gc.cost.online = false;
+      Generator spec(*on.model, gc, proposer.get());
+      const auto got = spec.run(reqs);
+      const StepGraphStats s = on.model->step_graph_stats();
+      const std::string what = method + (pad == -1 ? ", adaptive, padded" : ", adaptive, unpadded");
+      std::printf("  %-16s %s: %s; %lld tree tokens, %.2f tokens/step\n", GetParam().c_str(),
+                  what.c_str(), describe(s).c_str(),
+                  static_cast<long long>(spec.stats().tree_tokens),
+                  spec.stats().acceptance.mean_emitted_per_step());
+      expect_equal(got, want, GetParam() + " " + what + " == plain");
+      EXPECT_EQ(s.capture_failures, 0) << what;
+      EXPECT_GT(s.replays, 0) << what;
+    }
+  }
+}
+
 // A backend on another's stream (make_cuda_backend_on_stream_of) shares it, orders with it
 // without events, and keeps working after the backend whose stream it took is gone.
 TEST(CudaSharedStream, OutlivesThePeerAndKeepsOrder) {
@@ -292,6 +340,8 @@ TEST(CudaSharedStream, OutlivesThePeerAndKeepsOrder) {
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaGraphs,
                          ::testing::Values("stories260K", "random_d64", "random_d128"),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Models, CudaAdaptiveGraphs, ::testing::Values("stories260K"),
                          [](const auto& info) { return info.param; });
 
 // The EAGLE draft's own step graphs (its layer and head on a CUDA backend): tree expansions (one

@@ -1462,10 +1462,7 @@ void CudaBackend::allocate_kv(const KvCacheShape& shape) {
   // The cache being replaced is freed first when the new one is larger (DeviceBuffer::ensure).
   check_kv_cache_fits(shape, kv_cache_bytes(shape),
                       memory_info().free_bytes + static_cast<int64_t>(s.kv.bytes), memory_info());
-  const bool same_shape =
-      s.kv.ptr != nullptr && shape.num_layers == kv_shape_.num_layers &&
-      shape.num_blocks == kv_shape_.num_blocks && shape.block_size == kv_shape_.block_size &&
-      shape.num_kv_heads == kv_shape_.num_kv_heads && shape.head_dim == kv_shape_.head_dim;
+  const bool same_shape = s.kv.ptr != nullptr && shape == kv_shape_;
   kv_shape_ = shape;
   s.num_slots = shape.num_blocks * shape.block_size;
   s.kv_width = shape.num_kv_heads * shape.head_dim;
