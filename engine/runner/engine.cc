@@ -833,6 +833,10 @@ void Engine::emit(StepRun* run, Choice& c, const std::vector<int32_t>& tokens,
 void Engine::commit(StepRun* run) {
   const int64_t vocab = model_.config().vocab_size;
   const StepPlan& plan = run->plan;
+  // Every verified path's KV compaction, run as one copy after the loop: each request's copies
+  // stay within its own tree slots, so they are independent, and one call is one upload and one
+  // launch instead of one (and a wait for the last upload's staging) per request.
+  SlotCopies compactions;
   for (size_t k = 0; k < plan.items.size(); ++k) {
     const ScheduledItem& it = plan.items[k];
     Choice& c = *choices_.at(it.id);
@@ -906,8 +910,10 @@ void Engine::commit(StepRun* run) {
     node_tokens.insert(node_tokens.end(), v.accepted_tokens.begin(), v.accepted_tokens.end());
     const int32_t start = sched_.computed(it.id);
     const CommitPlan compaction = sched_.commit_tree(it.id, v.accepted_nodes, node_tokens);
-    if (!compaction.copies.empty())
-      model_.copy_kv(compaction.copies.src_slots, compaction.copies.dst_slots);
+    compactions.src_slots.insert(compactions.src_slots.end(), compaction.copies.src_slots.begin(),
+                                 compaction.copies.src_slots.end());
+    compactions.dst_slots.insert(compactions.dst_slots.end(), compaction.copies.dst_slots.begin(),
+                                 compaction.copies.dst_slots.end());
     std::vector<int32_t> emitted = v.accepted_tokens;
     emitted.push_back(v.bonus_token);
     std::vector<int32_t> rows;
@@ -930,6 +936,7 @@ void Engine::commit(StepRun* run) {
     }
     emit(run, c, emitted, rows, v.num_accepted(), run->sample_item[k]);
   }
+  if (!compactions.empty()) model_.copy_kv(compactions.src_slots, compactions.dst_slots);
 }
 
 void Engine::observe(StepRun* run) {
