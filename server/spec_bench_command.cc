@@ -101,7 +101,8 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   c->add_flag("--host-sampling", o->host_sampling,
               "Download logits and sample / verify on the host (default: on the backend)");
   c->add_option("--pad-trees", o->pad_trees,
-                "Pad varying-size trees (n-gram) for step graphs: -1 auto (with graphs), 0, 1")
+                "Pad trees for step graphs (n-gram's varying trees; with --adaptive-trees every "
+                "decode step's token count to a bucket): -1 auto (with graphs), 0, 1")
       ->check(CLI::Range(-1, 1))
       ->capture_default_str();
   c->add_flag("--adaptive-trees", o->adaptive_trees,
