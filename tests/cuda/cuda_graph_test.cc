@@ -142,6 +142,10 @@ class CudaGraphs : public ::testing::TestWithParam<std::string> {
     gc.max_step_tokens = 512;
     return gc;
   }
+
+  // The reference: plain greedy decoding of `reqs` without step graphs.
+  static std::vector<GenerationResult> plain_without_graphs(
+      const ModelWeights& w, const std::vector<GenerationRequest>& reqs);
 };
 
 void expect_equal(const std::vector<GenerationResult>& got,
@@ -153,6 +157,13 @@ void expect_equal(const std::vector<GenerationResult>& got,
     equal += got[i].tokens == want[i].tokens;
   }
   std::printf("  %-44s %d/%zu requests equal\n", what.c_str(), equal, got.size());
+}
+
+std::vector<GenerationResult> CudaGraphs::plain_without_graphs(
+    const ModelWeights& w, const std::vector<GenerationRequest>& reqs) {
+  GpuModel off = make_model(w, false);
+  Generator plain(*off.model, config());
+  return plain.run(reqs);
 }
 
 std::string describe(const StepGraphStats& s) {
@@ -206,9 +217,7 @@ TEST_P(CudaGraphs, GreedyDecodeWithGraphsEqualsWithout) {
 TEST_P(CudaGraphs, SpeculativeGreedyWithGraphsEqualsPlain) {
   const ModelWeights& w = weights_of(GetParam());
   const auto reqs = requests(w.config.vocab_size);
-  GpuModel off = make_model(w, false);
-  Generator plain(*off.model, config());
-  const auto want = plain.run(reqs);
+  const auto want = plain_without_graphs(w, reqs);
 
   std::vector<std::pair<std::string, std::string>> methods = {{"ngram", ""}};
   // EAGLE-3's capture layers are copied into one step tensor, so its verify steps replay too.
@@ -261,17 +270,16 @@ TEST_P(CudaGraphs, SpeculativeGreedyWithGraphsEqualsPlain) {
 // Adaptive trees change each request's budget from step to step; with step graphs the engine
 // rounds a decode step's token count up to a bucket (budgets raised, trees padded:
 // EngineConfig::pad_trees), so verify steps replay a few recordings. Lossless on the GPU for
-// trees grown on the host (n-gram), on the device with their tokens left there (EAGLE on a CUDA
-// backend: the extra children's ids come from the host, DeviceTokens::index -1) and for
-// Medusa's heads; the recordings with and without the padding are printed.
+// trees grown on the host (n-gram), on the device (EAGLE's draft on a CUDA backend) and for
+// Medusa's heads on a CUDA backend, whose tree tokens stay there (the extra children's ids come
+// from the host, DeviceTokens::index -1); the recordings with and without the padding are
+// printed.
 class CudaAdaptiveGraphs : public CudaGraphs {};  // stories260K: its trained heads
 
 TEST_P(CudaAdaptiveGraphs, AdaptiveTreesPaddedToBucketsEqualPlain) {
   const ModelWeights& w = weights_of(GetParam());
   const auto reqs = requests(w.config.vocab_size);
-  GpuModel off = make_model(w, false);
-  Generator plain(*off.model, config());
-  const auto want = plain.run(reqs);
+  const auto want = plain_without_graphs(w, reqs);
   const std::string heads = testing::test_data_dir() + "/heads/stories260K/";
   for (const auto& [method, dir] : std::vector<std::pair<std::string, std::string>>{
            {"ngram", ""}, {"eagle", heads + "eagle"}, {"medusa", heads + "medusa"}}) {
