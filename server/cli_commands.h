@@ -63,11 +63,12 @@ struct SpecBenchOptions {
   int32_t threads = 0;
   int32_t tensor_parallel = 1;
   bool no_bos = false;
-  bool skip_plain = false;           // acceptance only: no plain-decoding baseline run
-  int32_t warmup_tokens = 16;        // untimed runs of both modes first (GEMM tuning, step graphs)
-  int32_t rounds = 1;                // timed rounds of both modes; the medians are reported
-  bool draft_graphs = true;          // the draft's backend records step graphs (A/B runs)
-  bool plain_first = false;          // each round (and the warm-up) runs plain before speculative
+  bool skip_plain = false;     // acceptance only: no plain-decoding baseline run
+  int32_t warmup_tokens = 16;  // untimed runs of both modes first (GEMM tuning, step graphs)
+  int32_t warmup_rounds = -1;  // then untimed full rounds (step graphs recorded); -1: 2 with graphs
+  int32_t rounds = 1;          // timed rounds of both modes; the medians are reported
+  bool draft_graphs = true;    // the draft's backend records step graphs (A/B runs)
+  bool plain_first = false;    // each round (and the warm-up) runs plain before speculative
   bool no_spec_warmup = false;       // the warm-up runs plain decoding only
   bool plain_after_release = false;  // one more plain pass after the proposer is freed
   bool gemm_report = false;          // print the target backend's run-time choices (tuning_report)

@@ -4,7 +4,8 @@
 // rate by tree depth, tokens/s with and without speculation, and whether greedy outputs were
 // identical (they must be); then, for each run, the wall time per engine step split into the
 // model's forward, the proposer's drafting and feedback, and the rest. An untimed warm-up of
-// both modes on the first batch of prompts (--warmup-tokens) goes first.
+// both modes on the first batch of prompts (--warmup-tokens) goes first, then (after the cost
+// probe, which drops step graphs) untimed full rounds (--warmup-rounds) where graphs are recorded.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -69,6 +70,13 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
                 "Before timing, run the first batch of prompts for this many tokens with "
                 "speculation and without (GEMM tuning, first step graphs); 0: no warm-up")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--warmup-rounds", o->warmup_rounds,
+                "Then (after --cost-model measure's probe) untimed full rounds of both modes: a "
+                "step shape seen once per round runs eagerly the first time and is recorded the "
+                "second, so the timed rounds replay every shape as a long-running server does; "
+                "-1: 2 where the model records step graphs, else 0")
+      ->check(CLI::Range(-1, 100))
       ->capture_default_str();
   c->add_option("--rounds", o->rounds,
                 "Timed rounds of both modes (each a full pass over the prompts, speculative then "
@@ -256,6 +264,15 @@ int run_spec_bench(const SpecBenchOptions& o) {
     std::printf("verify cost measured in %.2f s (total tokens -> ms): %s\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                 format_cost_curves(gc.cost.curves).c_str());
+  }
+  // Full untimed rounds (the probe above drops the warm-up's recordings): the timed rounds
+  // then measure the steady state, not the recording of shapes the short warm-up missed.
+  const int32_t warmup_rounds =
+      o.warmup_rounds >= 0 ? o.warmup_rounds : (model->step_graphs() ? 2 : 0);
+  for (int32_t round = 0; round < warmup_rounds; ++round) {
+    if (o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(reqs);
+    if (!o.no_spec_warmup) Generator(*model, gc, proposer.get()).run(reqs);
+    if (!o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(reqs);
   }
   GeneratorStats spec_stats, plain_stats;
   StepGraphStats spec_graphs, plain_graphs;

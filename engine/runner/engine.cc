@@ -849,9 +849,18 @@ void Engine::commit(StepRun* run) {
       for (int32_t i = 0; i < it.num_tokens; ++i) rows[static_cast<size_t>(i)] = i;
       const std::vector<int32_t>& ctx = sched_.context(it.id);
       std::vector<int32_t> chunk(ctx.begin() + it.start, ctx.begin() + it.start + it.num_tokens);
+      // A chunk's rows reach the proposer with the step's other feedback (observe): one
+      // batched draft forward for every prompt instead of one per chunk. n > 1 forks below
+      // need the proposer's state first.
+      auto defer = [&]() -> PendingFeedback* {
+        if (!c.speculate) return nullptr;
+        run->pending.emplace_back();
+        run->pending.back().prompt = true;
+        return &run->pending.back();
+      };
       if (!it.last_chunk) {
         feed(c, it.start, chunk, rows, first_row,
-             ctx[static_cast<size_t>(it.start + it.num_tokens)]);
+             ctx[static_cast<size_t>(it.start + it.num_tokens)], defer());
         continue;
       }
       // The first generated token: sampled from the chunk's last row.
@@ -892,7 +901,7 @@ void Engine::commit(StepRun* run) {
         continue;
       }
       const int32_t next = next_token(c);
-      feed(c, it.start, chunk, rows, first_row, next);
+      feed(c, it.start, chunk, rows, first_row, next, defer());
       emit(run, c, {next}, {first_logit}, 0, run->sample_item[k]);
       continue;
     }
@@ -932,7 +941,6 @@ void Engine::commit(StepRun* run) {
       }
       feed(c, start, node_tokens, v.accepted_nodes, first_row, v.bonus_token, &run->pending.back(),
            path_rows);
-      run->pending.back().tree = t > 1;
     }
     emit(run, c, emitted, rows, v.num_accepted(), run->sample_item[k]);
   }
@@ -941,23 +949,31 @@ void Engine::commit(StepRun* run) {
 
 void Engine::observe(StepRun* run) {
   double observe_ms = 0;
-  if (!run->pending.empty()) {
+  // Prompt chunks first, then the verified paths (each request has one item per step, so the
+  // order between them is free): the draft cost model learns only the second call's time.
+  const auto observe_some = [&](bool prompt) {
     std::vector<TargetFeedback> fbs;
-    for (const PendingFeedback& p : run->pending) fbs.push_back(p.view());
+    for (const PendingFeedback& p : run->pending)
+      if (p.prompt == prompt) fbs.push_back(p.view());
+    if (fbs.empty()) return 0.0;
     const auto f0 = std::chrono::steady_clock::now();
     proposer_->observe_batch(fbs);
-    observe_ms =
+    const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - f0).count();
-    stats_.feedback_seconds += observe_ms * 1e-3;
-    // What trees cost beyond verification: drafting them and folding the accepted paths into
-    // the proposer's state (steps without a tree do not tell it).
-    // A warm-up step (a new step shape, or a draft of a new depth or batch run eagerly or
-    // recorded) pays one-time work (GEMM tuning, graph recording: 19.5 ms against 0.1 for
-    // SmolLM2's Medusa heads) that would set the draft cost estimate's level: one such step of
-    // a deeper tree once made every level look four times as dear.
-    if (run->drafted_depth > 0 && !run->warmup && !run->draft_warmup)
-      sched_.record_draft_step(run->drafted_depth, run->drafted_ms + observe_ms);
-  }
+    stats_.feedback_seconds += ms * 1e-3;
+    observe_ms += ms;
+    return ms;
+  };
+  observe_some(true);
+  const double path_ms = observe_some(false);
+  // What trees cost beyond verification: drafting them and folding the accepted paths into
+  // the proposer's state (steps without a tree do not tell it).
+  // A warm-up step (a new step shape, or a draft of a new depth or batch run eagerly or
+  // recorded) pays one-time work (GEMM tuning, graph recording: 19.5 ms against 0.1 for
+  // SmolLM2's Medusa heads) that would set the draft cost estimate's level: one such step of
+  // a deeper tree once made every level look four times as dear.
+  if (run->drafted_depth > 0 && !run->warmup && !run->draft_warmup)
+    sched_.record_draft_step(run->drafted_depth, run->drafted_ms + path_ms);
   // The cost model learns the whole step but the proposer's part (which the draft cost model
   // learns): the forward plus planning, tree building, verification and compaction, all of
   // which grow with the tree tokens. Steps that warmed up a step graph are left out.

@@ -182,7 +182,7 @@ class Engine {
     std::vector<float> hidden;
     std::vector<std::vector<float>> captured;
     int32_t next = -1;
-    bool tree = false;  // the step verified a tree (t > 1): its cost is a drafting cost
+    bool prompt = false;  // a prefill chunk's rows (not a verified path: not a drafting cost)
   };
   // Hands the proposer a request's newly committed positions (with defer: into *defer instead).
   // Their hidden rows are out_.hidden's first_row + rows[i], or with path_rows (an item's
