@@ -70,6 +70,7 @@ struct SpecBenchOptions {
   bool draft_graphs = true;    // the draft's backend records step graphs (A/B runs)
   bool plain_first = false;    // each round (and the warm-up) runs plain before speculative
   bool no_spec_warmup = false;       // the warm-up runs plain decoding only
+  bool fresh_policy = false;         // timed runs' tree policy not started from the warm-up's
   bool plain_after_release = false;  // one more plain pass after the proposer is freed
   bool gemm_report = false;          // print the target backend's run-time choices (tuning_report)
   bool time_graphs = false;          // time the target's and draft's step-graph replays (device)

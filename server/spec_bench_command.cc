@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -90,6 +91,10 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   c->add_flag("--plain-first", o->plain_first,
               "Run plain decoding before the speculative run in the warm-up and in each round "
               "(default: speculative first)");
+  c->add_flag("--fresh-policy", o->fresh_policy,
+              "Start every speculative run's tree policy from nothing (by default the timed "
+              "runs start from what it learned in the --warmup-rounds, as a server that has "
+              "served a while)");
   c->add_flag("--no-spec-warmup", o->no_spec_warmup,
               "Warm up plain decoding only (with --plain-first the first plain round then runs "
               "before any speculative step; the first speculative round pays its one-time "
@@ -219,6 +224,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
   // Step graphs used by a run: the model's counters after it minus before. Host waits and bytes
   // copied by a run: target and draft backends together in *x, the draft's share in *dx.
   using Timings = LlamaModel::ForwardTimings;
+  std::optional<Scheduler::PolicyState> learned;  // see the warm-up rounds below
   auto timed = [&](Proposer* p, GeneratorStats* st, StepGraphStats* g, TransferStats* x,
                    Timings* ft, TransferStats* dx = nullptr) {
     const auto draft_stats = [&] {
@@ -228,6 +234,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
     const TransferStats t0 = model->backend().transfer_stats(), d0 = draft_stats();
     const Timings f0 = model->forward_timings();
     Generator gen(*model, gc, p);
+    if (p != nullptr && learned) gen.engine().restore_policy_state(*learned);
     const auto start = std::chrono::steady_clock::now();
     auto res = gen.run(reqs);
     const double secs =
@@ -269,9 +276,17 @@ int run_spec_bench(const SpecBenchOptions& o) {
   // then measure the steady state, not the recording of shapes the short warm-up missed.
   const int32_t warmup_rounds =
       o.warmup_rounds >= 0 ? o.warmup_rounds : (model->step_graphs() ? 2 : 0);
+  // The tree policy's state learned there (acceptance, drafting cost, the cost model's
+  // corrections) is where each timed speculative run starts, as a server's engine that has
+  // served a while does (--fresh-policy: from nothing, every run).
   for (int32_t round = 0; round < warmup_rounds; ++round) {
     if (o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(reqs);
-    if (!o.no_spec_warmup) Generator(*model, gc, proposer.get()).run(reqs);
+    if (!o.no_spec_warmup) {
+      Generator warm(*model, gc, proposer.get());
+      if (learned) warm.engine().restore_policy_state(*learned);
+      warm.run(reqs);
+      if (!o.fresh_policy) learned = warm.engine().policy_state();
+    }
     if (!o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(reqs);
   }
   GeneratorStats spec_stats, plain_stats;

@@ -181,6 +181,7 @@ Engine::Engine(LlamaModel& model, const EngineConfig& config, Proposer* proposer
       kv_(kv_config(config_)),
       sched_(kv_, sched_config(config_)) {
   want_ = forward_request_for(proposer_);
+  if (bucket_steps()) sched_.set_step_token_buckets(static_cast<int32_t>(kStepTokenBuckets));
   if (proposer_ != nullptr && config_.device_tree_tokens && model_.tensor_parallel() == 1)
     proposer_->set_tree_reader(&model_.backend());
   if (config_.measure_cost && config_.adaptive_trees) {

@@ -160,6 +160,11 @@ class Engine {
   size_t num_requests() const { return requests_.size(); }
 
   const Scheduler& scheduler() const { return sched_; }
+  // The tree policy's learned state (Scheduler::PolicyState), to start another engine from.
+  Scheduler::PolicyState policy_state() const { return sched_.policy_state(); }
+  void restore_policy_state(const Scheduler::PolicyState& state) {
+    sched_.restore_policy_state(state);
+  }
   const KvCacheManager& kv() const { return kv_; }
   const EngineStats& stats() const { return stats_; }
   const LlamaModel& model() const { return model_; }

@@ -207,14 +207,25 @@ void Scheduler::admit(StepPlan* plan) {
       // speculating (no drafting, no feature bookkeeping). It starts from what other requests
       // measured, and shares the step's drafting cost with the running requests that speculate.
       // (A probe starts regardless: without it a pessimistic estimate would never be revised.)
-      // The load it joins includes the requests behind it that this step may admit too (they
-      // count as plain decodes): a burst of arrivals is judged at the batch it will decode in,
-      // not request by request from an empty batch up.
+      // The load it joins includes the requests behind it that this step may admit too: a
+      // burst of arrivals is judged at the batch it will decode in, not request by request
+      // from an empty batch up. Those of them that would speculate are judged as it is and
+      // share the drafting cost with it (eight arrivals at an empty engine speculate together
+      // where one tree alone would not pay for the step's draft forward); it speculates when
+      // the policy gives a tree to any of that group (they are interchangeable).
       r.acceptance = global_acceptance_;
-      std::vector<TreeCandidate> cands;
+      std::vector<TreeCandidate> cands = {{&r.acceptance}};
       const int32_t ahead = static_cast<int32_t>(std::min<size_t>(
           waiting_.size() - 1, static_cast<size_t>(config_.max_running) - running_.size() - 1));
-      int32_t plain = ahead;
+      int32_t plain = 0;
+      for (int32_t i = 1; i <= ahead; ++i) {
+        if (get(waiting_[static_cast<size_t>(i)]).speculate) {
+          cands.push_back({&global_acceptance_});
+        } else {
+          plain++;
+        }
+      }
+      const size_t group = cands.size();
       for (ReqId id : running_) {
         const Req& o = get(id);
         if (o.speculate) {
@@ -223,11 +234,11 @@ void Scheduler::admit(StepPlan* plan) {
           plain++;
         }
       }
-      cands.push_back({&r.acceptance});
       const int32_t batch = static_cast<int32_t>(running_.size()) + 1 + ahead;
       const auto b =
           choose_tree_budgets(cands, plain, plain, batch, cost_, draft_cost_.cost(), config_.tree);
-      if (b.back().max_nodes <= 1) r.speculate = false;
+      r.speculate = std::any_of(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(group),
+                                [](const TreeBudget& t) { return t.max_nodes > 1; });
     }
     if (probe) r.probe_steps = config_.detach_after;
     if (trace_trees())
@@ -301,10 +312,12 @@ PlannedStep Scheduler::plan_step() {
   // detach_after).
   const bool explore =
       config_.tree.adaptive && !cands.empty() && chunks.empty() && !cost_.measured(batch, batch);
-  std::vector<TreeBudget> budgets =
-      explore ? std::vector<TreeBudget>(cands.size(), TreeBudget{1, 0})
-              : choose_tree_budgets(cands, fixed, fixed_emitted, batch, cost_, draft_cost_.cost(),
-                                    config_.tree);
+  TreePolicyConfig policy = config_.tree;
+  if (!chunks.empty()) policy.step_token_buckets = 0;  // a step with prefill is not padded
+  std::vector<TreeBudget> budgets = explore
+                                        ? std::vector<TreeBudget>(cands.size(), TreeBudget{1, 0})
+                                        : choose_tree_budgets(cands, fixed, fixed_emitted, batch,
+                                                              cost_, draft_cost_.cost(), policy);
   if (trace_trees()) {
     int32_t tokens = fixed;
     for (const TreeBudget& b : budgets) tokens += b.max_nodes;
@@ -491,6 +504,12 @@ size_t Scheduler::num_speculating() const {
 void Scheduler::set_cost(CostModelConfig cost) {
   cost_ = CostModel(cost);  // validates
   config_.cost = std::move(cost);
+}
+
+void Scheduler::restore_policy_state(const PolicyState& state) {
+  cost_ = state.cost;
+  global_acceptance_ = state.global_acceptance;
+  draft_cost_ = state.draft_cost;
 }
 
 void Scheduler::record_draft_step(int32_t depth, double ms) {

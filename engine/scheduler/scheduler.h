@@ -123,6 +123,19 @@ class Scheduler {
   void observe_step(int32_t batch, int32_t tokens, double ms) { cost_.observe(batch, tokens, ms); }
   // Replaces the cost model (e.g. with curves measured at start-up); forgets its observations.
   void set_cost(CostModelConfig cost);
+  // Decode steps with trees run padded to graph_bucket(tokens, buckets) (TreePolicyConfig).
+  void set_step_token_buckets(int32_t buckets) { config_.tree.step_token_buckets = buckets; }
+  // What the tree policy has learned across requests: the cost model with its online
+  // corrections, the acceptance a new request starts from, the drafting cost. A scheduler made
+  // for a run that stands for a server which has already served a while (spec-bench's timed
+  // rounds after its warm-up) starts from another one's.
+  struct PolicyState {
+    CostModel cost;
+    AcceptanceEstimate global_acceptance;
+    DraftCostEstimate draft_cost;
+  };
+  PolicyState policy_state() const { return {cost_, global_acceptance_, draft_cost_}; }
+  void restore_policy_state(const PolicyState& state);
   // A new running request `child` sharing every KV block of `parent` (n > 1 samples of one
   // prompt): parent must have finished its prefill; child's context is parent's committed
   // tokens. The child decodes next once its first token is appended.

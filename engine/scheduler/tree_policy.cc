@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/backend/step_graphs.h"
 #include "engine/core/error.h"
 
 namespace arbor {
@@ -145,7 +146,15 @@ class BudgetSearch {
     return nodes <= 1 ? 1.0 : c_[i].acceptance->expected_emitted(nodes, depth_of(nodes));
   }
   double value(double emitted, int32_t tokens, int32_t depth) const {
-    return emitted / (cost_.step_ms(batch_, tokens) + draft_.ms(depth));
+    return emitted / (cost_.step_ms(batch_, padded(tokens)) + draft_.ms(depth));
+  }
+  // The tokens a step of `tokens` runs as: the bucket when any tree is in it (a step of plain
+  // decodes keeps its count).
+  int32_t padded(int32_t tokens) const {
+    const int32_t plain = fixed_tokens_ + static_cast<int32_t>(c_.size());
+    if (config_.step_token_buckets <= 0 || tokens <= plain) return tokens;
+    return static_cast<int32_t>(std::min<int64_t>(graph_bucket(tokens, config_.step_token_buckets),
+                                                  config_.max_step_tokens));
   }
   // The next budget after `nodes`: doubled, capped at max_nodes (nodes itself when at the cap).
   int32_t next(int32_t nodes) const {

@@ -61,6 +61,10 @@ struct TreePolicyConfig {
   TreeBudget max_tree;            // largest budget per request
   int32_t max_step_tokens = 512;  // all tokens of the step, prefill included
   double min_gain = 0.02;         // a doubling must raise throughput by this fraction
+  // > 0: a decode step with a tree runs padded to graph_bucket(tokens, step_token_buckets)
+  // tokens (step graphs under adaptive trees, Engine::bucket_budgets), so a tree is weighed at
+  // the bucket's cost: one more node past a bucket's edge costs the next bucket.
+  int32_t step_token_buckets = 0;
 };
 
 struct TreeCandidate {

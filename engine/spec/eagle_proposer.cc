@@ -162,7 +162,17 @@ void EagleProposer::observe_batch(std::span<const TargetFeedback> feedbacks) {
     s.last_output.clear();  // stale until the backlog runs
     if (s.backlog_tokens.size() >= kMaxBacklogRows) full.push_back(&s);
   }
-  run_backlog_prefixes(full);
+  // When one backlog is full, every request's runs with it: the forward's cost is mostly per
+  // launch (a one-layer draft), so one forward of every backlog costs about what one of a few
+  // does, and requests that fill at different steps no longer each pay their own.
+  if (full.empty()) return;
+  std::vector<std::pair<RequestId, RequestState*>> all;  // in request order (deterministic)
+  for (auto& [id, st] : requests_)
+    if (st.backlog_tokens.size() >= 2) all.emplace_back(id, &st);
+  std::sort(all.begin(), all.end());
+  std::vector<RequestState*> states;
+  for (const auto& [id, st] : all) states.push_back(st);
+  run_backlog_prefixes(states);
 }
 
 void EagleProposer::run_backlog_prefixes(const std::vector<RequestState*>& states) {

@@ -74,8 +74,9 @@ class EagleProposer final : public Proposer {
     TopKRows last_top;            // its top_k() best draft entries (from observe())
     // Rows observed but not yet run through the draft (see observe_batch): the draft forward
     // of committed rows is deferred to the next propose() for the request, or until
-    // kMaxBacklogRows have gathered (then all but the last run, without a wait), so steps that
-    // do not speculate cost no draft forward.
+    // kMaxBacklogRows have gathered (then all but the last run, without a wait, with every
+    // other request's backlog in the same forward), so steps that do not speculate cost no
+    // draft forward.
     std::vector<int32_t> backlog_tokens;
     std::vector<float> backlog_features;
     int32_t backlog_position = 0;

@@ -333,6 +333,47 @@ TEST(EagleProposer, ObservedRowsWaitForProposeOrAFullBacklog) {
   EXPECT_EQ(tree.parent, want.parent);
 }
 
+TEST(EagleProposer, AFullBacklogRunsEveryRequestsBacklogWithIt) {
+  // Request 2 starts 10 rows after request 1: when request 1's backlog fills (32 rows), request
+  // 2's 22 rows run in the same forward (all but its last), and its tree is the one a proposer
+  // that saw its rows at once draws.
+  const Fixture f = load("eagle_stories260K");
+  const int64_t h = f.target->config.hidden_size;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 42; ++i) tokens.push_back(3 + (i * 7) % 200);
+  std::vector<float> hidden(static_cast<size_t>(40 * h));
+  for (int i = 0; i < 40; ++i)
+    for (int64_t j = 0; j < h; ++j)
+      hidden[i * h + j] = 0.01f * static_cast<float>((i * 31 + j) % 97 - 48);
+  auto feedback = [&](RequestId request, int32_t first, int32_t n) {
+    TargetFeedback fb;
+    fb.request = request;
+    fb.start = first;
+    fb.tokens = std::span<const int32_t>(&tokens[first], n);
+    fb.hidden = std::span<const float>(hidden).subspan(first * h, n * h);
+    fb.next_token = tokens[first + n];
+    return fb;
+  };
+  auto p = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
+  p->begin(1, std::span<const int32_t>(tokens.data(), 1));
+  p->begin(2, std::span<const int32_t>(tokens.data(), 1));
+  for (int i = 0; i < 32; ++i) {
+    std::vector<TargetFeedback> step = {feedback(1, i, 1)};
+    if (i >= 10) step.push_back(feedback(2, i - 10, 1));
+    p->observe_batch(step);
+  }
+  EXPECT_EQ(p->draft().length(0), 31);  // request 1: its full backlog but the last row
+  EXPECT_EQ(p->draft().length(1), 21);  // request 2: with it, 22 rows but the last
+  const DraftTree tree = p->propose(2, TreeBudget{64, 8});
+
+  auto at_once = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
+  at_once->begin(2, std::span<const int32_t>(tokens.data(), 1));
+  at_once->observe(feedback(2, 0, 22));
+  const DraftTree want = at_once->propose(2, TreeBudget{64, 8});
+  EXPECT_EQ(tree.token, want.token);
+  EXPECT_EQ(tree.parent, want.parent);
+}
+
 TEST(EagleProposer, FirstFeedbackMayStartPastACachedPrefix) {
   // With a prefix served from the target's cache, the first feedback starts mid-prompt; the
   // draft then sees the context from there on.

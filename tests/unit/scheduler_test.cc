@@ -547,6 +547,104 @@ TEST(SchedulerTicks, ABurstOfArrivalsIsJudgedAtTheBatchItJoins) {
   EXPECT_TRUE(h.sched.speculating(h.ids["B"]));
 }
 
+TEST(SchedulerTicks, ABurstThatPaysForItsDraftTogetherSpeculatesTogether) {
+  // A drafting cost of 3 ms a step that one tree in a batch of 8 cannot pay (it adds ~2 tokens
+  // to the step's 8) and eight trees together do: eight arrivals at an empty engine, judged
+  // as the group they decode in, all speculate.
+  SchedulerConfig c;
+  c.max_step_tokens = 8192;
+  c.max_running = 64;
+  c.tree = policy();
+  c.tree.max_tree = {8, 3};
+  c.cost = gpu_curve();
+  c.probe_every = 0;
+  Harness h(4096, 4, c);
+  h.add("A", 4, /*spec=*/true);
+  h.tick();
+  VerifyResult good;  // every tree accepts a chain of 3
+  good.accepted_nodes = {0, 1, 2, 3};
+  good.accepted_tokens = {1, 2, 3};
+  good.children_tried = {1, 1, 1, 1};
+  for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["A"], good, 8);
+  for (int i = 0; i < 10; ++i) h.sched.record_draft_step(3, 3.0);
+  h.sched.remove(h.ids["A"]);
+  for (int i = 0; i < 8; ++i) h.add("R" + std::to_string(i), 4, true, 10 + i);
+  h.tick();
+  EXPECT_EQ(h.sched.num_running(), 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(h.sched.speculating(h.ids["R" + std::to_string(i)])) << i;
+  // One arrival alone at a batch of 8 plain decodes does not pay for the draft.
+  for (int i = 0; i < 7; ++i) h.add("P" + std::to_string(i), 4, false, 100 + i);
+  for (int i = 0; i < 8; ++i) h.sched.remove(h.ids["R" + std::to_string(i)]);
+  h.tick();
+  h.add("S", 4, true, 300);
+  h.tick();
+  EXPECT_FALSE(h.sched.speculating(h.ids["S"]));
+}
+
+TEST(SchedulerTicks, ARestoredPolicyStateJudgesAdmissionsAsTheOneItCameFrom) {
+  // A scheduler that measured trees failing declines a request arriving alone; a fresh one
+  // (nothing measured) starts it speculating; one restored from the first declines it too.
+  SchedulerConfig c;
+  c.max_step_tokens = 8192;
+  c.max_running = 64;
+  c.tree = policy();
+  c.tree.max_tree = {8, 3};
+  c.cost = gpu_curve();
+  c.probe_every = 0;
+  Harness learned(4096, 4, c);
+  learned.add("A", 4, /*spec=*/true);
+  learned.tick();
+  VerifyResult miss;  // every tree's first child rejected
+  miss.accepted_nodes = {0};
+  miss.children_tried = {1};
+  for (int i = 0; i < 40; ++i) learned.sched.record_acceptance(learned.ids["A"], miss, 8);
+  learned.sched.record_draft_step(3, 2.0);
+  learned.sched.remove(learned.ids["A"]);
+  learned.add("B", 4, true, 100);
+  learned.tick();
+  EXPECT_FALSE(learned.sched.speculating(learned.ids["B"]));
+
+  Harness fresh(4096, 4, c);
+  fresh.add("B", 4, true, 100);
+  fresh.tick();
+  EXPECT_TRUE(fresh.sched.speculating(fresh.ids["B"]));
+
+  Harness restored(4096, 4, c);
+  restored.sched.restore_policy_state(learned.sched.policy_state());
+  EXPECT_EQ(restored.sched.draft_cost().samples(), 1);
+  EXPECT_NEAR(restored.sched.draft_cost().cost().ms(3), 2.0, 1e-9);
+  restored.add("B", 4, true, 100);
+  restored.tick();
+  EXPECT_FALSE(restored.sched.speculating(restored.ids["B"]));
+}
+
+TEST(TreePolicy, StepBucketsCostATreeAtItsBucket) {
+  // Decode steps with a tree run padded to graph_bucket(tokens, 4) (step graphs): at batch 64
+  // one 2-node tree makes 65 tokens, run as 80.
+  CostModelConfig cc;
+  cc.fixed_ms = 1.0;
+  cc.per_token_ms = 0.01;
+  cc.online = false;
+  CostModel cost(cc);
+  AcceptanceEstimate est(0.7);
+  const std::vector<TreeCandidate> cands(64, TreeCandidate{&est});
+  TreePolicyConfig bucketed = policy();
+  bucketed.step_token_buckets = 4;
+  std::vector<int32_t> nodes(64, 1);
+  const double plain = 64.0 / cost.step_ms(64, 64);  // plain decoding keeps its 64 tokens
+  EXPECT_NEAR(predicted_throughput(cands, nodes, 0, 0, 64, cost, {}, bucketed), plain, 1e-12);
+  nodes[0] = 2;
+  EXPECT_NEAR(predicted_throughput(cands, nodes, 0, 0, 64, cost, {}, bucketed),
+              64.7 / cost.step_ms(64, 80), 1e-12);
+  EXPECT_NEAR(predicted_throughput(cands, nodes, 0, 0, 64, cost, {}, policy()),
+              64.7 / cost.step_ms(64, 65), 1e-12);
+  // The choice never predicts (at the bucket's cost) a slower step than plain decoding.
+  std::vector<int32_t> chosen;
+  for (const TreeBudget& b : choose_tree_budgets(cands, 0, 0, 64, cost, {}, bucketed))
+    chosen.push_back(b.max_nodes);
+  EXPECT_GE(predicted_throughput(cands, chosen, 0, 0, 64, cost, {}, bucketed), plain);
+}
+
 TEST(TreePolicy, LowAcceptanceOrLinearCostMeansNoSpeculation) {
   // (Free drafting on a flat curve makes even 2% acceptance a hair faster; drafting is not free.)
   for (int32_t n : budgets(4, 0.02, gpu_curve(), DraftCost{0.1, 0.05})) EXPECT_EQ(n, 1);
