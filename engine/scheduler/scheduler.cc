@@ -243,10 +243,8 @@ void Scheduler::admit(StepPlan* plan) {
         }
       }
       const int32_t batch = static_cast<int32_t>(running_.size()) + 1 + ahead;
-      TreePolicyConfig policy = config_.tree;
-      policy.emitted_scale = emitted_calibration_.scale();
       const auto b =
-          choose_tree_budgets(cands, plain, plain, batch, cost_, draft_cost_.cost(), policy);
+          choose_tree_budgets(cands, plain, plain, batch, cost_, draft_cost_.cost(), config_.tree);
       r.speculate = std::any_of(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(group),
                                 [](const TreeBudget& t) { return t.max_nodes > 1; });
       burst_speculates = r.speculate;
@@ -324,7 +322,6 @@ PlannedStep Scheduler::plan_step() {
   const bool explore =
       config_.tree.adaptive && !cands.empty() && chunks.empty() && !cost_.measured(batch, batch);
   TreePolicyConfig policy = config_.tree;
-  policy.emitted_scale = emitted_calibration_.scale();
   if (!chunks.empty()) policy.step_token_buckets = 0;  // a step with prefill is not padded
   std::vector<TreeBudget> budgets = explore
                                         ? std::vector<TreeBudget>(cands.size(), TreeBudget{1, 0})
@@ -336,9 +333,9 @@ PlannedStep Scheduler::plan_step() {
     const DraftCost dc = draft_cost_.cost();
     std::fprintf(stderr,
                  "tree step: batch %d%s plain %.3f ms, planned %d tokens %.3f ms, draft "
-                 "%.3f + %.3f/level ms, emitted scale %.2f; budgets",
+                 "%.3f + %.3f/level ms; budgets",
                  batch, explore ? " (explore)" : "", cost_.step_ms(batch, batch), tokens,
-                 cost_.step_ms(batch, tokens), dc.fixed_ms, dc.per_level_ms, policy.emitted_scale);
+                 cost_.step_ms(batch, tokens), dc.fixed_ms, dc.per_level_ms);
     for (size_t c = 0; c < cands.size(); ++c)
       std::fprintf(stderr, " %d/%d [%.2f %.2f %.2f]", budgets[c].max_nodes, budgets[c].max_depth,
                    cands[c].acceptance->rate(1, budgets[c].max_nodes),
@@ -438,7 +435,6 @@ StepPlan Scheduler::reserve_step(PlannedStep planned, std::span<const int32_t> d
     }
     if (!ok) continue;
     it.num_tokens = n;
-    r.verified_budget = n > 1 ? it.budget : TreeBudget{1, 0};
     plan.items.push_back(it);
   }
   for (ScheduledItem it : planned.chunks_) {
@@ -505,13 +501,7 @@ void Scheduler::record_acceptance(ReqId id, const VerifyResult& result, int32_t 
   if (tree_nodes <= 1) return;
   AcceptanceStats one;
   one.add(result);
-  Req& r = get(id);
-  // What the policy predicted for the budget this tree was drafted for, against what it gave.
-  if (r.verified_budget.max_nodes > 1)
-    emitted_calibration_.observe(
-        r.acceptance.expected_emitted(r.verified_budget.max_nodes, r.verified_budget.max_depth) - 1,
-        static_cast<double>(result.accepted_tokens.size()));
-  r.acceptance.update(one.offered, one.accepted, tree_nodes);
+  get(id).acceptance.update(one.offered, one.accepted, tree_nodes);
   global_acceptance_.update(one.offered, one.accepted, tree_nodes);
 }
 
@@ -529,7 +519,6 @@ void Scheduler::restore_policy_state(const PolicyState& state) {
   cost_ = state.cost;
   global_acceptance_ = state.global_acceptance;
   draft_cost_ = state.draft_cost;
-  emitted_calibration_ = state.emitted_calibration;
 }
 
 void Scheduler::record_draft_step(int32_t depth, double ms) {

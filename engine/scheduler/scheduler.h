@@ -133,11 +133,8 @@ class Scheduler {
     CostModel cost;
     AcceptanceEstimate global_acceptance;
     DraftCostEstimate draft_cost;
-    EmittedCalibration emitted_calibration;
   };
-  PolicyState policy_state() const {
-    return {cost_, global_acceptance_, draft_cost_, emitted_calibration_};
-  }
+  PolicyState policy_state() const { return {cost_, global_acceptance_, draft_cost_}; }
   void restore_policy_state(const PolicyState& state);
   // A new running request `child` sharing every KV block of `parent` (n > 1 samples of one
   // prompt): parent must have finished its prefill; child's context is parent's committed
@@ -169,7 +166,6 @@ class Scheduler {
   const AcceptanceEstimate& acceptance(ReqId id) const;
   // The drafting cost learned from the steps that drafted (record_draft_step).
   const DraftCostEstimate& draft_cost() const { return draft_cost_; }
-  const EmittedCalibration& emitted_calibration() const { return emitted_calibration_; }
   const SchedulerConfig& config() const { return config_; }
 
  private:
@@ -188,7 +184,6 @@ class Scheduler {
     AcceptanceEstimate acceptance;
     int32_t steps_without_tree = 0;
     int32_t probe_steps = 0;  // decode steps left that draft a tree regardless (probe_every)
-    TreeBudget verified_budget{1, 0};  // the budget of the tree in its last step (reserve_step)
   };
   Req& get(ReqId id);
   const Req& get(ReqId id) const;
@@ -217,8 +212,6 @@ class Scheduler {
   AcceptanceEstimate global_acceptance_;
   // What drafting costs a step (per step, not per request: drafts are batched).
   DraftCostEstimate draft_cost_;
-  // Trees' accepted tokens against their predictions (TreePolicyConfig::emitted_scale).
-  EmittedCalibration emitted_calibration_;
   int64_t spec_admissions_ = 0;       // speculating requests admitted (probe_every)
   int32_t lookahead_ = 0;             // admission look-ahead in force, tokens
   bool step_preempted_ = false;       // the last reserve_step preempted a request

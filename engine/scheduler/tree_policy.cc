@@ -78,19 +78,6 @@ double AcceptanceEstimate::expected_emitted(int32_t nodes, int32_t depth) const 
   return e;
 }
 
-void EmittedCalibration::observe(double predicted_extra, double accepted) {
-  if (!(predicted_extra > 0) || !(accepted >= 0)) return;
-  const double k = samples_ == 0 ? 1.0 : ema_;
-  predicted_ = (1 - k) * predicted_ + k * predicted_extra;
-  accepted_ = (1 - k) * accepted_ + k * accepted;
-  samples_++;
-}
-
-double EmittedCalibration::scale() const {
-  if (samples_ < min_samples_ || !(predicted_ > 0)) return 1.0;
-  return std::clamp(accepted_ / predicted_, 0.25, 1.25);
-}
-
 int32_t budget_depth(int32_t nodes, int32_t max_depth) {
   int32_t depth = 0;
   while ((int64_t{2} << depth) <= nodes) ++depth;
@@ -156,9 +143,7 @@ class BudgetSearch {
     return nodes <= 1 ? 0 : budget_depth(nodes, config_.max_tree.max_depth);
   }
   double emitted(size_t i, int32_t nodes) const {
-    if (nodes <= 1) return 1.0;
-    return 1 +
-           config_.emitted_scale * (c_[i].acceptance->expected_emitted(nodes, depth_of(nodes)) - 1);
+    return nodes <= 1 ? 1.0 : c_[i].acceptance->expected_emitted(nodes, depth_of(nodes));
   }
   double value(double emitted, int32_t tokens, int32_t depth) const {
     return emitted / (cost_.step_ms(batch_, padded(tokens)) + draft_.ms(depth));

@@ -56,28 +56,6 @@ class AcceptanceEstimate {
   int64_t samples_ = 0;
 };
 
-// How much of what the acceptance estimates predict trees actually emit: an exponentially
-// weighted ratio of accepted draft tokens to the predicted ones (expected_emitted - 1) of the
-// trees verified. The estimates are each request's own running rates, and the policy gives
-// trees to the requests whose rates look best, so what they predict for the trees it picks runs
-// high (their luck regresses), more so for deeper trees, whose predictions multiply the rates;
-// the policy scales every tree's predicted tokens by this ratio.
-class EmittedCalibration {
- public:
-  explicit EmittedCalibration(double ema = 0.02, int64_t min_samples = 16)
-      : ema_(ema), min_samples_(min_samples) {}
-  void observe(double predicted_extra, double accepted);
-  // 1 until min_samples trees were seen; then accepted / predicted, within [0.25, 1.25].
-  double scale() const;
-  int64_t samples() const { return samples_; }
-
- private:
-  double ema_;
-  int64_t min_samples_;
-  double predicted_ = 0, accepted_ = 0;
-  int64_t samples_ = 0;
-};
-
 struct TreePolicyConfig {
   bool adaptive = true;           // false: every request gets max_tree
   TreeBudget max_tree;            // largest budget per request
@@ -87,9 +65,6 @@ struct TreePolicyConfig {
   // tokens (step graphs under adaptive trees, Engine::bucket_budgets), so a tree is weighed at
   // the bucket's cost: one more node past a bucket's edge costs the next bucket.
   int32_t step_token_buckets = 0;
-  // What each tree is predicted to emit beyond its root is scaled by this (the scheduler sets
-  // it from its EmittedCalibration).
-  double emitted_scale = 1.0;
 };
 
 struct TreeCandidate {

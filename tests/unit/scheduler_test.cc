@@ -618,68 +618,6 @@ TEST(SchedulerTicks, ARestoredPolicyStateJudgesAdmissionsAsTheOneItCameFrom) {
   EXPECT_FALSE(restored.sched.speculating(restored.ids["B"]));
 }
 
-TEST(TreePolicy, EmittedCalibrationIsAcceptedOverPredicted) {
-  EmittedCalibration cal(/*ema=*/0.1, /*min_samples=*/4);
-  for (int i = 0; i < 3; ++i) cal.observe(2.0, 1.0);
-  EXPECT_EQ(cal.scale(), 1.0);  // too few trees yet
-  cal.observe(2.0, 1.0);
-  EXPECT_NEAR(cal.scale(), 0.5, 1e-12);
-  for (int i = 0; i < 200; ++i) cal.observe(2.0, 0.0);
-  EXPECT_EQ(cal.scale(), 0.25);  // clamped
-  for (int i = 0; i < 400; ++i) cal.observe(1.0, 3.0);
-  EXPECT_EQ(cal.scale(), 1.25);
-  cal.observe(0.0, 1.0);  // nothing predicted: not a sample
-  EXPECT_EQ(cal.samples(), 604);
-
-  // The policy scales each tree's predicted tokens beyond the root.
-  CostModel cost(gpu_curve());
-  AcceptanceEstimate est(0.8);
-  const std::vector<TreeCandidate> cands(4, TreeCandidate{&est});
-  TreePolicyConfig half = policy();
-  half.emitted_scale = 0.5;
-  const std::vector<int32_t> nodes = {1, 2, 8, 64};
-  double e = 0;
-  for (int32_t n : nodes)
-    e += n <= 1 ? 1.0 : 1 + 0.5 * (est.expected_emitted(n, budget_depth(n, 8)) - 1);
-  EXPECT_NEAR(predicted_throughput(cands, nodes, 0, 0, 4, cost, {}, half), e / cost.step_ms(4, 75),
-              1e-12);
-  // Less emitted per tree: never larger trees.
-  const auto full = choose_tree_budgets(cands, 0, 0, 4, cost, DraftCost{1.0, 0.5}, policy());
-  const auto scaled = choose_tree_budgets(cands, 0, 0, 4, cost, DraftCost{1.0, 0.5}, half);
-  for (size_t i = 0; i < 4; ++i) EXPECT_LE(scaled[i].max_nodes, full[i].max_nodes) << i;
-}
-
-TEST(SchedulerTicks, VerifiedTreesCalibrateThePredictedTokens) {
-  // Every tree's first child is rejected: the calibration learns, from the trees the policy
-  // planned, that they emit nothing of what their estimates predicted.
-  SchedulerConfig c;
-  c.max_step_tokens = 8192;
-  c.max_running = 8;
-  c.tree = policy();
-  c.tree.max_tree = {8, 3};
-  c.cost = gpu_curve();
-  c.probe_every = 0;
-  c.detach_after = 1000;
-  Harness h(4096, 4, c);
-  h.accept = 0;
-  h.add("A", 4, /*spec=*/true);
-  VerifyResult miss;
-  miss.accepted_nodes = {0};
-  miss.children_tried = {1};
-  int trees = 0;
-  for (int i = 0; i < 60; ++i) {
-    const std::string t = h.tick();
-    const size_t d = t.find("A:D");
-    if (d == std::string::npos) continue;
-    const int32_t n = std::stoi(t.substr(d + 3));
-    h.sched.record_acceptance(h.ids["A"], miss, n);
-    trees += n > 1 ? 1 : 0;
-  }
-  ASSERT_GE(trees, 16);
-  EXPECT_EQ(h.sched.emitted_calibration().samples(), trees);
-  EXPECT_EQ(h.sched.emitted_calibration().scale(), 0.25);
-}
-
 TEST(TreePolicy, StepBucketsCostATreeAtItsBucket) {
   // Decode steps with a tree run padded to graph_bucket(tokens, 4) (step graphs): at batch 64
   // one 2-node tree makes 65 tokens, run as 80.
