@@ -192,9 +192,10 @@ void Scheduler::admit(StepPlan* plan) {
   // Blocks the running requests will take over the look-ahead: an admission must leave them.
   int64_t growth = 0;
   for (ReqId id : running_) growth += growth_blocks(get(id));
-  // The policy's verdict on this call's burst of speculating arrivals: judged once (below),
-  // for the first of them; the others are the rest of the same group.
-  std::optional<bool> burst_speculates;
+  // The policy's verdict on this call's burst of speculating arrivals, judged once (below) for
+  // the first of them: how many of the group it gives trees. They are interchangeable, so that
+  // many of them, in arrival order, start speculating; the others decode plainly.
+  std::optional<int32_t> burst_trees;
   while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < config_.max_running) {
     Req& r = get(waiting_.front());
     // Every block of the context counts, cached ones too: an unreferenced cached block is part
@@ -207,9 +208,10 @@ void Scheduler::admit(StepPlan* plan) {
     const bool probe = r.speculate && config_.tree.adaptive && config_.probe_every > 0 &&
                        spec_admissions_++ % config_.probe_every == config_.probe_every - 1;
     if (r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0 && !probe &&
-        burst_speculates) {
+        burst_trees) {
       r.acceptance = global_acceptance_;
-      r.speculate = *burst_speculates;
+      r.speculate = *burst_trees > 0;
+      if (r.speculate) --*burst_trees;
     } else if (r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0 && !probe) {
       // Would a tree pay for this request at the load it joins? If not, it never starts
       // speculating (no drafting, no feature bookkeeping). It starts from what other requests
@@ -220,7 +222,8 @@ void Scheduler::admit(StepPlan* plan) {
       // from an empty batch up. Those of them that would speculate are judged as it is and
       // share the drafting cost with it (eight arrivals at an empty engine speculate together
       // where one tree alone would not pay for the step's draft forward); it speculates when
-      // the policy gives a tree to any of that group (they are interchangeable).
+      // the policy gives a tree to any of that group (they are interchangeable; see
+      // burst_trees).
       r.acceptance = global_acceptance_;
       std::vector<TreeCandidate> cands = {{&r.acceptance}};
       const int32_t ahead = static_cast<int32_t>(std::min<size_t>(
@@ -245,9 +248,11 @@ void Scheduler::admit(StepPlan* plan) {
       const int32_t batch = static_cast<int32_t>(running_.size()) + 1 + ahead;
       const auto b =
           choose_tree_budgets(cands, plain, plain, batch, cost_, draft_cost_.cost(), config_.tree);
-      r.speculate = std::any_of(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(group),
-                                [](const TreeBudget& t) { return t.max_nodes > 1; });
-      burst_speculates = r.speculate;
+      const auto trees = static_cast<int32_t>(
+          std::count_if(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(group),
+                        [](const TreeBudget& t) { return t.max_nodes > 1; }));
+      r.speculate = trees > 0;
+      burst_trees = std::max(0, trees - 1);
     }
     if (probe) r.probe_steps = config_.detach_after;
     if (trace_trees())
