@@ -680,6 +680,63 @@ TEST_F(EngineTest, AdaptiveTreesPadDecodeStepsToGraphSizes) {
   EXPECT_GT(off_bucket_unpadded, 0);
 }
 
+// Counts how feedback reaches the proposer (observe / observe_batch, and prompt feedback: a
+// call whose first feedback starts at position 0).
+class CountingProposer final : public Proposer {
+ public:
+  explicit CountingProposer(std::unique_ptr<Proposer> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  bool needs_hidden() const override { return inner_->needs_hidden(); }
+  std::vector<int32_t> capture_layers() const override { return inner_->capture_layers(); }
+  void begin(RequestId r, std::span<const int32_t> p) override { inner_->begin(r, p); }
+  void observe(const TargetFeedback& f) override {
+    single_calls++;
+    inner_->observe(f);
+  }
+  void observe_batch(std::span<const TargetFeedback> f) override {
+    size_t prompts = 0;
+    for (const TargetFeedback& x : f) prompts += x.start == 0 ? 1 : 0;
+    if (prompts > 0) prompt_batches.push_back(prompts);
+    inner_->observe_batch(f);
+  }
+  DraftTree propose(RequestId r, const TreeBudget& b) override { return inner_->propose(r, b); }
+  std::vector<DraftTree> propose_batch(
+      const std::vector<std::pair<RequestId, TreeBudget>>& requests) override {
+    return inner_->propose_batch(requests);
+  }
+  void end(RequestId r) override { inner_->end(r); }
+  int single_calls = 0;
+  std::vector<size_t> prompt_batches;  // prompt feedbacks per observe_batch call holding any
+
+ private:
+  std::unique_ptr<Proposer> inner_;
+};
+
+// A step's prompt chunks reach the proposer together, in one observe_batch call with its other
+// feedback (EAGLE runs one draft forward for all of them), not one observe per chunk; greedy
+// output is unchanged (the proposer is lossless either way).
+TEST_F(EngineTest, PromptChunksOfAStepReachTheProposerInOneBatch) {
+  const char* texts[] = {"Once upon a time", "The little dog", "Lily and Ben went to the park",
+                         "One day, a girl"};
+  CountingProposer proposer(eagle());
+  EngineConfig ec;
+  ec.adaptive_trees = false;
+  Engine e(*model_, ec, &proposer);
+  Engine plain_engine(*model_, ec, nullptr);
+  for (ReqId id = 1; id <= 4; ++id) {
+    const GenerationRequest r = greedy(bundle_->tokenizer->encode(texts[id - 1], true, false), 16);
+    e.add(id, r);
+    plain_engine.add(id, r);
+  }
+  auto spec = drain(e);
+  auto plain = drain(plain_engine);
+  for (ReqId id = 1; id <= 4; ++id)
+    EXPECT_EQ(tokens_of(spec[{id, 0}]), tokens_of(plain[{id, 0}])) << id;
+  EXPECT_EQ(proposer.single_calls, 0);
+  ASSERT_EQ(proposer.prompt_batches.size(), 1u);  // every prompt prefilled in the first step
+  EXPECT_EQ(proposer.prompt_batches[0], 4u);
+}
+
 TEST_F(EngineTest, DraftStepsThatRecordAGraphDoNotSetTheDraftCost) {
   const std::vector<int32_t> prompt = bundle_->tokenizer->encode("Once upon a time", true, false);
   for (int warm : {0, 3}) {
