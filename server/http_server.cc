@@ -133,6 +133,14 @@ HttpServer::~HttpServer() {
   stop();
 }
 
+bool HttpServer::wait_responses_sent(std::chrono::steady_clock::time_point deadline) const {
+  while (responses_in_flight_.load() > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
 void HttpServer::stop() {
   if (!impl_) return;
   impl_->svr.stop();
@@ -257,12 +265,22 @@ void HttpServer::start() {
         send_error(res, a);
         return;
       }
+      // Counted until its response is sent (the drain waits for it: wait_responses_sent).
+      struct InFlight {
+        explicit InFlight(std::atomic<int64_t>* c) : count(c) { (*count)++; }
+        InFlight(const InFlight&) = delete;
+        InFlight& operator=(const InFlight&) = delete;
+        ~InFlight() { (*count)--; }
+        std::atomic<int64_t>* count;
+      };
+      auto in_flight = std::make_shared<InFlight>(&responses_in_flight_);
       const std::string id = m.new_id(chat ? "chatcmpl-" : "cmpl-");
       const int64_t created = static_cast<int64_t>(std::time(nullptr));
       const std::string model = m.info.id;
       const auto keepalive = std::chrono::milliseconds(m.opt.keepalive_ms);
       const Tokenizer* tok = &m.service.tokenizer();
-      auto release = [stream](bool) { stream->cancel(); };  // no-op once done
+      // The provider (holding in_flight) is released when the response ends either way.
+      auto release = [stream, in_flight](bool) { stream->cancel(); };  // no-op once done
       if (p->stream) {
         res.set_header("Cache-Control", "no-cache");
         auto first = std::make_shared<std::vector<bool>>(stream->num_choices(), true);

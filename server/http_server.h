@@ -6,6 +6,8 @@
 // waits for the whole result, so an engine failure answers 500 with an error body.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,6 +36,10 @@ class HttpServer {
   // Binds (throws arbor::Error naming host:port when it cannot) and serves on a thread.
   void start();
   void set_draining() { draining_ = true; }
+  // Waits (until `deadline`) for every accepted generation's response to be sent: the engine
+  // may have finished a request while its stream is still being written to a slow client, and
+  // the listener (with /health answering 503) stays open meanwhile. False when time ran out.
+  bool wait_responses_sent(std::chrono::steady_clock::time_point deadline) const;
   void stop();
   int port() const { return port_; }
 
@@ -42,6 +48,7 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
   int port_ = 0;
   std::atomic<bool> draining_{false};
+  std::atomic<int64_t> responses_in_flight_{0};  // generations accepted, response not yet sent
 };
 
 }  // namespace arbor

@@ -273,7 +273,14 @@ int run_serve() {
 #ifdef ARBOR_WITH_GRPC
   if (grpc) grpc->set_draining();
 #endif
-  service.drain(std::chrono::milliseconds(static_cast<int64_t>(cfg.drain_timeout_s * 1000)));
+  const auto drain_deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(cfg.drain_timeout_s * 1000));
+  service.drain(std::chrono::duration_cast<std::chrono::milliseconds>(
+      drain_deadline - std::chrono::steady_clock::now()));
+  // The engine is done; the responses may still be on their way to slow clients: the listener
+  // (and /health's 503) stays until they are sent.
+  http.wait_responses_sent(drain_deadline);
   http.stop();
 #ifdef ARBOR_WITH_GRPC
   if (grpc) grpc->shutdown();
