@@ -251,6 +251,18 @@ int run_spec_bench(const SpecBenchOptions& o) {
     *ft = model->forward_timings() - f0;
     return std::make_pair(std::move(res), secs);
   };
+  // Untimed runs of both modes in the rounds' order; the speculative one starts from the tree
+  // policy's learned state, and with `learn` leaves its own there (unless --fresh-policy).
+  const auto untimed = [&](const std::vector<GenerationRequest>& rs, bool learn) {
+    if (o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(rs);
+    if (!o.no_spec_warmup) {
+      Generator warm(*model, gc, proposer.get());
+      if (learned) warm.engine().restore_policy_state(*learned);
+      warm.run(rs);
+      if (learn && !o.fresh_policy) learned = warm.engine().policy_state();
+    }
+    if (!o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(rs);
+  };
   // Warm-up, untimed: the first use of each GEMM shape tunes its algorithm and the first
   // sightings of a step shape record its graph. Without it those one-time costs land in
   // whichever timed run goes first (the speculative one).
@@ -258,9 +270,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
     std::vector<GenerationRequest> warm(
         reqs.begin(), reqs.begin() + std::min<size_t>(reqs.size(), static_cast<size_t>(o.batch)));
     for (auto& r : warm) r.max_tokens = std::min(o.warmup_tokens, o.max_tokens);  // fits the KV
-    if (o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(warm);
-    if (!o.no_spec_warmup) Generator(*model, gc, proposer.get()).run(warm);
-    if (!o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(warm);
+    untimed(warm, /*learn=*/false);
   }
   if (measure_cost) {  // once, after the warm-up tuned the GEMMs; every run plans with it
     model->allocate_kv(model->kv_shape(gc.num_blocks, gc.block_size));
@@ -279,16 +289,7 @@ int run_spec_bench(const SpecBenchOptions& o) {
   // The tree policy's state learned there (acceptance, drafting cost, the cost model's
   // corrections) is where each timed speculative run starts, as a server's engine that has
   // served a while does (--fresh-policy: from nothing, every run).
-  for (int32_t round = 0; round < warmup_rounds; ++round) {
-    if (o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(reqs);
-    if (!o.no_spec_warmup) {
-      Generator warm(*model, gc, proposer.get());
-      if (learned) warm.engine().restore_policy_state(*learned);
-      warm.run(reqs);
-      if (!o.fresh_policy) learned = warm.engine().policy_state();
-    }
-    if (!o.plain_first && !o.skip_plain) Generator(*model, gc, nullptr).run(reqs);
-  }
+  for (int32_t round = 0; round < warmup_rounds; ++round) untimed(reqs, /*learn=*/true);
   GeneratorStats spec_stats, plain_stats;
   StepGraphStats spec_graphs, plain_graphs;
   TransferStats spec_x, plain_x, spec_draft_x;

@@ -199,10 +199,7 @@ std::vector<int64_t> EagleDraftModel::reserve(SeqId seq, int32_t num_tokens, Slo
                     " blocks of " + std::to_string(kv_.block_size()) + " tokens, " +
                     std::to_string(kv_.num_free_blocks()) + " free, " + std::to_string(num_tokens) +
                     " tokens wanted): raise the draft KV blocks");
-  copies->src_slots.insert(copies->src_slots.end(), plan.copies.src_slots.begin(),
-                           plan.copies.src_slots.end());
-  copies->dst_slots.insert(copies->dst_slots.end(), plan.copies.dst_slots.begin(),
-                           plan.copies.dst_slots.end());
+  copies->append(plan.copies);
   return plan.slots;
 }
 

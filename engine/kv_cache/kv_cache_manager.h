@@ -30,6 +30,11 @@ struct SlotCopies {
   std::vector<int64_t> dst_slots;
   bool empty() const { return src_slots.empty(); }
   size_t size() const { return src_slots.size(); }
+  // Adds `other`'s pairs after these (copies of independent sequences, run as one).
+  void append(const SlotCopies& other) {
+    src_slots.insert(src_slots.end(), other.src_slots.begin(), other.src_slots.end());
+    dst_slots.insert(dst_slots.end(), other.dst_slots.begin(), other.dst_slots.end());
+  }
 };
 
 // What apply(ReservePlan) will do; computed by the const plan_reserve.

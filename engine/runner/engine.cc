@@ -920,10 +920,7 @@ void Engine::commit(StepRun* run) {
     node_tokens.insert(node_tokens.end(), v.accepted_tokens.begin(), v.accepted_tokens.end());
     const int32_t start = sched_.computed(it.id);
     const CommitPlan compaction = sched_.commit_tree(it.id, v.accepted_nodes, node_tokens);
-    compactions.src_slots.insert(compactions.src_slots.end(), compaction.copies.src_slots.begin(),
-                                 compaction.copies.src_slots.end());
-    compactions.dst_slots.insert(compactions.dst_slots.end(), compaction.copies.dst_slots.begin(),
-                                 compaction.copies.dst_slots.end());
+    compactions.append(compaction.copies);
     std::vector<int32_t> emitted = v.accepted_tokens;
     emitted.push_back(v.bonus_token);
     std::vector<int32_t> rows;

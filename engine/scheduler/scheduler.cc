@@ -173,10 +173,7 @@ void Scheduler::preempt(ReqId id, StepPlan* plan) {
 bool Scheduler::reserve(Req& r, int32_t n, StepPlan* plan) {
   ReservePlan rp;
   if (!kv_.reserve(r.seq, n, &rp)) return false;
-  plan->copies.src_slots.insert(plan->copies.src_slots.end(), rp.copies.src_slots.begin(),
-                                rp.copies.src_slots.end());
-  plan->copies.dst_slots.insert(plan->copies.dst_slots.end(), rp.copies.dst_slots.begin(),
-                                rp.copies.dst_slots.end());
+  plan->copies.append(rp.copies);
   return true;
 }
 
@@ -207,12 +204,13 @@ void Scheduler::admit(StepPlan* plan) {
     if (!running_.empty() && kv_.num_free_blocks() < growth + need) break;
     const bool probe = r.speculate && config_.tree.adaptive && config_.probe_every > 0 &&
                        spec_admissions_++ % config_.probe_every == config_.probe_every - 1;
-    if (r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0 && !probe &&
-        burst_trees) {
+    const bool judged =
+        r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0 && !probe;
+    if (judged && burst_trees) {  // the rest of a burst already judged
       r.acceptance = global_acceptance_;
       r.speculate = *burst_trees > 0;
       if (r.speculate) --*burst_trees;
-    } else if (r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0 && !probe) {
+    } else if (judged) {
       // Would a tree pay for this request at the load it joins? If not, it never starts
       // speculating (no drafting, no feature bookkeeping). It starts from what other requests
       // measured, and shares the step's drafting cost with the running requests that speculate.

@@ -290,32 +290,42 @@ TEST(EagleProposer, ProposeReleasesItsDraftBlocksAndEndFreesTheRest) {
   EXPECT_EQ(kv.num_sequences(), 0);
 }
 
+// 40 committed rows of one made-up context (42 tokens, a hidden state per row), as a target's
+// feedback: rows [first, first + n) for `request`.
+struct SyntheticRows {
+  explicit SyntheticRows(int64_t hidden_size) : h(hidden_size) {
+    for (int i = 0; i < 42; ++i) tokens.push_back(3 + (i * 7) % 200);
+    hidden.resize(static_cast<size_t>(40 * h));
+    for (int i = 0; i < 40; ++i)
+      for (int64_t j = 0; j < h; ++j)
+        hidden[i * h + j] = 0.01f * static_cast<float>((i * 31 + j) % 97 - 48);
+  }
+  std::span<const int32_t> prompt() const { return std::span<const int32_t>(tokens.data(), 1); }
+  TargetFeedback feedback(RequestId request, int32_t first, int32_t n) const {
+    TargetFeedback fb;
+    fb.request = request;
+    fb.start = first;
+    fb.tokens = std::span<const int32_t>(&tokens[first], n);
+    fb.hidden = std::span<const float>(hidden).subspan(first * h, n * h);
+    fb.next_token = tokens[first + n];
+    return fb;
+  }
+  int64_t h;
+  std::vector<int32_t> tokens;
+  std::vector<float> hidden;
+};
+
 // Steps that do not speculate (the adaptive policy declining) run no draft forward: observed rows
 // wait until the request is proposed for, or until 32 have gathered; then all but the last run
 // (no head, no wait), the last waiting for the proposal. The tree is the one a proposer that
 // ran all 40 rows at the proposal drafts.
 TEST(EagleProposer, ObservedRowsWaitForProposeOrAFullBacklog) {
   const Fixture f = load("eagle_stories260K");
-  const int64_t h = f.target->config.hidden_size;
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 42; ++i) tokens.push_back(3 + (i * 7) % 200);
-  std::vector<float> hidden(static_cast<size_t>(40 * h));
-  for (int i = 0; i < 40; ++i)
-    for (int64_t j = 0; j < h; ++j)
-      hidden[i * h + j] = 0.01f * static_cast<float>((i * 31 + j) % 97 - 48);
-  auto feedback = [&](int32_t first, int32_t n) {
-    TargetFeedback fb;
-    fb.request = 1;
-    fb.start = first;
-    fb.tokens = std::span<const int32_t>(&tokens[first], n);
-    fb.hidden = std::span<const float>(hidden).subspan(first * h, n * h);
-    fb.next_token = tokens[first + n];
-    return fb;
-  };
+  const SyntheticRows rows(f.target->config.hidden_size);
   auto p = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
-  p->begin(1, std::span<const int32_t>(tokens.data(), 1));
+  p->begin(1, rows.prompt());
   for (int i = 0; i < 40; ++i) {
-    p->observe(feedback(i, 1));
+    p->observe(rows.feedback(1, i, 1));
     // Row i pairs feature i with token i + 1; the 32nd row runs the first 31 together.
     EXPECT_EQ(p->draft().length(0), i + 1 < 32 ? 0 : 31) << "after " << i + 1 << " rows";
   }
@@ -325,8 +335,8 @@ TEST(EagleProposer, ObservedRowsWaitForProposeOrAFullBacklog) {
   validate_draft_tree(tree, f.target->config.vocab_size, TreeBudget{64, 8});
 
   auto all_at_once = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
-  all_at_once->begin(1, std::span<const int32_t>(tokens.data(), 1));
-  all_at_once->observe(feedback(0, 40));
+  all_at_once->begin(1, rows.prompt());
+  all_at_once->observe(rows.feedback(1, 0, 40));
   EXPECT_EQ(all_at_once->draft().length(0), 39);  // all but the last row, in one forward
   const DraftTree want = all_at_once->propose(1, TreeBudget{64, 8});
   EXPECT_EQ(tree.token, want.token);
@@ -338,28 +348,13 @@ TEST(EagleProposer, AFullBacklogRunsEveryRequestsBacklogWithIt) {
   // 2's 22 rows run in the same forward (all but its last), and its tree is the one a proposer
   // that saw its rows at once draws.
   const Fixture f = load("eagle_stories260K");
-  const int64_t h = f.target->config.hidden_size;
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 42; ++i) tokens.push_back(3 + (i * 7) % 200);
-  std::vector<float> hidden(static_cast<size_t>(40 * h));
-  for (int i = 0; i < 40; ++i)
-    for (int64_t j = 0; j < h; ++j)
-      hidden[i * h + j] = 0.01f * static_cast<float>((i * 31 + j) % 97 - 48);
-  auto feedback = [&](RequestId request, int32_t first, int32_t n) {
-    TargetFeedback fb;
-    fb.request = request;
-    fb.start = first;
-    fb.tokens = std::span<const int32_t>(&tokens[first], n);
-    fb.hidden = std::span<const float>(hidden).subspan(first * h, n * h);
-    fb.next_token = tokens[first + n];
-    return fb;
-  };
+  const SyntheticRows rows(f.target->config.hidden_size);
   auto p = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
-  p->begin(1, std::span<const int32_t>(tokens.data(), 1));
-  p->begin(2, std::span<const int32_t>(tokens.data(), 1));
+  p->begin(1, rows.prompt());
+  p->begin(2, rows.prompt());
   for (int i = 0; i < 32; ++i) {
-    std::vector<TargetFeedback> step = {feedback(1, i, 1)};
-    if (i >= 10) step.push_back(feedback(2, i - 10, 1));
+    std::vector<TargetFeedback> step = {rows.feedback(1, i, 1)};
+    if (i >= 10) step.push_back(rows.feedback(2, i - 10, 1));
     p->observe_batch(step);
   }
   EXPECT_EQ(p->draft().length(0), 31);  // request 1: its full backlog but the last row
@@ -367,8 +362,8 @@ TEST(EagleProposer, AFullBacklogRunsEveryRequestsBacklogWithIt) {
   const DraftTree tree = p->propose(2, TreeBudget{64, 8});
 
   auto at_once = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
-  at_once->begin(2, std::span<const int32_t>(tokens.data(), 1));
-  at_once->observe(feedback(2, 0, 22));
+  at_once->begin(2, rows.prompt());
+  at_once->observe(rows.feedback(2, 0, 22));
   const DraftTree want = at_once->propose(2, TreeBudget{64, 8});
   EXPECT_EQ(tree.token, want.token);
   EXPECT_EQ(tree.parent, want.parent);

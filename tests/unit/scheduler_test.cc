@@ -514,10 +514,8 @@ TEST(TreePolicy, SpeculationShrinksThenTurnsOffAsTheBatchGrows) {
   for (int32_t n : b64) EXPECT_EQ(n, 1) << "batch 64 is compute-bound: no speculation";
 }
 
-TEST(SchedulerTicks, ABurstOfArrivalsIsJudgedAtTheBatchItJoins) {
-  // Trees pay alone and not at batch 64 (gpu_curve). 64 requests arriving at once are admitted
-  // in one step and decode at batch 64: none of them starts speculating, though the first ones
-  // would have if each were judged by the requests admitted before it.
+// Adaptive trees of up to 8 nodes / depth 3 on gpu_curve, up to 64 running, no probes.
+SchedulerConfig adaptive_at_64() {
   SchedulerConfig c;
   c.max_step_tokens = 8192;
   c.max_running = 64;
@@ -525,14 +523,34 @@ TEST(SchedulerTicks, ABurstOfArrivalsIsJudgedAtTheBatchItJoins) {
   c.tree.max_tree = {8, 3};
   c.cost = gpu_curve();
   c.probe_every = 0;
+  return c;
+}
+
+VerifyResult chain_of_3() {  // a tree that accepted a chain of 3
+  VerifyResult v;
+  v.accepted_nodes = {0, 1, 2, 3};
+  v.accepted_tokens = {1, 2, 3};
+  v.children_tried = {1, 1, 1, 1};
+  return v;
+}
+
+VerifyResult first_child_rejected() {
+  VerifyResult v;
+  v.accepted_nodes = {0};
+  v.children_tried = {1};
+  return v;
+}
+
+TEST(SchedulerTicks, ABurstOfArrivalsIsJudgedAtTheBatchItJoins) {
+  // Trees pay alone and not at batch 64 (gpu_curve). 64 requests arriving at once are admitted
+  // in one step and decode at batch 64: none of them starts speculating, though the first ones
+  // would have if each were judged by the requests admitted before it.
+  const SchedulerConfig c = adaptive_at_64();
   Harness h(4096, 4, c);
   h.add("A", 4, /*spec=*/true);
   EXPECT_EQ(h.tick(), "+A A:P4*");
   EXPECT_TRUE(h.sched.speculating(h.ids["A"]));  // nothing measured yet: it starts
-  VerifyResult good;                             // every tree accepts a chain of 3
-  good.accepted_nodes = {0, 1, 2, 3};
-  good.accepted_tokens = {1, 2, 3};
-  good.children_tried = {1, 1, 1, 1};
+  const VerifyResult good = chain_of_3();
   for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["A"], good, 8);
   h.sched.remove(h.ids["A"]);
   for (int i = 0; i < 64; ++i) h.add("R" + std::to_string(i), 4, true, 10 + i);
@@ -551,20 +569,11 @@ TEST(SchedulerTicks, ABurstThatPaysForItsDraftTogetherSpeculatesTogether) {
   // A drafting cost of 3 ms a step that one tree in a batch of 8 cannot pay (it adds ~2 tokens
   // to the step's 8) and eight trees together do: eight arrivals at an empty engine, judged
   // as the group they decode in, all speculate.
-  SchedulerConfig c;
-  c.max_step_tokens = 8192;
-  c.max_running = 64;
-  c.tree = policy();
-  c.tree.max_tree = {8, 3};
-  c.cost = gpu_curve();
-  c.probe_every = 0;
+  const SchedulerConfig c = adaptive_at_64();
   Harness h(4096, 4, c);
   h.add("A", 4, /*spec=*/true);
   h.tick();
-  VerifyResult good;  // every tree accepts a chain of 3
-  good.accepted_nodes = {0, 1, 2, 3};
-  good.accepted_tokens = {1, 2, 3};
-  good.children_tried = {1, 1, 1, 1};
+  const VerifyResult good = chain_of_3();
   for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["A"], good, 8);
   for (int i = 0; i < 10; ++i) h.sched.record_draft_step(3, 3.0);
   h.sched.remove(h.ids["A"]);
@@ -584,19 +593,11 @@ TEST(SchedulerTicks, ABurstThatPaysForItsDraftTogetherSpeculatesTogether) {
 TEST(SchedulerTicks, ARestoredPolicyStateJudgesAdmissionsAsTheOneItCameFrom) {
   // A scheduler that measured trees failing declines a request arriving alone; a fresh one
   // (nothing measured) starts it speculating; one restored from the first declines it too.
-  SchedulerConfig c;
-  c.max_step_tokens = 8192;
-  c.max_running = 64;
-  c.tree = policy();
-  c.tree.max_tree = {8, 3};
-  c.cost = gpu_curve();
-  c.probe_every = 0;
+  const SchedulerConfig c = adaptive_at_64();
   Harness learned(4096, 4, c);
   learned.add("A", 4, /*spec=*/true);
   learned.tick();
-  VerifyResult miss;  // every tree's first child rejected
-  miss.accepted_nodes = {0};
-  miss.children_tried = {1};
+  const VerifyResult miss = first_child_rejected();
   for (int i = 0; i < 40; ++i) learned.sched.record_acceptance(learned.ids["A"], miss, 8);
   learned.sched.record_draft_step(3, 2.0);
   learned.sched.remove(learned.ids["A"]);
