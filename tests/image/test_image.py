@@ -320,7 +320,8 @@ class Drain(unittest.TestCase):
     checked."""
 
     STREAMS = 16
-    CHOICES = 4  # 64 sequences of 480 tokens: seconds of work, far longer than podman's latency
+    CHOICES = 8  # 128 sequences of 480 tokens: seconds of work, longer than podman's latency (a kill
+    # has taken 3.3 s to arrive; with 64 sequences the engine was once done by then)
     TOKENS = 480
 
     def test_sigterm_drains_running_streams(self):
