@@ -64,6 +64,12 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
                 "(depth by depth on the host), 1 yes")
       ->check(CLI::Range(-1, 1))
       ->capture_default_str();
+  c->add_option("--spec-pick-on-device", o->spec_config.pick_on_device,
+                "EAGLE trees grown on the device also picked there (the verify step reads "
+                "them; no wait for the draft): -1 auto (on a GPU), 0 no (downloaded, picked "
+                "on the host), 1 yes")
+      ->check(CLI::Range(-1, 1))
+      ->capture_default_str();
   c->add_option("--spec-max-nodes", o->max_tree_nodes, "Largest tree verified in one step");
   c->add_flag("--no-bos", o->no_bos, "Do not prepend BOS (chat-rendered prompts carry it)");
   c->add_flag("--skip-plain", o->skip_plain, "Measure acceptance only (no plain baseline)");

@@ -65,6 +65,14 @@ struct StepInputs {
   // token_ids[n] then holds any id inside the vocabulary (the check of the ids on the host).
   Tensor token_source;
   std::vector<int64_t> token_source_index;
+  // Tree parents still on the backend (a draft tree picked there, Backend::draft_frontier_trees):
+  // empty, or [N] flat indices into token_source; where row n's index is >= 0 its (item-local)
+  // parent is token_source[index], and set_step rebuilds the positions and tree mask rows of
+  // its request from the parents on the backend (rows with index -1 keep the parent their mask
+  // row gives: its highest ancestor bit below itself). positions / tree_mask hold a placeholder
+  // tree there in which no node is shallower than in the real one (a batch-invariant attention
+  // plan reserves each node's path from it; DeviceTokens).
+  std::vector<int64_t> parent_source_index;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_requests() const {
@@ -72,6 +80,9 @@ struct StepInputs {
   }
   // Throws kInvalidArgument naming the inconsistent field (sizes, ranges, table too short).
   void validate(const KvCacheShape& kv) const;
+  // For backends whose memory is the host's: the token ids and the parents left in token_source
+  // copied in (positions and tree masks rebuilt from the parents, as set_step does on a GPU).
+  void resolve_sources();
 };
 
 struct RopeParams {
@@ -332,6 +343,16 @@ class Backend {
   virtual void draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
                                   std::vector<float>* values, std::vector<int32_t>* root_ids,
                                   std::vector<float>* root_values);
+  // The final trees, picked on the backend with no wait (DynamicTreeGrower::tree()'s choice,
+  // engine/backend/draft_frontier.h's select_draft_trees): tree g after depth[g] expansions
+  // (<= the depths expanded), with nodes[g] nodes (draft_tree_nodes) <= stride. Returns [G, 2,
+  // stride] int32 in backend memory, valid until the next draft_frontier_begin: tree g's target
+  // ids at g * 2 * stride + i, its parent nodes at g * 2 * stride + stride + i (node 0, the root:
+  // id 0, parent -1). A verify step reads them through StepInputs::token_source /
+  // parent_source_index. has_draft_frontier_trees() false: the default throws kUnsupported.
+  virtual bool has_draft_frontier_trees() const { return false; }
+  virtual Tensor draft_frontier_trees(std::span<const int32_t> depth,
+                                      std::span<const int32_t> nodes, int32_t stride);
 
   // Host <-> device traffic and host waits so far (the probe of spec-bench and the GPU tests).
   virtual TransferStats transfer_stats() const { return {}; }

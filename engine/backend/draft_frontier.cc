@@ -70,6 +70,7 @@ void HostDraftFrontier::begin(int32_t g, int32_t kk, int32_t depth,
     path[row * static_cast<size_t>(depth)] = static_cast<int32_t>(row % static_cast<size_t>(kk));
   log_ids.clear();
   log_values.clear();
+  log_chosen.clear();
 }
 
 void HostDraftFrontier::check_depth(int32_t depth, const char* op) const {
@@ -88,7 +89,7 @@ void HostDraftFrontier::expand(int32_t depth, std::span<const int32_t> top_ids,
   log_ids.insert(log_ids.end(), top_ids.begin(), top_ids.end());
   log_values.insert(log_values.end(), top_values.begin(), top_values.end());
   if (depth == max_depth) return;  // no frontier after the last depth
-  std::vector<int32_t> next_ids(n), next_parent(n), next_path(path.size());
+  std::vector<int32_t> next_ids(n), next_parent(n), next_path(path.size()), chosen(n);
   std::vector<float> next_scores(n);
   std::vector<float> cand(kk * kk);
   std::vector<int32_t> order(kk * kk);
@@ -108,6 +109,7 @@ void HostDraftFrontier::expand(int32_t depth, std::span<const int32_t> top_ids,
       next_ids[out] = top_ids[row * kk + c % kk];
       next_scores[out] = cand[c];
       next_parent[out] = static_cast<int32_t>(row);
+      chosen[out] = static_cast<int32_t>(c);
       std::copy_n(path.begin() + static_cast<int64_t>(row * width), depth,
                   next_path.begin() + static_cast<int64_t>(out * width));
       next_path[out * width + static_cast<size_t>(depth)] = depth * k + static_cast<int32_t>(rank);
@@ -117,6 +119,94 @@ void HostDraftFrontier::expand(int32_t depth, std::span<const int32_t> top_ids,
   scores = std::move(next_scores);
   parent = std::move(next_parent);
   path = std::move(next_path);
+  log_chosen.insert(log_chosen.end(), chosen.begin(), chosen.end());
+}
+
+int32_t draft_tree_nodes(int32_t k, int32_t depth, int32_t total_tokens) {
+  const int64_t candidates = k + static_cast<int64_t>(depth) * k * k;
+  return static_cast<int32_t>(1 + std::min<int64_t>(total_tokens - 1, candidates));
+}
+
+void check_draft_frontier_trees(int32_t groups, int32_t k, int32_t logged,
+                                std::span<const int32_t> depth, std::span<const int32_t> nodes,
+                                int32_t stride) {
+  if (groups < 1 || depth.size() != static_cast<size_t>(groups) ||
+      nodes.size() != static_cast<size_t>(groups) || stride < 1)
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_trees: " + std::to_string(depth.size()) + " depths and " +
+                    std::to_string(nodes.size()) + " node counts for " + std::to_string(groups) +
+                    " trees, stride " + std::to_string(stride));
+  for (int32_t g = 0; g < groups; ++g) {
+    const int32_t d = depth[static_cast<size_t>(g)], t = nodes[static_cast<size_t>(g)];
+    const int64_t candidates = k + static_cast<int64_t>(std::max(d, 0)) * k * k;
+    if (d < 0 || d > logged || candidates > kMaxDraftTreeCandidates || t < 1 ||
+        t > 1 + candidates || t > stride)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "draft_frontier_trees: tree " + std::to_string(g) + " of " + std::to_string(d) +
+                      " expansions (" + std::to_string(logged) + " logged, at most " +
+                      std::to_string(kMaxDraftTreeCandidates) + " candidates) and " +
+                      std::to_string(t) + " nodes (stride " + std::to_string(stride) + ")");
+  }
+}
+
+void select_draft_trees(const HostDraftFrontier& f, std::span<const int32_t> depth,
+                        std::span<const int32_t> nodes, int32_t stride,
+                        std::span<const int64_t> vocab_offset, std::vector<int32_t>* out) {
+  check_draft_frontier_trees(f.groups, f.k, f.depths_logged(), depth, nodes, stride);
+  const int32_t k = f.k, kk = k * k;
+  const auto rows = static_cast<int64_t>(f.rows());
+  out->assign(static_cast<size_t>(f.groups) * 2 * static_cast<size_t>(stride), 0);
+  std::vector<float> score;
+  std::vector<int32_t> parent, id, node;
+  for (int32_t g = 0; g < f.groups; ++g) {
+    const int32_t d = depth[static_cast<size_t>(g)];
+    const int32_t n = k + d * kk;
+    score.assign(static_cast<size_t>(n), 0.f);
+    parent.assign(static_cast<size_t>(n), -1);
+    id.assign(static_cast<size_t>(n), 0);
+    for (int32_t c = 0; c < k; ++c) {
+      score[static_cast<size_t>(c)] = f.first_values[static_cast<size_t>(g * k + c)];
+      id[static_cast<size_t>(c)] = f.first_ids[static_cast<size_t>(g * k + c)];
+    }
+    for (int32_t s = 1; s <= d; ++s)
+      for (int32_t c = 0; c < kk; ++c) {
+        const int32_t r = c / k, j = c % k, at = k + (s - 1) * kk + c;
+        const int32_t from =
+            s == 1 ? r
+                   : k + (s - 2) * kk +
+                         f.log_chosen[static_cast<size_t>((s - 2) * rows + g * k + r)];
+        const auto e = static_cast<size_t>(((s - 1) * rows + g * k + r) * k + j);
+        score[static_cast<size_t>(at)] = score[static_cast<size_t>(from)] + f.log_values[e];
+        id[static_cast<size_t>(at)] = f.log_ids[e];
+        parent[static_cast<size_t>(at)] = from;
+      }
+    // The nodes - 1 best (higher score, ties to the lower index), numbered in candidate order.
+    std::vector<int32_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    const int32_t keep = nodes[static_cast<size_t>(g)] - 1;
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int32_t a, int32_t b) {
+      return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)] ||
+             (score[static_cast<size_t>(a)] == score[static_cast<size_t>(b)] && a < b);
+    });
+    order.resize(static_cast<size_t>(keep));
+    std::sort(order.begin(), order.end());
+    node.assign(static_cast<size_t>(n), -1);
+    int32_t* tokens = out->data() + static_cast<size_t>(g) * 2 * static_cast<size_t>(stride);
+    int32_t* parents = tokens + stride;
+    parents[0] = -1;
+    for (size_t i = 0; i < order.size(); ++i) {
+      const auto c = static_cast<size_t>(order[i]);
+      const int32_t at = static_cast<int32_t>(i) + 1;
+      node[c] = at;
+      const int32_t draft_id = id[c];
+      tokens[at] = vocab_offset.empty()
+                       ? draft_id
+                       : static_cast<int32_t>(draft_id +
+                                              vocab_offset[static_cast<size_t>(draft_id)]);
+      const int32_t from = parent[c];
+      parents[at] = from < 0 || node[static_cast<size_t>(from)] < 0 ? 0 : node[static_cast<size_t>(from)];
+    }
+  }
 }
 
 }  // namespace arbor

@@ -27,6 +27,7 @@ struct HostDraftFrontier {
   std::vector<int64_t> slots;      // [max_depth, G * k] K/V slots
   std::vector<int32_t> log_ids;    // [depths][G * k][k]
   std::vector<float> log_values;   // same
+  std::vector<int32_t> log_chosen;  // [depths - 1][G * k] the candidate (r * k + j) of each rank
   std::vector<int32_t> first_ids;  // [G * k] the first frontier (the roots' top-k)
   std::vector<float> first_values;
   int32_t root_k = 0;  // draft_frontier_roots: [R, root_k] ids and values
@@ -48,5 +49,26 @@ struct HostDraftFrontier {
     return rows() > 0 ? static_cast<int32_t>(log_ids.size()) / (rows() * k) : 0;
   }
 };
+
+// Most candidates (k + depth * k * k) of one tree draft_frontier_trees picks from (the CUDA
+// kernel's shared memory; kernels/sampling/device_tree.h).
+inline constexpr int32_t kMaxDraftTreeCandidates = 2048;
+
+// The nodes of a tree grown `depth` expansions deep from top-k rows of width k with a budget of
+// total_tokens: 1 + min(total_tokens - 1, k + depth * k * k) (DynamicTreeGrower::tree()'s).
+int32_t draft_tree_nodes(int32_t k, int32_t depth, int32_t total_tokens);
+
+// Backend::draft_frontier_trees' arguments against a frontier of `groups` trees of width k with
+// `logged` depths: kInvalidArgument naming the bad size, depth or node count.
+void check_draft_frontier_trees(int32_t groups, int32_t k, int32_t logged,
+                                std::span<const int32_t> depth, std::span<const int32_t> nodes,
+                                int32_t stride);
+
+// Backend::draft_frontier_trees on the host: every group's final tree from the frontier's log,
+// out [G, 2, stride] (kernels/sampling/device_tree.h's draft_tree_select, bit for bit; the
+// candidates and choice of DynamicTreeGrower::tree()). vocab_offset: set_draft_vocab_map's.
+void select_draft_trees(const HostDraftFrontier& f, std::span<const int32_t> depth,
+                        std::span<const int32_t> nodes, int32_t stride,
+                        std::span<const int64_t> vocab_offset, std::vector<int32_t>* out);
 
 }  // namespace arbor

@@ -130,4 +130,9 @@ void Backend::draft_frontier_log(int32_t, std::vector<int32_t>*, std::vector<flo
   no_draft_frontier(*this, "draft_frontier_log");
 }
 
+Tensor Backend::draft_frontier_trees(std::span<const int32_t>, std::span<const int32_t>, int32_t) {
+  no_draft_frontier(*this, "draft_frontier_trees");
+  return {};
+}
+
 }  // namespace arbor

@@ -1,5 +1,7 @@
 #include "engine/backend/backend.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numbers>
 
@@ -64,6 +66,9 @@ void StepInputs::validate(const KvCacheShape& kv) const {
                " is outside the cache's " + std::to_string(total_slots) + " slots");
   if (const std::string e = token_source_problem(token_source, token_source_index, n); !e.empty())
     bad_step(e);
+  if (const std::string e = token_source_problem(token_source, parent_source_index, n);
+      !e.empty())
+    bad_step("parents: " + e);
   if (!key_path_base.empty() || !key_path_indptr.empty() || !key_path.empty()) {
     if (key_path_base.size() != static_cast<size_t>(r) ||
         key_path_indptr.size() != static_cast<size_t>(r) + 1 || key_path_indptr[0] != 0 ||
@@ -102,6 +107,53 @@ void StepInputs::validate(const KvCacheShape& kv) const {
     if (logits_rows[i] < 0 || logits_rows[i] >= static_cast<int32_t>(n))
       bad_step("logits_rows[" + std::to_string(i) + "] = " + std::to_string(logits_rows[i]) +
                " is outside the batch's " + std::to_string(n) + " rows");
+}
+
+void StepInputs::resolve_sources() {
+  const auto* source = static_cast<const int32_t*>(token_source.data);
+  for (size_t n = 0; n < token_source_index.size(); ++n)
+    if (token_source_index[n] >= 0) token_ids[n] = source[token_source_index[n]];
+  if (parent_source_index.empty()) return;
+  // The rule of kernels/sampling/device_tree.cu's tree layout.
+  for (int32_t r = 0; r < num_requests(); ++r) {
+    const int32_t q0 = qo_indptr[static_cast<size_t>(r)];
+    const int32_t t = qo_indptr[static_cast<size_t>(r) + 1] - q0;
+    bool any = false;
+    for (int32_t i = 0; i < t; ++i) any = any || parent_source_index[static_cast<size_t>(q0 + i)] >= 0;
+    if (t <= 1 || !any) continue;
+    const int32_t words = (t + 31) / 32;
+    uint32_t* mask = tree_mask.data() + mask_indptr[static_cast<size_t>(r)];
+    std::vector<int32_t> parent(static_cast<size_t>(t), -1);
+    for (int32_t i = 1; i < t; ++i) {
+      const int64_t idx = parent_source_index[static_cast<size_t>(q0 + i)];
+      int32_t p = 0;
+      if (idx >= 0) {
+        p = source[idx];
+      } else {
+        const uint32_t* row = mask + static_cast<size_t>(i) * static_cast<size_t>(words);
+        for (int32_t w = i / 32; w >= 0; --w) {
+          uint32_t m = row[w];
+          if (w == i / 32) m &= (1u << (i % 32)) - 1u;
+          if (m != 0) {
+            p = w * 32 + 31 - std::countl_zero(m);
+            break;
+          }
+        }
+      }
+      parent[static_cast<size_t>(i)] = p >= 0 && p < i ? p : 0;
+    }
+    const int32_t root_position = positions[static_cast<size_t>(q0)];
+    for (int32_t i = 0; i < t; ++i) {
+      uint32_t* row = mask + static_cast<size_t>(i) * static_cast<size_t>(words);
+      std::fill(row, row + words, 0u);
+      int32_t depth = 0;
+      for (int32_t a = i;; a = parent[static_cast<size_t>(a)], ++depth) {
+        row[a / 32] |= 1u << (a % 32);
+        if (a == 0) break;
+      }
+      positions[static_cast<size_t>(q0 + i)] = root_position + depth;
+    }
+  }
 }
 
 std::vector<double> rope_inv_freq(const RopeParams& p) {

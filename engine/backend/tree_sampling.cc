@@ -142,6 +142,9 @@ void validate_tree_sample_batch(const TreeSampleBatch& b, int64_t vocab, int64_t
   if (const std::string e = token_source_problem(b.token_source, b.token_source_index, nodes);
       !e.empty())
     bad(e);
+  if (const std::string e = token_source_problem(b.token_source, b.parent_source_index, nodes);
+      !e.empty())
+    bad("parents: " + e);
 }
 
 std::string token_source_problem(const Tensor& source, std::span<const int64_t> index,

@@ -70,6 +70,11 @@ struct TreeSampleBatch {
   // vocabulary) elsewhere. Only backends with sample_trees read them.
   Tensor token_source;
   std::vector<int64_t> token_source_index;
+  // Parents still on the backend (StepInputs::parent_source_index's form): empty, or [nodes] flat
+  // indices into token_source; node g's item-local parent is token_source[index] where the
+  // index is >= 0. `parent` then holds a placeholder no shallower than the real tree at any
+  // node (DeviceTokens), which bounds the accepted paths' length.
+  std::vector<int64_t> parent_source_index;
 
   int32_t num_items() const { return static_cast<int32_t>(params.size()); }
   int32_t num_nodes() const { return static_cast<int32_t>(token.size()); }

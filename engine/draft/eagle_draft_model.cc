@@ -498,7 +498,8 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
 
 std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> items, int32_t k,
                                                   int32_t depths,
-                                                  std::vector<TopKRows>* root_tops) {
+                                                  std::vector<TopKRows>* root_tops,
+                                                  DeviceTrees* device) {
   Backend& b = *backend_;
   const int64_t h = hidden_size();
   const auto g_count = static_cast<int32_t>(items.size());
@@ -643,6 +644,11 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
     if (timer.phase != kRun) timer.next(kRun);
     if (!done) outs = ops();
     timer.next(kDownload);
+    if (device != nullptr) {  // the trees stay where they grew (no wait)
+      device->out = b.draft_frontier_trees(device->depth, device->nodes, device->stride);
+      cancel();
+      return log;
+    }
     std::vector<int32_t> all_ids, root_ids;
     std::vector<float> all_values, root_values;
     b.draft_frontier_log(depths, &all_ids, &all_values, &root_ids,

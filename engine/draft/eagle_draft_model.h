@@ -120,8 +120,20 @@ class EagleDraftModel {
     int32_t root_row = -1;
     int32_t root_top_row = -1;
   };
+  // With `device` set, the trees are picked on the backend instead (Backend::draft_frontier_trees:
+  // item i's tree after device->depth[i] expansions, device->nodes[i] nodes): nothing is
+  // downloaded and nothing waits; device->out receives the [G, 2, stride] trees, and the log
+  // and *root_tops come back empty.
+  struct DeviceTrees {
+    std::vector<int32_t> depth, nodes;
+    int32_t stride = 0;
+    Tensor out;
+  };
+  bool picks_trees_on_backend() const { return backend_->has_draft_frontier_trees(); }
+  Backend& backend() { return *backend_; }
   std::vector<TopKRows> grow_trees(std::span<const GrowItem> items, int32_t k, int32_t depths,
-                                   std::vector<TopKRows>* root_tops);
+                                   std::vector<TopKRows>* root_tops,
+                                   DeviceTrees* device = nullptr);
 
   // Draft logits of layer outputs hidden [rows, hidden]: the target's LM head (EAGLE-1/2, no
   // final norm) or lm_head(norm(h)) (EAGLE-3). [rows, draft_vocab] host fp32.

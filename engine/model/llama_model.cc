@@ -536,14 +536,18 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
       std::vector<float> host(static_cast<size_t>(t.logits.numel()));
       b.download(t.logits, host.data());
       const TreeSampleBatch* batch = want.sample;
-      TreeSampleBatch resolved;  // tokens left on the backend, brought here
-      if (!batch->token_source_index.empty()) {
+      TreeSampleBatch resolved;  // tokens (and tree parents) left on the backend, brought here
+      if (!batch->token_source_index.empty() || !batch->parent_source_index.empty()) {
         resolved = *batch;
         std::vector<int32_t> ids;
-        b.download_ids(resolved.token_source, resolved.token_source_index, &ids);
-        for (size_t g = 0; g < ids.size(); ++g)
-          if (resolved.token_source_index[g] >= 0) resolved.token[g] = ids[g];
-        resolved.token_source_index.clear();
+        for (auto [index, into] : {std::pair{&resolved.token_source_index, &resolved.token},
+                                   {&resolved.parent_source_index, &resolved.parent}}) {
+          if (index->empty()) continue;
+          b.download_ids(resolved.token_source, *index, &ids);
+          for (size_t g = 0; g < ids.size(); ++g)
+            if ((*index)[g] >= 0) (*into)[g] = ids[g];
+          index->clear();
+        }
         resolved.token_source = Tensor{};
         batch = &resolved;
       }

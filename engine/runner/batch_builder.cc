@@ -38,6 +38,14 @@ std::vector<int32_t> BatchBuilder::build(const KvCacheManager& kv,
     } else if (!s.token_source_index.empty()) {
       s.token_source_index.resize(static_cast<size_t>(row0 + t), -1);
     }
+    if (!it.parent_index.empty()) {
+      ARBOR_CHECK(static_cast<int32_t>(it.parent_index.size()) == t);
+      s.parent_source_index.resize(static_cast<size_t>(row0), -1);
+      s.parent_source_index.insert(s.parent_source_index.end(), it.parent_index.begin(),
+                                   it.parent_index.end());
+    } else if (!s.parent_source_index.empty()) {
+      s.parent_source_index.resize(static_cast<size_t>(row0 + t), -1);
+    }
     for (int32_t i = 0; i < t; ++i) {
       s.token_ids.push_back(it.tokens[i]);
       s.positions.push_back(committed + (tree ? depth[i] : i));

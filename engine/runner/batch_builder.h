@@ -20,6 +20,9 @@ struct StepItem {
   // [T] or empty: row t's id is StepInputs::token_source[token_index[t]] where >= 0 (a
   // drafter's tokens left on the backend; tokens[t] is then a placeholder).
   std::vector<int64_t> token_index;
+  // [T] or empty: row t's parent is StepInputs::token_source[parent_index[t]] where >= 0 (a
+  // drafter's tree shape left on the device; parents then holds a placeholder tree).
+  std::vector<int64_t> parent_index;
 };
 
 class BatchBuilder {

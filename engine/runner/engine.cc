@@ -365,6 +365,7 @@ void pad_tree(DraftTree* tree, int32_t size, std::span<const int32_t> context, i
     tree->token.push_back(t);
     if (!tree->q_row.empty()) tree->q_row.push_back(-1);
     if (device) tree->device.index.push_back(-1);
+    if (!tree->device.parent_index.empty()) tree->device.parent_index.push_back(-1);
   };
   for (size_t i = context.size(); i > 0 && tree->size() < size && context.size() - i < 256; --i)
     add(context[i - 1]);
@@ -590,6 +591,7 @@ void Engine::resolve_device_tokens(const std::vector<DraftTree*>& trees) {
       }
       now.push_back(t);
       index.insert(index.end(), t->device.index.begin(), t->device.index.end());
+      index.insert(index.end(), t->device.parent_index.begin(), t->device.parent_index.end());
     }
     b.wait_for(*source.owner);
     std::vector<int32_t> ids;
@@ -598,6 +600,8 @@ void Engine::resolve_device_tokens(const std::vector<DraftTree*>& trees) {
     for (DraftTree* t : now) {
       for (size_t i = 0; i < t->device.index.size(); ++i, ++at)
         if (t->device.index[i] >= 0) t->token[i] = ids[at];
+      for (size_t i = 0; i < t->device.parent_index.size(); ++i, ++at)
+        if (t->device.parent_index[i] >= 0) t->parent[i] = ids[at];
       t->device = DeviceTokens{};
       validate_draft_tree(*t, model_.config().vocab_size);
     }
@@ -634,6 +638,7 @@ void Engine::forward(StepRun* run) {
         s.tokens = c.draft.token;
         s.parents = c.draft.parent;
         s.token_index = c.draft.device.index;
+        s.parent_index = c.draft.device.parent_index;
         s.all_logits = true;
       } else {
         s.tokens = {ctx.back()};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/backend/draft_frontier.h"
 #include "engine/core/error.h"
 
 namespace arbor {
@@ -50,6 +51,8 @@ void EagleOptions::validate() const {
   if (tree.top_k < 1) bad("top_k", tree.top_k, "need >= 1");
   if (grow_on_backend < -1 || grow_on_backend > 1)
     bad("grow_on_backend", grow_on_backend, "need -1, 0 or 1");
+  if (pick_on_backend < -1 || pick_on_backend > 1)
+    bad("pick_on_backend", pick_on_backend, "need -1, 0 or 1");
   if (draft_kv.num_blocks < 1) bad("draft_kv.num_blocks", draft_kv.num_blocks, "need >= 1");
   if (draft_kv.block_size < 1) bad("draft_kv.block_size", draft_kv.block_size, "need >= 1");
   if (draft_kv.enable_prefix_caching)
@@ -376,8 +379,45 @@ std::vector<DraftTree> EagleProposer::propose_batch(
       }
     if (items.empty()) return trees;
     std::vector<TopKRows> roots;
+    // Picked on the backend too: each tree's tokens and parents stay there (no wait).
+    EagleDraftModel::DeviceTrees picked;
+    bool pick = draft_.picks_trees_on_backend() &&
+                (options_.pick_on_backend == 1 ||
+                 (options_.pick_on_backend == -1 && draft_.backend_name() != "cpu"));
+    for (const Candidate& c : cands) {
+      const DynamicTreeParams& p = params[c.index];
+      pick = pick && top_k + int64_t{p.depth} * top_k * top_k <= kMaxDraftTreeCandidates;
+      picked.depth.push_back(p.depth);
+      picked.nodes.push_back(draft_tree_nodes(top_k, p.depth, p.total_tokens));
+      picked.stride = std::max(picked.stride, picked.nodes.back());
+    }
     // (At least one depth: a tree of the root's children alone still reads the roots' top-k.)
-    const std::vector<TopKRows> log = draft_.grow_trees(items, top_k, std::max(depths, 1), &roots);
+    const std::vector<TopKRows> log =
+        draft_.grow_trees(items, top_k, std::max(depths, 1), &roots, pick ? &picked : nullptr);
+    if (pick) {
+      for (size_t i = 0; i < cands.size(); ++i) {
+        DraftTree& t = trees[cands[i].index];
+        const int32_t nodes = picked.nodes[i];
+        const int64_t base = static_cast<int64_t>(i) * 2 * picked.stride;
+        t.token.assign(static_cast<size_t>(nodes), t.token[0]);
+        // The placeholder shape: a chain down to the deepest a node may lie (depth + 1), the
+        // rest there too, so that no node is deeper than its placeholder (node i is at most i
+        // deep), which the verify step's layout and attention plan are sized from.
+        const int32_t deepest = picked.depth[i] + 1;
+        t.parent.resize(static_cast<size_t>(nodes));
+        for (int32_t n = 0; n < nodes; ++n)
+          t.parent[static_cast<size_t>(n)] = n <= deepest ? n - 1 : deepest - 1;
+        t.device.owner = &draft_.backend();
+        t.device.ids = picked.out;
+        t.device.index.assign(static_cast<size_t>(nodes), -1);
+        t.device.parent_index.assign(static_cast<size_t>(nodes), -1);
+        for (int32_t n = 1; n < nodes; ++n) {
+          t.device.index[static_cast<size_t>(n)] = base + n;
+          t.device.parent_index[static_cast<size_t>(n)] = base + picked.stride + n;
+        }
+      }
+      return trees;
+    }
     const auto k = static_cast<size_t>(top_k);
     for (size_t i = 0; i < cands.size(); ++i) {
       RequestState& s = *cands[i].state;

@@ -25,6 +25,11 @@ struct EagleOptions {
   // wait between depths) instead of depth by depth on the host: -1 where the backend is a GPU,
   // 0 never, 1 whenever the backend can (the CPU backend too: the tests compare both).
   int grow_on_backend = -1;
+  // Trees grown on the backend are also picked there (Backend::draft_frontier_trees): the verify
+  // step reads their tokens and shape from the draft's memory, so the draft does not wait for
+  // the device (the step's one wait is the verify's). -1 where the backend is a GPU, 0 never
+  // (the grower replays the downloaded top-k), 1 whenever the backend can.
+  int pick_on_backend = -1;
   void validate() const;  // kInvalidArgument naming the field
 };
 

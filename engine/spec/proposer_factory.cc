@@ -54,6 +54,8 @@ void SpecConfig::validate() const {
   need(draft_block_size >= 1, "draft_block_size", draft_block_size, ">= 1");
   need(grow_on_device >= -1 && grow_on_device <= 1, "grow_on_device", grow_on_device,
        "-1 (auto), 0 or 1");
+  need(pick_on_device >= -1 && pick_on_device <= 1, "pick_on_device", pick_on_device,
+       "-1 (auto), 0 or 1");
   need(draft_vocab >= 0, "draft_vocab", draft_vocab, ">= 0 (0: the whole token map)");
   if ((!token_map.empty() || draft_vocab > 0) && method == SpecMethod::kEagle3)
     throw_error(ErrorCode::kInvalidArgument,
@@ -109,6 +111,7 @@ std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWei
       options.draft_kv = {config.draft_kv_blocks, config.draft_block_size, false};
       options.num_threads = config.num_threads;
       options.grow_on_backend = config.grow_on_device;
+      options.pick_on_backend = config.pick_on_device;
       EagleWeights weights = load_eagle_checkpoint(config.head_path, version);
       const std::string map = resolve_token_map(config);
       if (!map.empty())

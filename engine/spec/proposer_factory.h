@@ -31,6 +31,8 @@ struct SpecConfig {
   int32_t draft_block_size = 16;      // EAGLE: tokens per draft KV block
   int32_t grow_on_device = -1;        // EAGLE: trees grown on the draft's backend
                                       // (EagleOptions::grow_on_backend: -1 auto, 0, 1)
+  int32_t pick_on_device = -1;        // EAGLE: grown trees also picked there (one wait a step;
+                                      // EagleOptions::pick_on_backend: -1 auto, 0, 1)
   // EAGLE-1/2: a frequency-ranked draft vocabulary (load_token_map's file); "" = the heads'
   // token_map.json when the checkpoint directory has one, "none" = the whole vocabulary.
   std::string token_map;

@@ -118,6 +118,18 @@ int32_t TreeSampleBuilder::add(const DraftTree& tree, int32_t first_row,
   } else if (!batch_.token_source_index.empty()) {
     batch_.token_source_index.resize(static_cast<size_t>(batch_.num_nodes()), -1);
   }
+  // Parents left on the device likewise (the same buffer as the tokens).
+  if (!tree.device.parent_index.empty()) {
+    ARBOR_CHECK(tree.device.parent_index.size() == static_cast<size_t>(t) && !tree.device.empty(),
+                "device parents: " + std::to_string(tree.device.parent_index.size()) +
+                    " indices for " + std::to_string(t) + " nodes");
+    batch_.parent_source_index.resize(static_cast<size_t>(batch_.num_nodes() - t), -1);
+    batch_.parent_source_index.insert(batch_.parent_source_index.end(),
+                                      tree.device.parent_index.begin(),
+                                      tree.device.parent_index.end());
+  } else if (!batch_.parent_source_index.empty()) {
+    batch_.parent_source_index.resize(static_cast<size_t>(batch_.num_nodes()), -1);
+  }
   batch_.node_indptr.push_back(batch_.num_nodes());
   if (has_penalty(params)) {
     // Distinct ids < vocab of prompt ++ output, ascending, with their output counts.
@@ -194,8 +206,8 @@ void sample_trees_on_host(std::span<const float> logits, int64_t vocab,
                           const TreeSampleBatch& batch, TreeSampleResult* out) {
   const int64_t rows = static_cast<int64_t>(logits.size()) / vocab;
   validate_tree_sample_batch(batch, vocab, rows);
-  ARBOR_CHECK(batch.token_source_index.empty(),
-              "sample_trees_on_host: tokens left on a backend (resolve them first)");
+  ARBOR_CHECK(batch.token_source_index.empty() && batch.parent_source_index.empty(),
+              "sample_trees_on_host: tokens or parents left on a backend (resolve them first)");
   const int32_t items = batch.num_items();
   *out = TreeSampleResult{};
   out->path_indptr = {0};

@@ -17,10 +17,16 @@ class Backend;
 // ids[index[i]] where index[i] >= 0; token[i] then holds a placeholder inside the vocabulary
 // (the root's id). The reader calls wait_for(*owner) before its ops read ids; ids stay valid
 // until the drafter's next proposal. Empty index: every token is on the host.
+// A tree whose shape was also chosen there (EAGLE's trees picked on the device,
+// Backend::draft_frontier_trees) has parent_index too: node i's parent is ids[parent_index[i]]
+// where parent_index[i] >= 0, and `parent` then holds a placeholder tree whose every node is at
+// least as deep as the real one's (the verify step's attention plan and the accepted path's
+// rows are sized from it).
 struct DeviceTokens {
   Backend* owner = nullptr;
-  Tensor ids;                  // int32, owner's memory
-  std::vector<int64_t> index;  // [T] or empty
+  Tensor ids;                         // int32, owner's memory
+  std::vector<int64_t> index;         // [T] or empty
+  std::vector<int64_t> parent_index;  // [T] or empty
   bool empty() const { return index.empty(); }
 };
 

@@ -39,6 +39,7 @@ __global__ void draft_frontier_select_kernel(DraftFrontierSelectParams p) {
   p.out.ids[out] = p.top_ids[static_cast<int64_t>(row) * k + c % k];
   p.out.scores[out] = mine;
   p.out.parent[out] = row;
+  if (p.chosen != nullptr) p.chosen[out] = c;
   const int32_t* from = p.in.path + static_cast<int64_t>(row) * p.max_depth;
   int32_t* to = p.out.path + static_cast<int64_t>(out) * p.max_depth;
   for (int e = 0; e < p.depth; ++e) to[e] = from[e];

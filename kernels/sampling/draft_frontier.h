@@ -42,11 +42,13 @@ cudaError_t launch_draft_frontier_load(const DraftFrontierLoadParams& p, cudaStr
 // The next frontier `out` from `in` and depth d's top-k (top_ids, top_values [G * k, k]): per
 // tree the k best candidates c = r * k + j by score in.scores[g k + r] + top_values[(g k + r) k
 // + j], ties to the lower c; out row g k + rank: the candidate's draft id and score, parent g k +
-// r, path = in's row path then depth * k + rank. One block per tree; k <= 32.
+// r, path = in's row path then depth * k + rank, and chosen[g k + rank] = c (where chosen is
+// set: the log draft_tree_select reads). One block per tree; k <= 32.
 struct DraftFrontierSelectParams {
   DraftFrontier in, out;
   const int32_t* top_ids = nullptr;
   const float* top_values = nullptr;
+  int32_t* chosen = nullptr;  // [G * k] or nullptr
   int32_t groups = 0;
   int32_t k = 0;
   int32_t depth = 0;

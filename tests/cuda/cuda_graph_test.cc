@@ -480,16 +480,18 @@ TEST_P(CudaDraftGraphs, EagleTreesGrownOnTheDeviceEqualTheHostLoop) {
   const ModelWeights& w = weights_of("stories260K");
   const EagleWeights ck = random_draft(GetParam());
   for (bool graphs : {false, true}) {
-    auto make = [&](int on_backend) {
+    auto make = [&](int on_backend, int pick = 0) {
       EagleOptions o;
       o.tree = {24, 4, 5};
       o.draft_kv = {256, 16, false};
       o.grow_on_backend = on_backend;
+      o.pick_on_backend = pick;
       CudaBackendOptions bo;
       bo.cuda_graphs = graphs;
       return std::make_unique<EagleProposer>(ck, w, o, make_cuda_backend(bo));
     };
-    auto host = make(0), device = make(1);
+    // picked: grown and picked on the device (Backend::draft_frontier_trees; no wait at all).
+    auto host = make(0), device = make(1), picked = make(1, 1);
     const int64_t h = w.config.hidden_size;
     const int32_t vocab = static_cast<int32_t>(w.config.vocab_size);
     std::mt19937 rng(5);
@@ -505,10 +507,11 @@ TEST_P(CudaDraftGraphs, EagleTreesGrownOnTheDeviceEqualTheHostLoop) {
       for (auto& t : prompt) t = tok(rng);
       host->begin(id, prompt);
       device->begin(id, prompt);
+      picked->begin(id, prompt);
       pos[id] = 0;
     }
     const size_t layers = host->capture_layers().size();
-    int64_t waits = 0, calls = 0;
+    int64_t waits = 0, picked_waits = 0, calls = 0;
     for (int round = 0; round < 12; ++round) {
       for (RequestId id : ids) {
         const int32_t n = round == 0 ? 5 + 7 * static_cast<int32_t>(id) : 1 + round % 3;
@@ -532,6 +535,7 @@ TEST_P(CudaDraftGraphs, EagleTreesGrownOnTheDeviceEqualTheHostLoop) {
         fb.next_token = next[id] = tok(rng);
         host->observe(fb);
         device->observe(fb);
+        picked->observe(fb);
         pos[id] += n;
       }
       const std::vector<std::pair<RequestId, TreeBudget>> want = {
@@ -542,9 +546,23 @@ TEST_P(CudaDraftGraphs, EagleTreesGrownOnTheDeviceEqualTheHostLoop) {
       const std::vector<DraftTree> a = host->propose_batch(want);
       const TransferStats before = device->draft_transfer_stats();
       const std::vector<DraftTree> b = device->propose_batch(want);
+      const TransferStats picked_before = picked->draft_transfer_stats();
+      std::vector<DraftTree> c = picked->propose_batch(want);
       if (round >= 6) {  // shapes seen before (the first sightings tune GEMMs, with waits)
         waits += (device->draft_transfer_stats() - before).syncs;
+        picked_waits += (picked->draft_transfer_stats() - picked_before).syncs;
         ++calls;
+      }
+      for (DraftTree& t : c) {  // read the picked trees' tokens and parents back
+        ASSERT_EQ(t.device.parent_index.size(), static_cast<size_t>(t.size()));
+        std::vector<int64_t> index = t.device.index;
+        index.insert(index.end(), t.device.parent_index.begin(), t.device.parent_index.end());
+        std::vector<int32_t> ids;
+        t.device.owner->download_ids(t.device.ids, index, &ids);
+        for (int32_t n = 1; n < t.size(); ++n) {
+          t.token[static_cast<size_t>(n)] = ids[static_cast<size_t>(n)];
+          t.parent[static_cast<size_t>(n)] = ids[static_cast<size_t>(t.size() + n)];
+        }
       }
       ASSERT_EQ(a.size(), b.size());
       for (size_t i = 0; i < a.size(); ++i) {
@@ -553,12 +571,15 @@ TEST_P(CudaDraftGraphs, EagleTreesGrownOnTheDeviceEqualTheHostLoop) {
         EXPECT_EQ(a[i].token, b[i].token) << what;
         EXPECT_EQ(a[i].parent, b[i].parent) << what;
         EXPECT_GT(b[i].size(), 1) << what;
+        EXPECT_EQ(a[i].token, c[i].token) << what << " picked on the device";
+        EXPECT_EQ(a[i].parent, c[i].parent) << what << " picked on the device";
       }
     }
     std::printf("  %s %s: %.1f device waits per propose_batch grown on the device\n",
                 GetParam().c_str(), graphs ? "graphs" : "eager",
                 static_cast<double>(waits) / static_cast<double>(calls));
     EXPECT_LE(waits, calls);
+    EXPECT_EQ(picked_waits, 0) << "trees picked on the device: the draft never waits";
     if (graphs) {  // every depth in one recording, replayed once the shape repeats
       const StepGraphStats st = device->draft_graph_stats();
       EXPECT_GT(st.replays, 0) << describe(st);
@@ -571,6 +592,64 @@ INSTANTIATE_TEST_SUITE_P(Drafts, CudaDraftGraphs,
                          ::testing::Values("eagle_stories260K", "eagle3_stories260K",
                                            "eagle_stories260K_token_map"),
                          [](const auto& info) { return info.param; });
+
+// EAGLE with its trees grown and picked on the GPU (the trained stories260K heads, the draft on
+// a CUDA backend, batch-invariant target): the verify step lays the trees out from the draft's
+// memory (positions, masks and the attention plan's node paths rebuilt on the device), and the
+// greedy tokens equal plain decoding's and those of the trees picked on the host, with the same
+// number of steps; a step waits for the device once in steady state (the host pick: twice).
+TEST(CudaDraftPicks, EagleTreesPickedOnTheDeviceVerifyWithOneWait) {
+  const ModelWeights& w = weights_of("stories260K");
+  std::vector<GenerationRequest> reqs;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(w.config.vocab_size) - 1);
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest r;
+    r.prompt = {1};
+    for (int j = 0; j < 4 + 3 * i; ++j) r.prompt.push_back(tok(rng));
+    r.sampling.temperature = 0;
+    r.max_tokens = 48;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  GeneratorConfig gc;
+  gc.num_blocks = 256;
+  gc.block_size = 16;
+  gc.max_step_tokens = 256;
+  auto backend = make_cuda_backend();
+  LlamaModel model(*backend, w);
+  const auto plain = Generator(model, gc).run(reqs);
+  std::vector<int64_t> steps;
+  for (int pick : {0, 1}) {
+    SpecConfig sc;
+    sc.method = SpecMethod::kEagle;
+    sc.head_path = testing::test_data_dir() + "/heads/stories260K/eagle";
+    sc.total_tokens = 16;
+    sc.depth = 3;
+    sc.top_k = 4;
+    sc.pick_on_device = pick;
+    auto proposer = make_proposer(sc, w, make_cuda_backend());
+    Generator(model, gc, proposer.get()).run(reqs);  // warm-up: GEMM tuning, recordings
+    Generator g(model, gc, proposer.get());
+    const TransferStats x0 = backend->transfer_stats() + proposer->draft_transfer_stats();
+    const auto got = g.run(reqs);
+    const TransferStats x = backend->transfer_stats() + proposer->draft_transfer_stats() - x0;
+    const char* what = pick ? "picked on the device" : "picked on the host";
+    for (size_t i = 0; i < reqs.size(); ++i)
+      EXPECT_EQ(got[i].tokens, plain[i].tokens) << what << ", request " << i;
+    const double per_step = static_cast<double>(x.syncs) / static_cast<double>(g.stats().steps);
+    std::printf("  EAGLE %s: %lld steps, %.2f host syncs per step, %.2f tokens per step\n", what,
+                static_cast<long long>(g.stats().steps), per_step,
+                g.stats().acceptance.mean_emitted_per_step());
+    EXPECT_GT(g.stats().acceptance.mean_emitted_per_step(), 1.2) << what;
+    if (pick) {
+      EXPECT_GT(g.stats().device_token_steps, g.stats().steps / 2);
+      EXPECT_LE(x.syncs, g.stats().steps + 4) << "one wait per step (the prefill's features aside)";
+    }
+    steps.push_back(g.stats().steps);
+  }
+  EXPECT_EQ(steps[0], steps[1]) << "the same trees take the same steps";
+}
 
 // Op-level: one decode step recorded, then replayed with new metadata (next tokens, one more
 // committed key, a request crossing a split boundary) gives the logits of the same steps run

@@ -254,6 +254,63 @@ TEST(BackendOps, CopyColsPlacesRowsInAColumnRange) {
   check(counted, "Backend default");
 }
 
+// EAGLE trees grown and picked on the draft's backend (EagleOptions::pick_on_backend: tokens and
+// parents left in its memory, the verify step's positions and tree masks rebuilt from them in
+// set_step) give plain greedy decoding's tokens and the same accepted lengths as the trees the
+// host's grower picks, batched, with adaptive trees padded to step buckets (padding nodes laid
+// out by the host beside the picked ones) and without.
+TEST_F(EngineTest, EagleTreesPickedOnTheBackendEqualTheHostsPicks) {
+  const std::vector<std::string> texts = {"Once upon a time", "The little dog", "Lily went to the",
+                                          "One day, a boy"};
+  std::vector<GenerationRequest> reqs;
+  for (const std::string& t : texts)
+    reqs.push_back(greedy(bundle_->tokenizer->encode(t, true, false), 40));
+  Engine plain(*model_, EngineConfig{});
+  for (size_t i = 0; i < reqs.size(); ++i) plain.add(i + 1, reqs[i]);
+  auto want = drain(plain);
+  for (bool adaptive : {false, true}) {
+    std::vector<int64_t> accepted;
+    for (int32_t pick : {0, 1}) {
+      SCOPED_TRACE(std::string(pick ? "picked on the backend" : "picked on the host") +
+                   (adaptive ? ", adaptive trees padded" : ""));
+      SpecConfig sc;
+      sc.method = SpecMethod::kEagle;
+      sc.head_path = std::string(ARBOR_TEST_DATA_DIR) + "/heads/stories260K/eagle";
+      sc.total_tokens = 12;
+      sc.depth = 3;
+      sc.top_k = 3;
+      sc.grow_on_device = 1;
+      sc.pick_on_device = pick;
+      auto proposer = make_proposer(sc, bundle_->weights);
+      EngineConfig ec;
+      if (adaptive) {
+        ec.adaptive_trees = true;
+        ec.pad_trees = 1;
+        ec.tree_budget = {12, 4};
+        ec.cost.fixed_ms = 4.0;
+        ec.cost.per_token_ms = 0.05;
+        ec.cost.online = false;
+      }
+      auto backend = make_cpu_backend(1);
+      LlamaModel model(*backend, bundle_->weights);
+      Engine e(model, ec, proposer.get());
+      for (size_t i = 0; i < reqs.size(); ++i) e.add(i + 1, reqs[i]);
+      auto got = drain(e);
+      for (size_t i = 0; i < reqs.size(); ++i)
+        EXPECT_EQ(tokens_of(got[{i + 1, 0}]), tokens_of(want[{i + 1, 0}])) << "request " << i + 1;
+      EXPECT_GT(e.stats().acceptance.mean_emitted_per_step(), 1.2);
+      // Picked on the backend, every tree step read its tokens from the draft's memory.
+      if (pick) {
+        EXPECT_GT(e.stats().device_token_steps, 10);
+      }
+      accepted.push_back(e.stats().decode_tokens);
+      accepted.push_back(e.stats().steps);
+    }
+    EXPECT_EQ(accepted[0], accepted[2]);
+    EXPECT_EQ(accepted[1], accepted[3]) << "the same trees take the same steps";
+  }
+}
+
 // Greedy steps without penalties or logprobs take only argmax ids from the backend
 // (ForwardRequest::argmax_only) and verify trees from them; the tokens equal those of steps that
 // download the logits: the same request with logprobs, and beside a sampled request (a mixed

@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <random>
 #include <set>
 
+#include "engine/backend/draft_frontier.h"
 #include "engine/spec/eagle_proposer.h"
 #include "engine/spec/proposer_factory.h"
 #include "engine/verify/tree_layout.h"
@@ -82,6 +84,33 @@ std::unique_ptr<EagleProposer> make(const Fixture& f, const EagleOptions& o) {
 }
 
 class EagleReference : public ::testing::TestWithParam<std::string> {};
+
+// The ways propose_batch may grow trees: depth by depth on the host (0), grown on the backend and
+// picked by the host's grower from the downloaded top-k (1), grown and picked on the backend (2:
+// the tree's tokens and parents left in backend memory, the CPU backend's host memory here).
+constexpr int kWays[] = {0, 1, 2};
+const char* way_name(int way) {
+  return way == 0 ? "grown on the host" : way == 1 ? "grown on the backend" : "picked on the backend";
+}
+void set_way(EagleOptions* o, int way) {
+  o->grow_on_backend = way >= 1 ? 1 : 0;
+  o->pick_on_backend = way == 2 ? 1 : 0;
+}
+// A tree with its device tokens and parents read in (CPU backend memory), checked to have had
+// them when `picked` (a tree of more than the root).
+DraftTree resolved(DraftTree tree, bool picked) {
+  if (picked && tree.size() > 1) {
+    EXPECT_EQ(tree.device.parent_index.size(), static_cast<size_t>(tree.size()));
+    EXPECT_EQ(tree.device.index.size(), static_cast<size_t>(tree.size()));
+  }
+  const auto* ids = static_cast<const int32_t*>(tree.device.ids.data);
+  for (size_t i = 0; i < tree.device.index.size(); ++i)
+    if (tree.device.index[i] >= 0) tree.token[i] = ids[tree.device.index[i]];
+  for (size_t i = 0; i < tree.device.parent_index.size(); ++i)
+    if (tree.device.parent_index[i] >= 0) tree.parent[i] = ids[tree.device.parent_index[i]];
+  tree.device = DeviceTokens{};
+  return tree;
+}
 
 TEST_P(EagleReference, DraftLogitsOfEveryCommittedRowMatchPyTorch) {
   const Fixture f = load(GetParam());
@@ -167,11 +196,11 @@ TEST_P(EagleReference, BatchedProposalsEqualTheOfficialTreeOfEachRequest) {
   const Fixture f = load(GetParam());
   const auto& rounds = f.ref["rounds"];
   ASSERT_GE(rounds.size(), 2u);
-  for (int on_backend : {0, 1})
+  for (int way : kWays)
     for (size_t s = 0; s < rounds[0]["trees"].size(); ++s) {
-      SCOPED_TRACE(on_backend ? "grown on the backend" : "grown on the host");
+      SCOPED_TRACE(way_name(way));
       EagleOptions o = options_of(rounds[0]["trees"][s]);
-      o.grow_on_backend = on_backend;
+      set_way(&o, way);
       auto p = make(f, o);
       const Round r0 = round_of(rounds[0]), r1 = round_of(rounds[1]);
       for (RequestId id : {21, 22, 23}) {
@@ -179,8 +208,9 @@ TEST_P(EagleReference, BatchedProposalsEqualTheOfficialTreeOfEachRequest) {
         p->observe(r0.feedback(id));
       }
       p->observe(r1.feedback(22));
-      const std::vector<DraftTree> trees = p->propose_batch(
+      std::vector<DraftTree> trees = p->propose_batch(
           {{21, TreeBudget{64, 8}}, {23, TreeBudget{1, 8}}, {22, TreeBudget{64, 8}}});
+      for (DraftTree& t : trees) t = resolved(std::move(t), way == 2);
       ASSERT_EQ(trees.size(), 3u);
       for (const auto& [tree, round] : {std::pair{trees[0], 0}, {trees[2], 1}}) {
         const nlohmann::json& t = rounds[round]["trees"][s];
@@ -428,6 +458,84 @@ TEST(DynamicTree, EqualScoresKeepTheAncestor) {
                     {-1, 0, 1, 2}, "chain");
 }
 
+// The trees Backend::draft_frontier_trees picks from a frontier's log (select_draft_trees, the
+// rule of the CUDA kernel) are DynamicTreeGrower::tree()'s: random logs with many equal scores
+// (log-probabilities from a few values), three trees of different depths and budgets in one
+// frontier, with and without a draft-to-target id map.
+TEST(DynamicTree, TreesPickedFromTheFrontierLogAreTheGrowersTrees) {
+  std::mt19937 rng(7);
+  const int32_t k = 3, max_depth = 4, groups = 3;
+  const int32_t n = groups * k;
+  for (int trial = 0; trial < 20; ++trial) {
+    std::uniform_int_distribution<int32_t> id_of(0, 49), level(0, 3);
+    const auto value = [&] { return -0.5f * static_cast<float>(level(rng)); };
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    std::vector<float> values(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) {
+      ids[static_cast<size_t>(i)] = id_of(rng);
+      values[static_cast<size_t>(i)] = value();
+    }
+    // (Root values need not be sorted here: the grower and the pick read them the same way.)
+    HostDraftFrontier f;
+    std::vector<int32_t> parents(static_cast<size_t>(n)), positions(static_cast<size_t>(n), 0);
+    for (int32_t i = 0; i < n; ++i) parents[static_cast<size_t>(i)] = i / k;
+    f.begin(groups, k, max_depth, ids, values, parents, positions,
+            std::vector<int64_t>(static_cast<size_t>(n * max_depth), 0), {});
+    std::vector<TopKRows> log;
+    for (int32_t d = 1; d <= max_depth; ++d) {
+      TopKRows rows;
+      rows.k = k;
+      for (int32_t e = 0; e < n * k; ++e) {
+        rows.ids.push_back(id_of(rng));
+        rows.values.push_back(value());
+      }
+      f.expand(d, rows.ids, rows.values);
+      log.push_back(rows);
+    }
+    const std::vector<int32_t> depth = {max_depth, 1, 0};
+    const std::vector<int32_t> total = {9, 40, 3};
+    std::vector<int32_t> nodes;
+    for (int32_t g = 0; g < groups; ++g) nodes.push_back(draft_tree_nodes(k, depth[g], total[g]));
+    EXPECT_EQ(nodes, (std::vector<int32_t>{9, 1 + k + k * k, 3}));
+    for (bool mapped : {false, true}) {
+      std::vector<int64_t> offset;
+      if (mapped)
+        for (int32_t i = 0; i < 50; ++i) offset.push_back(100 + 2 * i);  // id -> 100 + 3 id
+      const auto to_target = [&](int32_t id) {
+        return mapped ? static_cast<int32_t>(id + offset[static_cast<size_t>(id)]) : id;
+      };
+      const int32_t stride = 16;
+      std::vector<int32_t> out;
+      select_draft_trees(f, depth, nodes, stride, offset, &out);
+      for (int32_t g = 0; g < groups; ++g) {
+        TopKRows root;
+        root.k = k;
+        root.ids.assign(ids.begin() + g * k, ids.begin() + (g + 1) * k);
+        root.values.assign(values.begin() + g * k, values.begin() + (g + 1) * k);
+        DynamicTreeGrower grower(5, root, {total[g], depth[g], k}, to_target);
+        for (size_t d = 0; !grower.done(); ++d)
+          grower.absorb(log[d].slice(static_cast<size_t>(g * k), static_cast<size_t>((g + 1) * k)));
+        const DraftTree want = grower.tree();
+        ASSERT_EQ(want.size(), nodes[g]);
+        const int32_t* tokens = out.data() + g * 2 * stride;
+        std::vector<int32_t> got_tokens = {5}, got_parents = {tokens[stride]};
+        for (int32_t i = 1; i < nodes[g]; ++i) {
+          got_tokens.push_back(tokens[i]);
+          got_parents.push_back(tokens[stride + i]);
+        }
+        EXPECT_EQ(got_tokens, want.token) << "trial " << trial << " tree " << g;
+        EXPECT_EQ(got_parents, want.parent) << "trial " << trial << " tree " << g;
+      }
+    }
+  }
+  // Arguments out of range are named.
+  HostDraftFrontier f;
+  expect_error([&] { check_draft_frontier_trees(2, 3, 1, {{1, 2}}, {{4, 4}}, 8); },
+               ErrorCode::kInvalidArgument, {"tree 1 of 2 expansions (1 logged"});
+  expect_error([&] { check_draft_frontier_trees(1, 3, 1, {{1}}, {{14}}, 16); },
+               ErrorCode::kInvalidArgument, {"14 nodes"});
+}
+
 class EagleCheckpoint : public ::testing::Test {
  protected:
   // Copies fixture `name` into a temp dir with its tensors edited by `edit` and its config by
@@ -557,20 +665,20 @@ TEST_P(EagleTokenMap, AWholeVocabularyInAnotherOrderGivesTheOfficialTrees) {
   std::vector<int32_t> ids(static_cast<size_t>(f.target->config.vocab_size));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(ids.size() - 1 - i);
   const auto& rounds = f.ref["rounds"];
-  for (int on_backend : {0, 1})
+  for (int way : kWays)
     for (size_t s = 0; s < rounds[0]["trees"].size(); ++s) {
       EagleOptions o = options_of(rounds[0]["trees"][s]);
-      o.grow_on_backend = on_backend;
+      set_way(&o, way);
       auto p = make_mapped(f, o, ids);
       p->begin(4, round_of(rounds[0]).tokens);
       for (size_t ri = 0; ri < rounds.size(); ++ri) {
         p->observe(round_of(rounds[ri]).feedback(4));
         const nlohmann::json& t = rounds[ri]["trees"][s];
-        const std::vector<DraftTree> trees = p->propose_batch({{4, TreeBudget{64, 8}}});
-        test::expect_tree(trees[0], t["tokens"].get<std::vector<int32_t>>(),
+        const DraftTree tree = resolved(p->propose_batch({{4, TreeBudget{64, 8}}})[0], way == 2);
+        test::expect_tree(tree, t["tokens"].get<std::vector<int32_t>>(),
                           t["parents"].get<std::vector<int32_t>>(),
-                          std::string(on_backend ? "backend" : "host") + ", setting " +
-                              std::to_string(s) + " round " + std::to_string(ri));
+                          std::string(way_name(way)) + ", setting " + std::to_string(s) +
+                              " round " + std::to_string(ri));
       }
       p->end(4);
     }
@@ -584,9 +692,9 @@ TEST_P(EagleTokenMap, TreesHoldOnlyMappedTokens) {
   const std::set<int32_t> in_map(ids.begin(), ids.end());
   const auto& rounds = f.ref["rounds"];
   std::vector<std::vector<DraftTree>> by_way;
-  for (int on_backend : {0, 1}) {
+  for (int way : kWays) {
     EagleOptions o = options_of(rounds[0]["trees"][0]);
-    o.grow_on_backend = on_backend;
+    set_way(&o, way);
     auto p = make_mapped(f, o, ids);
     const Round r0 = round_of(rounds[0]), r1 = round_of(rounds[1]);
     for (RequestId id : {1, 2}) {
@@ -595,6 +703,7 @@ TEST_P(EagleTokenMap, TreesHoldOnlyMappedTokens) {
     }
     p->observe(r1.feedback(2));
     by_way.push_back(p->propose_batch({{1, TreeBudget{64, 8}}, {2, TreeBudget{64, 8}}}));
+    for (DraftTree& t : by_way.back()) t = resolved(std::move(t), way == 2);
     for (const DraftTree& tree : by_way.back()) {
       EXPECT_EQ(tree.size(), o.tree.total_tokens);
       validate_draft_tree(tree, f.target->config.vocab_size, TreeBudget{64, 8});
@@ -603,10 +712,11 @@ TEST_P(EagleTokenMap, TreesHoldOnlyMappedTokens) {
     }
     for (RequestId id : {1, 2}) p->end(id);
   }
-  for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(by_way[0][i].token, by_way[1][i].token) << "request " << i;
-    EXPECT_EQ(by_way[0][i].parent, by_way[1][i].parent) << "request " << i;
-  }
+  for (size_t w = 1; w < by_way.size(); ++w)
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(by_way[0][i].token, by_way[w][i].token) << way_name(kWays[w]) << " request " << i;
+      EXPECT_EQ(by_way[0][i].parent, by_way[w][i].parent) << way_name(kWays[w]) << " request " << i;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Drafts, EagleTokenMap,

@@ -239,9 +239,7 @@ void CpuBackend::allocate_kv(const KvCacheShape& shape) {
 void CpuBackend::set_step(const StepInputs& step) {
   step.validate(kv_shape_);
   step_ = step;
-  const auto* source = static_cast<const int32_t*>(step.token_source.data);
-  for (size_t n = 0; n < step.token_source_index.size(); ++n)
-    if (step.token_source_index[n] >= 0) step_.token_ids[n] = source[step.token_source_index[n]];
+  step_.resolve_sources();
 }
 
 void CpuBackend::embedding(const Tensor& table, const Tensor& out) {
@@ -608,6 +606,12 @@ void CpuBackend::draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
   values->assign(f.log_values.begin(), f.log_values.begin() + static_cast<int64_t>(n));
   *root_ids = f.first_ids;
   *root_values = f.first_values;
+}
+
+Tensor CpuBackend::draft_frontier_trees(std::span<const int32_t> depth,
+                                       std::span<const int32_t> nodes, int32_t stride) {
+  select_draft_trees(frontier_, depth, nodes, stride, vocab_offsets_, &trees_);
+  return Tensor{trees_.data(), DType::kI32, static_cast<int64_t>(trees_.size()), 1};
 }
 
 void CpuBackend::copy_kv(const std::vector<int64_t>& src_slots,

@@ -99,6 +99,9 @@ class CpuBackend final : public Backend {
   void draft_frontier_roots(const Tensor& logits, int32_t k) override;
   void draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in) override;
   void draft_frontier_expand(int32_t depth, const Tensor& logits) override;
+  bool has_draft_frontier_trees() const override { return true; }
+  Tensor draft_frontier_trees(std::span<const int32_t> depth, std::span<const int32_t> nodes,
+                              int32_t stride) override;
   void draft_frontier_log(int32_t depths, std::vector<int32_t>* ids, std::vector<float>* values,
                           std::vector<int32_t>* root_ids, std::vector<float>* root_values) override;
 
@@ -127,6 +130,7 @@ class CpuBackend final : public Backend {
   }
   StepInputs step_;
   HostDraftFrontier frontier_;
+  std::vector<int32_t> trees_;  // draft_frontier_trees' [G, 2, stride]
   std::vector<int64_t> vocab_offsets_;          // set_draft_vocab_map
   std::shared_ptr<HostCollective> collective_;  // null: no group
   int rank_ = 0;

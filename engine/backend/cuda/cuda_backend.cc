@@ -41,6 +41,7 @@
 #include "kernels/kv/kv_cache_ops.h"
 #include "kernels/norm_rope/norm_rope.h"
 #include "kernels/sampling/argmax_rows.h"
+#include "kernels/sampling/device_tree.h"
 #include "kernels/sampling/draft_frontier.h"
 #include "kernels/sampling/gather_path_rows.h"
 #include "kernels/sampling/top_k_rows.h"
@@ -351,6 +352,10 @@ struct CudaBackend::State {
   int32_t fr_roots_k = 0, fr_roots_rows = 0;
   int32_t* fr_log_ids = nullptr;
   float* fr_log_values = nullptr;
+  int32_t* fr_log_chosen = nullptr;  // [max_depth, n] each select's candidates (the trees' log)
+  int32_t fr_depths_expanded = 0;
+  DeviceBuffer fr_trees;  // draft_frontier_trees' [G, 2, stride] and its [G] depths and nodes
+  StagedUpload parent_index;  // set_step's parent_source_index
 
   // Attention plan of this step (built at the first attention call, or by prepare_step_graph;
   // keyed by head count). A plan for a step graph launches plan_num_work CTAs (the work list
@@ -1545,6 +1550,12 @@ void CudaBackend::set_step(const StepInputs& step) {
                                                    " nodes, the CUDA backend supports at most " +
                                                    std::to_string(s.options.max_tree_nodes));
   }
+  for (int32_t r = 0; r < r_count && !step.parent_source_index.empty(); ++r)
+    if (step.qo_indptr[r + 1] - step.qo_indptr[r] > kernels::kMaxTreeLayoutNodes)
+      throw_error(ErrorCode::kInvalidArgument,
+                  "set_step: request " + std::to_string(r) + " has more than " +
+                      std::to_string(kernels::kMaxTreeLayoutNodes) +
+                      " rows, the most a tree with parents on the device may have");
   s.step = step;
   s.has_step = true;
   std::vector<int32_t> token_request(step.token_ids.size());
@@ -1602,6 +1613,24 @@ void CudaBackend::set_step(const StepInputs& step) {
                                           const_cast<int32_t*>(s.d_token_ids),
                                           static_cast<int64_t>(bytes / 8), s.stream),
                "set_step token ids");
+  }
+  if (!step.parent_source_index.empty()) {
+    // Trees whose parents a drafter left on the device: their positions and mask rows rebuilt
+    // there, before any op reads them.
+    const size_t bytes = step.parent_source_index.size() * 8;
+    std::memcpy(s.parent_index.begin(bytes, "set_step tree parents"),
+                step.parent_source_index.data(), bytes);
+    s.parent_index.commit(bytes, s.stream, "set_step tree parents");
+    s.transfers.h2d_bytes += static_cast<int64_t>(bytes);
+    kernels::TreeLayoutParams p;
+    p.parent_source = static_cast<const int32_t*>(step.token_source.data);
+    p.parent_index = static_cast<const int64_t*>(s.parent_index.device.ptr);
+    p.qo_indptr = s.d_qo_indptr;
+    p.mask_indptr = s.d_mask_indptr;
+    p.tree_mask = const_cast<uint32_t*>(s.d_tree_mask);
+    p.positions = const_cast<int32_t*>(s.d_positions);
+    p.num_requests = r_count;
+    cuda_check(kernels::launch_tree_layout(p, s.stream), "set_step tree parents");
   }
 }
 
@@ -2030,6 +2059,22 @@ void CudaBackend::State::build_plan(int64_t num_heads, int64_t num_kv_heads, int
   auto at = [&](size_t off) { return reinterpret_cast<const int32_t*>(base + off); };
   d_virt = {at(o_vqo),   at(o_vcommitted), at(o_vmask), at(o_vtable),
             at(o_vbase), at(o_vpathptr),   at(o_vpath), at(o_vtreq)};
+  if (plan.batch_invariant && !step.parent_source_index.empty()) {
+    // Trees laid out on the device (set_step): their nodes' paths and key counts from the
+    // rebuilt masks (the host planned them from placeholders at least as deep).
+    kernels::TreeVirtualPathsParams t;
+    t.parent_index = static_cast<const int64_t*>(parent_index.device.ptr);
+    t.qo_indptr = d_qo_indptr;
+    t.mask_indptr = d_mask_indptr;
+    t.tree_mask = d_tree_mask;
+    t.token_request = at(o_vtreq);
+    t.path_indptr = at(o_vpathptr);
+    t.path_base = at(o_vbase);
+    t.path = const_cast<int32_t*>(at(o_vpath));
+    t.committed_len = const_cast<int32_t*>(at(o_vcommitted));
+    t.num_requests = step.num_requests();
+    cuda_check(kernels::launch_tree_virtual_paths(t, stream), "attention plan tree paths");
+  }
   if (plan_needs_merge) {
     // A graph's plan keeps room for a few splits per row, so growing contexts rarely move the
     // partials (and with them the epoch).
@@ -2418,7 +2463,8 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   const size_t slot_words = (2 * depth * n + 1) / 2 * 2;  // 8-byte aligned
   const size_t head_words = 2 * frontier_words + n + (n % 2);
   s.frontier.epoch = &s.epoch;
-  const size_t tail_words = 2 * n + static_cast<size_t>(groups);  // first frontier, root rows
+  // First frontier, root rows, the selects' choices.
+  const size_t tail_words = 2 * n + static_cast<size_t>(groups) + depth * n;
   s.frontier.ensure((head_words + slot_words + log_words + tail_words) * 4, "draft_frontier_begin");
   auto* base = static_cast<int32_t*>(s.frontier.ptr);
   for (int i = 0; i < 2; ++i) {
@@ -2431,6 +2477,7 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   s.fr_log_values = reinterpret_cast<float*>(s.fr_log_ids + log_words / 2);
   s.fr_first = s.fr_log_ids + log_words;
   s.fr_root_rows = s.fr_first + 2 * n;
+  s.fr_log_chosen = s.fr_root_rows + groups;
   // The top-k workspace for these rows, made here: nothing allocates inside a recording.
   s.ensure_top_k_work(static_cast<int64_t>(n), "draft_frontier_begin workspace");
   // The first frontier, the positions and the slots, staged in one upload.
@@ -2468,6 +2515,7 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   s.fr_k = k;
   s.fr_max_depth = max_depth;
   s.fr_current = 0;
+  s.fr_depths_expanded = 0;
 }
 
 void CudaBackend::draft_frontier_roots(const Tensor& logits, int32_t k) {
@@ -2541,12 +2589,14 @@ void CudaBackend::draft_frontier_expand(int32_t depth, const Tensor& logits) {
   int32_t* top_ids = s.fr_log_ids + at;
   float* top_values = s.fr_log_values + at;
   s.launch_top_k(logits, k, top_ids, top_values, "draft_frontier_expand top-k");
+  s.fr_depths_expanded = depth;
   if (depth == s.fr_max_depth) return;  // no frontier after the last depth
   kernels::DraftFrontierSelectParams p;
   p.in = s.fr[s.fr_current];
   p.out = s.fr[1 - s.fr_current];
   p.top_ids = top_ids;
   p.top_values = top_values;
+  p.chosen = s.fr_log_chosen + static_cast<size_t>(n) * static_cast<size_t>(depth - 1);
   p.groups = s.fr_groups;
   p.k = k;
   p.depth = depth;
@@ -2578,6 +2628,38 @@ void CudaBackend::draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
   }
   s.wait("draft_frontier_log");
 }
+
+Tensor CudaBackend::draft_frontier_trees(std::span<const int32_t> depth,
+                                        std::span<const int32_t> nodes, int32_t stride) {
+  s_->flush();
+  State& s = *s_;
+  check_draft_frontier_trees(s.fr_groups, s.fr_k, s.fr_depths_expanded, depth, nodes, stride);
+  const auto g = static_cast<size_t>(s.fr_groups);
+  const size_t out_words = g * 2 * static_cast<size_t>(stride);
+  s.fr_trees.ensure((out_words + 2 * g) * 4, "draft_frontier_trees");
+  auto* out = static_cast<int32_t*>(s.fr_trees.ptr);
+  std::vector<int32_t> sizes(depth.begin(), depth.end());
+  sizes.insert(sizes.end(), nodes.begin(), nodes.end());
+  s.uploads.copy(out + out_words, sizes.data(), sizes.size() * 4, s.stream, "draft_frontier_trees");
+  s.transfers.h2d_bytes += static_cast<int64_t>(sizes.size() * 4);
+  kernels::DraftTreeSelectParams p;
+  p.first_ids = s.fr_first;
+  p.first_scores = reinterpret_cast<const float*>(s.fr_first + g * static_cast<size_t>(s.fr_k));
+  p.log_ids = s.fr_log_ids;
+  p.log_values = s.fr_log_values;
+  p.chosen = s.fr_log_chosen;
+  p.vocab_offset = s.has_vocab_offset ? static_cast<const int64_t*>(s.vocab_offset.ptr) : nullptr;
+  p.depth = out + out_words;
+  p.nodes = out + out_words + g;
+  p.out = out;
+  p.groups = s.fr_groups;
+  p.k = s.fr_k;
+  p.stride = stride;
+  cuda_check(kernels::launch_draft_tree_select(p, s.stream), "draft_frontier_trees");
+  return Tensor{out, DType::kI32, static_cast<int64_t>(out_words), 1};
+}
+
+static_assert(kMaxDraftTreeCandidates == kernels::kMaxDraftTreeCandidates);
 
 static_assert(sizeof(TreeSampleParams) == sizeof(kernels::TreeSampleItemParams) &&
               offsetof(TreeSampleParams, greedy) ==
@@ -2643,6 +2725,8 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
                o_tnode = pk.add(task_node), o_titem = pk.add(task_item);
   const bool device_tokens = !batch.token_source_index.empty();
   const size_t o_tindex = device_tokens ? pk.add(batch.token_source_index) : 0;
+  const bool device_parents = !batch.parent_source_index.empty();
+  const size_t o_pindex = device_parents ? pk.add(batch.parent_source_index) : 0;
   // Path rows: item i's at most (its tree's depth + 1) rows from out_offset[i] on.
   std::vector<int32_t> out_offset;
   int32_t max_rows = 0;
@@ -2657,6 +2741,7 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
         depth[static_cast<size_t>(g)] = depth[static_cast<size_t>(first + batch.parent[g])] + 1;
         deepest = std::max(deepest, depth[static_cast<size_t>(g)]);
       }
+      // (Parents on the device: the placeholder's depths bound the real ones, DeviceTokens.)
       max_rows = std::max(max_rows, deepest + 1);
       out_offset.push_back(out_offset.back() + deepest + 1);
     }
@@ -2717,6 +2802,12 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
                                    reinterpret_cast<const int64_t*>(meta + o_tindex),
                                    reinterpret_cast<int32_t*>(meta + o_token), nodes, s.stream),
         "sample_trees tokens");
+  if (device_parents)  // and its parents
+    cuda_check(
+        kernels::launch_gather_ids(static_cast<const int32_t*>(batch.token_source.data),
+                                   reinterpret_cast<const int64_t*>(meta + o_pindex),
+                                   reinterpret_cast<int32_t*>(meta + o_parent), nodes, s.stream),
+        "sample_trees parents");
   cuda_check(kernels::launch_tree_sample(p, s.stream), "sample_trees");
   std::vector<float> padded_rows;
   if (rows != nullptr) {
