@@ -172,9 +172,9 @@ void select_draft_trees(const HostDraftFrontier& f, std::span<const int32_t> dep
       for (int32_t c = 0; c < kk; ++c) {
         const int32_t r = c / k, j = c % k, at = k + (s - 1) * kk + c;
         const int32_t from =
-            s == 1 ? r
-                   : k + (s - 2) * kk +
-                         f.log_chosen[static_cast<size_t>((s - 2) * rows + g * k + r)];
+            s == 1
+                ? r
+                : k + (s - 2) * kk + f.log_chosen[static_cast<size_t>((s - 2) * rows + g * k + r)];
         const auto e = static_cast<size_t>(((s - 1) * rows + g * k + r) * k + j);
         score[static_cast<size_t>(at)] = score[static_cast<size_t>(from)] + f.log_values[e];
         id[static_cast<size_t>(at)] = f.log_ids[e];
@@ -199,12 +199,13 @@ void select_draft_trees(const HostDraftFrontier& f, std::span<const int32_t> dep
       const int32_t at = static_cast<int32_t>(i) + 1;
       node[c] = at;
       const int32_t draft_id = id[c];
-      tokens[at] = vocab_offset.empty()
-                       ? draft_id
-                       : static_cast<int32_t>(draft_id +
-                                              vocab_offset[static_cast<size_t>(draft_id)]);
+      tokens[at] =
+          vocab_offset.empty()
+              ? draft_id
+              : static_cast<int32_t>(draft_id + vocab_offset[static_cast<size_t>(draft_id)]);
       const int32_t from = parent[c];
-      parents[at] = from < 0 || node[static_cast<size_t>(from)] < 0 ? 0 : node[static_cast<size_t>(from)];
+      parents[at] =
+          from < 0 || node[static_cast<size_t>(from)] < 0 ? 0 : node[static_cast<size_t>(from)];
     }
   }
 }

@@ -19,16 +19,16 @@ void check_draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
 
 struct HostDraftFrontier {
   int32_t groups = 0, k = 0, max_depth = 0;
-  std::vector<int32_t> ids;        // [G * k] draft ids
-  std::vector<float> scores;       // [G * k] cumulative log-probabilities
-  std::vector<int32_t> parent;     // [G * k] row of the next load's source
-  std::vector<int32_t> path;       // [G * k, max_depth] key offsets, ancestors first
-  std::vector<int32_t> positions;  // [G * k] RoPE positions at depth 1
-  std::vector<int64_t> slots;      // [max_depth, G * k] K/V slots
-  std::vector<int32_t> log_ids;    // [depths][G * k][k]
-  std::vector<float> log_values;   // same
+  std::vector<int32_t> ids;         // [G * k] draft ids
+  std::vector<float> scores;        // [G * k] cumulative log-probabilities
+  std::vector<int32_t> parent;      // [G * k] row of the next load's source
+  std::vector<int32_t> path;        // [G * k, max_depth] key offsets, ancestors first
+  std::vector<int32_t> positions;   // [G * k] RoPE positions at depth 1
+  std::vector<int64_t> slots;       // [max_depth, G * k] K/V slots
+  std::vector<int32_t> log_ids;     // [depths][G * k][k]
+  std::vector<float> log_values;    // same
   std::vector<int32_t> log_chosen;  // [depths - 1][G * k] the candidate (r * k + j) of each rank
-  std::vector<int32_t> first_ids;  // [G * k] the first frontier (the roots' top-k)
+  std::vector<int32_t> first_ids;   // [G * k] the first frontier (the roots' top-k)
   std::vector<float> first_values;
   int32_t root_k = 0;  // draft_frontier_roots: [R, root_k] ids and values
   std::vector<int32_t> root_ids;

@@ -66,8 +66,7 @@ void StepInputs::validate(const KvCacheShape& kv) const {
                " is outside the cache's " + std::to_string(total_slots) + " slots");
   if (const std::string e = token_source_problem(token_source, token_source_index, n); !e.empty())
     bad_step(e);
-  if (const std::string e = token_source_problem(token_source, parent_source_index, n);
-      !e.empty())
+  if (const std::string e = token_source_problem(token_source, parent_source_index, n); !e.empty())
     bad_step("parents: " + e);
   if (!key_path_base.empty() || !key_path_indptr.empty() || !key_path.empty()) {
     if (key_path_base.size() != static_cast<size_t>(r) ||
@@ -119,7 +118,8 @@ void StepInputs::resolve_sources() {
     const int32_t q0 = qo_indptr[static_cast<size_t>(r)];
     const int32_t t = qo_indptr[static_cast<size_t>(r) + 1] - q0;
     bool any = false;
-    for (int32_t i = 0; i < t; ++i) any = any || parent_source_index[static_cast<size_t>(q0 + i)] >= 0;
+    for (int32_t i = 0; i < t; ++i)
+      any = any || parent_source_index[static_cast<size_t>(q0 + i)] >= 0;
     if (t <= 1 || !any) continue;
     const int32_t words = (t + 31) / 32;
     uint32_t* mask = tree_mask.data() + mask_indptr[static_cast<size_t>(r)];

@@ -497,8 +497,7 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
 }
 
 std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> items, int32_t k,
-                                                  int32_t depths,
-                                                  std::vector<TopKRows>* root_tops,
+                                                  int32_t depths, std::vector<TopKRows>* root_tops,
                                                   DeviceTrees* device) {
   Backend& b = *backend_;
   const int64_t h = hidden_size();

@@ -132,8 +132,7 @@ class EagleDraftModel {
   bool picks_trees_on_backend() const { return backend_->has_draft_frontier_trees(); }
   Backend& backend() { return *backend_; }
   std::vector<TopKRows> grow_trees(std::span<const GrowItem> items, int32_t k, int32_t depths,
-                                   std::vector<TopKRows>* root_tops,
-                                   DeviceTrees* device = nullptr);
+                                   std::vector<TopKRows>* root_tops, DeviceTrees* device = nullptr);
 
   // Draft logits of layer outputs hidden [rows, hidden]: the target's LM head (EAGLE-1/2, no
   // final norm) or lm_head(norm(h)) (EAGLE-3). [rows, draft_vocab] host fp32.

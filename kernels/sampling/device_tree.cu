@@ -5,7 +5,8 @@ namespace {
 
 constexpr int kSelectThreads = 256;
 
-__global__ void __launch_bounds__(kSelectThreads) draft_tree_select_kernel(DraftTreeSelectParams p) {
+__global__ void __launch_bounds__(kSelectThreads)
+    draft_tree_select_kernel(DraftTreeSelectParams p) {
   __shared__ float score[kMaxDraftTreeCandidates];
   __shared__ int32_t parent[kMaxDraftTreeCandidates];
   __shared__ int32_t id[kMaxDraftTreeCandidates];
@@ -128,8 +129,8 @@ __global__ void __launch_bounds__(kLayoutThreads) tree_layout_kernel(TreeLayoutP
   }
 }
 
-__global__ void __launch_bounds__(kLayoutThreads) tree_virtual_paths_kernel(
-    TreeVirtualPathsParams p) {
+__global__ void __launch_bounds__(kLayoutThreads)
+    tree_virtual_paths_kernel(TreeVirtualPathsParams p) {
   const int r = blockIdx.x;
   const int q0 = p.qo_indptr[r], t = p.qo_indptr[r + 1] - q0;
   if (t <= 1 || t > kMaxTreeLayoutNodes) return;

@@ -26,13 +26,13 @@ inline constexpr int32_t kMaxDraftTreeCandidates = 2048;
 struct DraftTreeSelectParams {
   const int32_t* first_ids = nullptr;
   const float* first_scores = nullptr;
-  const int32_t* log_ids = nullptr;     // [depths, G * k, k]
-  const float* log_values = nullptr;    // same
-  const int32_t* chosen = nullptr;      // [depths - 1, G * k]
+  const int32_t* log_ids = nullptr;       // [depths, G * k, k]
+  const float* log_values = nullptr;      // same
+  const int32_t* chosen = nullptr;        // [depths - 1, G * k]
   const int64_t* vocab_offset = nullptr;  // [draft vocab] or nullptr
-  const int32_t* depth = nullptr;       // [G] expansions per tree (<= the logged depths)
-  const int32_t* nodes = nullptr;       // [G] tree sizes: 1 + min(total - 1, candidates)
-  int32_t* out = nullptr;               // [G, 2, stride]
+  const int32_t* depth = nullptr;         // [G] expansions per tree (<= the logged depths)
+  const int32_t* nodes = nullptr;         // [G] tree sizes: 1 + min(total - 1, candidates)
+  int32_t* out = nullptr;                 // [G, 2, stride]
   int32_t groups = 0;
   int32_t k = 0;
   int32_t stride = 0;
@@ -50,7 +50,7 @@ struct TreeLayoutParams {
   const int32_t* qo_indptr = nullptr;     // [R + 1]
   const int32_t* mask_indptr = nullptr;   // [R + 1] word offsets
   uint32_t* tree_mask = nullptr;
-  int32_t* positions = nullptr;           // [N]
+  int32_t* positions = nullptr;  // [N]
   int32_t num_requests = 0;
 };
 inline constexpr int32_t kMaxTreeLayoutNodes = 1024;
@@ -63,15 +63,15 @@ cudaError_t launch_tree_layout(const TreeLayoutParams& p, cudaStream_t stream);
 // order and committed_len[v] = path_base[v] + path length - 1. The kernel reads both at run
 // time, so the host's longer placeholder paths only add splits that merge with weight 0.
 struct TreeVirtualPathsParams {
-  const int64_t* parent_index = nullptr;   // [N] (which requests to rewrite)
-  const int32_t* qo_indptr = nullptr;      // [R + 1]
-  const int32_t* mask_indptr = nullptr;    // [R + 1]
+  const int64_t* parent_index = nullptr;  // [N] (which requests to rewrite)
+  const int32_t* qo_indptr = nullptr;     // [R + 1]
+  const int32_t* mask_indptr = nullptr;   // [R + 1]
   const uint32_t* tree_mask = nullptr;
   const int32_t* token_request = nullptr;  // [N] virtual request of each row
   const int32_t* path_indptr = nullptr;    // [V + 1]
   const int32_t* path_base = nullptr;      // [V]
   int32_t* path = nullptr;
-  int32_t* committed_len = nullptr;        // [V]
+  int32_t* committed_len = nullptr;  // [V]
   int32_t num_requests = 0;
 };
 cudaError_t launch_tree_virtual_paths(const TreeVirtualPathsParams& p, cudaStream_t stream);

@@ -90,7 +90,9 @@ class EagleReference : public ::testing::TestWithParam<std::string> {};
 // the tree's tokens and parents left in backend memory, the CPU backend's host memory here).
 constexpr int kWays[] = {0, 1, 2};
 const char* way_name(int way) {
-  return way == 0 ? "grown on the host" : way == 1 ? "grown on the backend" : "picked on the backend";
+  return way == 0   ? "grown on the host"
+         : way == 1 ? "grown on the backend"
+                    : "picked on the backend";
 }
 void set_way(EagleOptions* o, int way) {
   o->grow_on_backend = way >= 1 ? 1 : 0;
@@ -530,8 +532,11 @@ TEST(DynamicTree, TreesPickedFromTheFrontierLogAreTheGrowersTrees) {
   }
   // Arguments out of range are named.
   HostDraftFrontier f;
-  expect_error([&] { check_draft_frontier_trees(2, 3, 1, {{1, 2}}, {{4, 4}}, 8); },
-               ErrorCode::kInvalidArgument, {"tree 1 of 2 expansions (1 logged"});
+  expect_error(
+      [&] {
+        check_draft_frontier_trees(2, 3, 1, {{1, 2}}, {{4, 4}}, 8);
+      },
+      ErrorCode::kInvalidArgument, {"tree 1 of 2 expansions (1 logged"});
   expect_error([&] { check_draft_frontier_trees(1, 3, 1, {{1}}, {{14}}, 16); },
                ErrorCode::kInvalidArgument, {"14 nodes"});
 }

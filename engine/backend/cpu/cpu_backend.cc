@@ -609,7 +609,7 @@ void CpuBackend::draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
 }
 
 Tensor CpuBackend::draft_frontier_trees(std::span<const int32_t> depth,
-                                       std::span<const int32_t> nodes, int32_t stride) {
+                                        std::span<const int32_t> nodes, int32_t stride) {
   select_draft_trees(frontier_, depth, nodes, stride, vocab_offsets_, &trees_);
   return Tensor{trees_.data(), DType::kI32, static_cast<int64_t>(trees_.size()), 1};
 }

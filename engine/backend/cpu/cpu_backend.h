@@ -130,7 +130,7 @@ class CpuBackend final : public Backend {
   }
   StepInputs step_;
   HostDraftFrontier frontier_;
-  std::vector<int32_t> trees_;  // draft_frontier_trees' [G, 2, stride]
+  std::vector<int32_t> trees_;                  // draft_frontier_trees' [G, 2, stride]
   std::vector<int64_t> vocab_offsets_;          // set_draft_vocab_map
   std::shared_ptr<HostCollective> collective_;  // null: no group
   int rank_ = 0;

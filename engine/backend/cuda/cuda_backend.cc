@@ -354,7 +354,7 @@ struct CudaBackend::State {
   float* fr_log_values = nullptr;
   int32_t* fr_log_chosen = nullptr;  // [max_depth, n] each select's candidates (the trees' log)
   int32_t fr_depths_expanded = 0;
-  DeviceBuffer fr_trees;  // draft_frontier_trees' [G, 2, stride] and its [G] depths and nodes
+  DeviceBuffer fr_trees;      // draft_frontier_trees' [G, 2, stride] and its [G] depths and nodes
   StagedUpload parent_index;  // set_step's parent_source_index
 
   // Attention plan of this step (built at the first attention call, or by prepare_step_graph;
@@ -2630,7 +2630,7 @@ void CudaBackend::draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
 }
 
 Tensor CudaBackend::draft_frontier_trees(std::span<const int32_t> depth,
-                                        std::span<const int32_t> nodes, int32_t stride) {
+                                         std::span<const int32_t> nodes, int32_t stride) {
   s_->flush();
   State& s = *s_;
   check_draft_frontier_trees(s.fr_groups, s.fr_k, s.fr_depths_expanded, depth, nodes, stride);
