@@ -389,6 +389,9 @@ int run_spec_bench(const SpecBenchOptions& o) {
         what, static_cast<long long>(st.steps), secs / steps * 1e3, fwd / steps * 1e3,
         st.draft_seconds / steps * 1e3, st.feedback_seconds / steps * 1e3, other / steps * 1e3,
         graph_words(g).c_str());
+    if (st.draft_device_seconds > 0)  // trees picked on the device: the draft did not wait
+      std::printf("%s draft on the device: %.3f ms per step (inside the forward's wait)\n", what,
+                  st.draft_device_seconds / steps * 1e3);
     // The engine's host stages in "other" (EngineStats::stage_seconds); the rest is outside
     // the engine's step (the generator's event handling, stop checks).
     const EngineStats::Stages& sg = st.stage_seconds;

@@ -360,6 +360,14 @@ class Backend {
   // events around it, read at the next wait (TransferStats::graph_device_ms). No-op where steps
   // are not recorded.
   virtual void set_graph_timing(bool on) { (void)on; }
+  // The device time of the work enqueued between device_interval_begin() and _end(), read
+  // without a wait once the device has passed the end (after a later wait): the last interval's
+  // milliseconds, or -1 when none has completed or the backend runs its ops as they are called
+  // (the CPU's: the host time is the device time). Engine: what drafting costs when the draft
+  // does not wait for the device.
+  virtual void device_interval_begin() {}
+  virtual void device_interval_end() {}
+  virtual double last_device_interval_ms() { return -1.0; }
   // What the backend chose at run time for each shape it met (the CUDA backend: the tuned
   // cuBLASLt algorithm and chain GEMM per (out, in) weight shape), one line each; "" where
   // nothing is chosen at run time. spec-bench --gemm-report prints it.

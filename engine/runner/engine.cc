@@ -975,8 +975,18 @@ void Engine::observe(StepRun* run) {
   // recorded) pays one-time work (GEMM tuning, graph recording: 19.5 ms against 0.1 for
   // SmolLM2's Medusa heads) that would set the draft cost estimate's level: one such step of
   // a deeper tree once made every level look four times as dear.
+  // A draft that did not wait for the device (trees picked there) cost the step its device
+  // time, which ran while the host went on (read now: the verify step's wait came after it).
+  double drafted_ms = run->drafted_ms;
+  if (run->drafted_depth > 0) {
+    const double device_ms = proposer_->last_draft_device_ms();
+    if (device_ms >= 0) {
+      drafted_ms = std::max(drafted_ms, device_ms);
+      stats_.draft_device_seconds += device_ms * 1e-3;
+    }
+  }
   if (run->drafted_depth > 0 && !run->warmup && !run->draft_warmup)
-    sched_.record_draft_step(run->drafted_depth, run->drafted_ms + path_ms);
+    sched_.record_draft_step(run->drafted_depth, drafted_ms + path_ms);
   // The cost model learns the whole step but the proposer's part (which the draft cost model
   // learns): the forward plus planning, tree building, verification and compaction, all of
   // which grow with the tree tokens. Steps that warmed up a step graph are left out.
@@ -985,7 +995,7 @@ void Engine::observe(StepRun* run) {
           .count();
   if (!run->warmup)
     sched_.observe_step(static_cast<int32_t>(run->plan.items.size()), run->inputs.num_tokens(),
-                        std::max(step_ms - run->drafted_ms - observe_ms, 1e-3));
+                        std::max(step_ms - drafted_ms - observe_ms, 1e-3));
 }
 
 }  // namespace arbor

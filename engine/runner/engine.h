@@ -117,10 +117,13 @@ struct EngineStats {
   // Steps whose trees' tokens the step read on the drafter's backend (DraftTree::device).
   int64_t device_token_steps = 0;
   int64_t preemptions = 0;
-  double prefill_seconds = 0;   // wall time of steps that carried prefill only
-  double decode_seconds = 0;    // wall time of steps that carried decode only
-  double mixed_seconds = 0;     // steps with both
-  double draft_seconds = 0;     // proposer: drafting trees (propose_batch)
+  double prefill_seconds = 0;  // wall time of steps that carried prefill only
+  double decode_seconds = 0;   // wall time of steps that carried decode only
+  double mixed_seconds = 0;    // steps with both
+  double draft_seconds = 0;    // proposer: drafting trees (propose_batch)
+  // Of the steps whose draft returned before the device ran it (Proposer::last_draft_device_ms):
+  // that device time, which the forward's wait includes.
+  double draft_device_seconds = 0;
   double feedback_seconds = 0;  // proposer: folding accepted tokens into its state (observe)
   // The host's stages of a step around the forward and the proposer (Engine::step): planning
   // (admission, budgets), the drafted trees' handling outside the proposer (checks, padding),

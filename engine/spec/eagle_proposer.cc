@@ -340,6 +340,13 @@ std::vector<DraftTree> EagleProposer::propose_batch(
       for (RequestState* s : states) s->device_row = -1;
     }
   } clear_device_rows{states};
+  // Trees may be picked on the draft's backend (the engine reads them there): the draft then
+  // returns before the device runs it, so its device time is measured there.
+  const bool may_pick = on_backend && tree_reader_ && draft_.picks_trees_on_backend() &&
+                        (options_.pick_on_backend == 1 ||
+                         (options_.pick_on_backend == -1 && draft_.backend_name() != "cpu"));
+  timed_draft_ = false;
+  if (may_pick) draft_.backend().device_interval_begin();
   flush_backlogs(states, on_backend);
   // Request i's budget checked, its tree parameters set and its tree root-only for now; true
   // when a tree may grow from its root (whose output is on the host or, on the backend, there).
@@ -381,9 +388,7 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     std::vector<TopKRows> roots;
     // Picked on the backend too: each tree's tokens and parents stay there (no wait).
     EagleDraftModel::DeviceTrees picked;
-    bool pick = draft_.picks_trees_on_backend() &&
-                (options_.pick_on_backend == 1 ||
-                 (options_.pick_on_backend == -1 && draft_.backend_name() != "cpu"));
+    bool pick = may_pick;
     for (const Candidate& c : cands) {
       const DynamicTreeParams& p = params[c.index];
       pick = pick && top_k + int64_t{p.depth} * top_k * top_k <= kMaxDraftTreeCandidates;
@@ -416,6 +421,8 @@ std::vector<DraftTree> EagleProposer::propose_batch(
           t.device.parent_index[static_cast<size_t>(n)] = base + picked.stride + n;
         }
       }
+      draft_.backend().device_interval_end();
+      timed_draft_ = true;
       return trees;
     }
     const auto k = static_cast<size_t>(top_k);
@@ -488,6 +495,14 @@ std::vector<DraftTree> EagleProposer::propose_batch(
   }
   for (Growing& g : growing) trees[g.index] = g.grower.tree();
   return trees;
+}
+
+void EagleProposer::set_tree_reader(Backend* reader) {
+  tree_reader_ = reader != nullptr && reader->shares_memory_with(draft_.backend());
+}
+
+double EagleProposer::last_draft_device_ms() {
+  return timed_draft_ ? draft_.backend().last_device_interval_ms() : -1.0;
 }
 
 bool EagleProposer::fork(RequestId src, RequestId dst) {

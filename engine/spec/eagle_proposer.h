@@ -61,6 +61,8 @@ class EagleProposer final : public Proposer {
   const EagleDraftModel& draft() const { return draft_; }
   StepGraphStats draft_graph_stats() const override { return draft_.step_graph_stats(); }
   TransferStats draft_transfer_stats() const override { return draft_.transfer_stats(); }
+  void set_tree_reader(Backend* reader) override;
+  double last_draft_device_ms() override;
   const EagleOptions& options() const { return options_; }
 
  private:
@@ -114,6 +116,9 @@ class EagleProposer final : public Proposer {
   std::vector<int32_t> capture_layers_;
   FeedbackTracker tracker_;
   std::unordered_map<RequestId, RequestState> requests_;
+  // set_tree_reader found a reader of the draft's memory: trees may be picked there.
+  bool tree_reader_ = false;
+  bool timed_draft_ = false;  // the last propose_batch's draft was timed on the device
 };
 
 }  // namespace arbor

@@ -84,6 +84,9 @@ class Proposer {
   virtual StepGraphStats draft_graph_stats() const { return {}; }
   // The draft's backend traffic and host waits (Backend::transfer_stats; zero without one).
   virtual TransferStats draft_transfer_stats() const { return {}; }
+  // The device time of the last propose_batch's draft when it returned before the device ran
+  // it (Backend::device_interval_*; read after a later wait), else -1: its host time was all.
+  virtual double last_draft_device_ms() { return -1.0; }
 };
 
 }  // namespace arbor

@@ -492,6 +492,8 @@ TEST_P(CudaDraftGraphs, EagleTreesGrownOnTheDeviceEqualTheHostLoop) {
     };
     // picked: grown and picked on the device (Backend::draft_frontier_trees; no wait at all).
     auto host = make(0), device = make(1), picked = make(1, 1);
+    const std::unique_ptr<Backend> reader = make_cuda_backend();  // the engine's part
+    picked->set_tree_reader(reader.get());
     const int64_t h = w.config.hidden_size;
     const int32_t vocab = static_cast<int32_t>(w.config.vocab_size);
     std::mt19937 rng(5);
@@ -644,6 +646,7 @@ TEST(CudaDraftPicks, EagleTreesPickedOnTheDeviceVerifyWithOneWait) {
     EXPECT_GT(g.stats().acceptance.mean_emitted_per_step(), 1.2) << what;
     if (pick) {
       EXPECT_GT(g.stats().device_token_steps, g.stats().steps / 2);
+      EXPECT_GT(g.stats().draft_device_seconds, 0.0) << "the draft's device time, read back";
       EXPECT_LE(x.syncs, g.stats().steps + 4) << "one wait per step (the prefill's features aside)";
     }
     steps.push_back(g.stats().steps);

@@ -98,6 +98,12 @@ void set_way(EagleOptions* o, int way) {
   o->grow_on_backend = way >= 1 ? 1 : 0;
   o->pick_on_backend = way == 2 ? 1 : 0;
 }
+// The engine's part: a reader of the draft's memory (a CPU backend reads another's), without
+// which trees are never picked on the backend.
+void read_trees_on_host(Proposer& p) {
+  static const std::unique_ptr<Backend> reader = make_cpu_backend(1);
+  p.set_tree_reader(reader.get());
+}
 // A tree with its device tokens and parents read in (CPU backend memory), checked to have had
 // them when `picked` (a tree of more than the root).
 DraftTree resolved(DraftTree tree, bool picked) {
@@ -204,6 +210,7 @@ TEST_P(EagleReference, BatchedProposalsEqualTheOfficialTreeOfEachRequest) {
       EagleOptions o = options_of(rounds[0]["trees"][s]);
       set_way(&o, way);
       auto p = make(f, o);
+      read_trees_on_host(*p);
       const Round r0 = round_of(rounds[0]), r1 = round_of(rounds[1]);
       for (RequestId id : {21, 22, 23}) {
         p->begin(id, r0.tokens);
@@ -291,6 +298,28 @@ TEST_P(EagleReference, ChunkedFeedbackGivesTheSameTree) {
     test::expect_tree(p->propose(5, TreeBudget{64, 8}), t["tokens"].get<std::vector<int32_t>>(),
                       t["parents"].get<std::vector<int32_t>>(),
                       "chunked feedback, mode " + std::to_string(mode));
+  }
+}
+
+// Trees are left in the draft's memory only for a reader that can read it there
+// (Proposer::set_tree_reader): without one, or when the engine declines (nullptr), the host's
+// grower picks them from the downloaded log, with every token and parent on the host.
+TEST(EagleProposer, TreesArePickedOnTheBackendOnlyForAReaderOfItsMemory) {
+  const Fixture f = load("eagle_stories260K");
+  const Round r0 = round_of(f.ref["rounds"][0]);
+  for (int reader : {0, 1, 2}) {
+    EagleOptions o = options_of(f.ref["rounds"][0]["trees"][0]);
+    set_way(&o, 2);
+    auto p = make(f, o);
+    if (reader == 1) read_trees_on_host(*p);
+    if (reader == 2) p->set_tree_reader(nullptr);
+    p->begin(1, r0.tokens);
+    p->observe(r0.feedback(1));
+    const DraftTree t = p->propose_batch({{1, TreeBudget{64, 8}}})[0];
+    ASSERT_GT(t.size(), 1);
+    EXPECT_EQ(t.device.parent_index.empty(), reader != 1) << "reader " << reader;
+    EXPECT_EQ(p->last_draft_device_ms(), -1.0) << "the CPU backend's ops ran as they were called";
+    p->end(1);
   }
 }
 
@@ -675,6 +704,7 @@ TEST_P(EagleTokenMap, AWholeVocabularyInAnotherOrderGivesTheOfficialTrees) {
       EagleOptions o = options_of(rounds[0]["trees"][s]);
       set_way(&o, way);
       auto p = make_mapped(f, o, ids);
+      read_trees_on_host(*p);
       p->begin(4, round_of(rounds[0]).tokens);
       for (size_t ri = 0; ri < rounds.size(); ++ri) {
         p->observe(round_of(rounds[ri]).feedback(4));
@@ -701,6 +731,7 @@ TEST_P(EagleTokenMap, TreesHoldOnlyMappedTokens) {
     EagleOptions o = options_of(rounds[0]["trees"][0]);
     set_way(&o, way);
     auto p = make_mapped(f, o, ids);
+    read_trees_on_host(*p);
     const Round r0 = round_of(rounds[0]), r1 = round_of(rounds[1]);
     for (RequestId id : {1, 2}) {
       p->begin(id, r0.tokens);

@@ -298,6 +298,15 @@ struct CudaBackend::State {
       if (e != nullptr) cudaEventDestroy(e);
     }
   } order_event;
+  // device_interval_*: one timed event pair (created at first use).
+  struct Interval {
+    cudaEvent_t begin = nullptr, end = nullptr;
+    bool open = false, ended = false;
+    ~Interval() {
+      if (begin != nullptr) cudaEventDestroy(begin);
+      if (end != nullptr) cudaEventDestroy(end);
+    }
+  } interval;
   StagedUpload token_index;  // set_step's token_source_index
 
   std::vector<void*> weights;  // owned weight allocations
@@ -353,7 +362,6 @@ struct CudaBackend::State {
   int32_t* fr_log_ids = nullptr;
   float* fr_log_values = nullptr;
   int32_t* fr_log_chosen = nullptr;  // [max_depth, n] each select's candidates (the trees' log)
-  int32_t fr_depths_expanded = 0;
   DeviceBuffer fr_trees;      // draft_frontier_trees' [G, 2, stride] and its [G] depths and nodes
   StagedUpload parent_index;  // set_step's parent_source_index
 
@@ -2515,7 +2523,6 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   s.fr_k = k;
   s.fr_max_depth = max_depth;
   s.fr_current = 0;
-  s.fr_depths_expanded = 0;
 }
 
 void CudaBackend::draft_frontier_roots(const Tensor& logits, int32_t k) {
@@ -2589,7 +2596,6 @@ void CudaBackend::draft_frontier_expand(int32_t depth, const Tensor& logits) {
   int32_t* top_ids = s.fr_log_ids + at;
   float* top_values = s.fr_log_values + at;
   s.launch_top_k(logits, k, top_ids, top_values, "draft_frontier_expand top-k");
-  s.fr_depths_expanded = depth;
   if (depth == s.fr_max_depth) return;  // no frontier after the last depth
   kernels::DraftFrontierSelectParams p;
   p.in = s.fr[s.fr_current];
@@ -2629,11 +2635,42 @@ void CudaBackend::draft_frontier_log(int32_t depths, std::vector<int32_t>* ids,
   s.wait("draft_frontier_log");
 }
 
+void CudaBackend::device_interval_begin() {
+  s_->flush();
+  State& s = *s_;
+  if (s.interval.begin == nullptr) {
+    cuda_check(cudaEventCreate(&s.interval.begin), "device_interval_begin");
+    cuda_check(cudaEventCreate(&s.interval.end), "device_interval_begin");
+  }
+  cuda_check(cudaEventRecord(s.interval.begin, s.stream), "device_interval_begin");
+  s.interval.open = true;
+  s.interval.ended = false;
+}
+
+void CudaBackend::device_interval_end() {
+  s_->flush();
+  State& s = *s_;
+  if (!s.interval.open) return;
+  cuda_check(cudaEventRecord(s.interval.end, s.stream), "device_interval_end");
+  s.interval.open = false;
+  s.interval.ended = true;
+}
+
+double CudaBackend::last_device_interval_ms() {
+  State& s = *s_;
+  if (!s.interval.ended || cudaEventQuery(s.interval.end) != cudaSuccess) return -1.0;
+  float ms = 0;
+  cuda_check(cudaEventElapsedTime(&ms, s.interval.begin, s.interval.end),
+             "last_device_interval_ms");
+  return ms;
+}
+
 Tensor CudaBackend::draft_frontier_trees(std::span<const int32_t> depth,
                                          std::span<const int32_t> nodes, int32_t stride) {
   s_->flush();
   State& s = *s_;
-  check_draft_frontier_trees(s.fr_groups, s.fr_k, s.fr_depths_expanded, depth, nodes, stride);
+  // (A replayed step graph expands every depth without the host's calls: the begin's depths.)
+  check_draft_frontier_trees(s.fr_groups, s.fr_k, s.fr_max_depth, depth, nodes, stride);
   const auto g = static_cast<size_t>(s.fr_groups);
   const size_t out_words = g * 2 * static_cast<size_t>(stride);
   s.fr_trees.ensure((out_words + 2 * g) * 4, "draft_frontier_trees");

@@ -177,6 +177,9 @@ class CudaBackend final : public Backend {
   void draft_frontier_roots(const Tensor& logits, int32_t k) override;
   void draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in) override;
   void draft_frontier_expand(int32_t depth, const Tensor& logits) override;
+  void device_interval_begin() override;
+  void device_interval_end() override;
+  double last_device_interval_ms() override;
   bool has_draft_frontier_trees() const override { return true; }
   Tensor draft_frontier_trees(std::span<const int32_t> depth, std::span<const int32_t> nodes,
                               int32_t stride) override;
