@@ -12,7 +12,7 @@
 //     request at batch B; draft + verify + accept + compaction) against a plain Engine step, and
 //     the speedup that ratio gives at the published acceptance lengths.
 // Usage: tp_bench [--shape 8b|70b] [--tp 1,2] [--batch 1,8,32] [--context 512] [--steps 32]
-//                 [--tree 60] [--eagle3 1:60,8:16] [--json out.json]
+//                 [--tree 60] [--eagle3 1:60,8:16] [--pick-on-device -1|0|1] [--json out.json]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -68,6 +68,7 @@ struct Args {
   std::vector<int> batch = {1, 8, 32};
   int context = 512, steps = 32, tree = 60;
   std::vector<std::pair<int, int>> eagle3;  // (batch, tree tokens)
+  int pick = -1;                            // --pick-on-device: EagleOptions::pick_on_backend
   std::string json;
 };
 
@@ -114,8 +115,9 @@ struct EngineStepTimes {
 
 // Median Engine::step time once every request is decoding (`batch` requests of `context` random
 // prompt tokens), with the proposer (EAGLE-3, trees of `tree` tokens) or without.
+// pick: EagleOptions::pick_on_backend (-1: trees picked on the device).
 EngineStepTimes engine_steps(LlamaModel& model, const ModelWeights& w, int batch, int context,
-                             int steps, int tree) {
+                             int steps, int tree, int pick = -1) {
   EngineConfig ec;
   ec.block_size = 16;
   ec.max_running = batch;
@@ -131,6 +133,7 @@ EngineStepTimes engine_steps(LlamaModel& model, const ModelWeights& w, int batch
     eo.tree.depth = 6;
     eo.tree.top_k = 10;
     eo.draft_kv = {ec.num_blocks, 16, false};
+    eo.pick_on_backend = pick;
     CudaBackendOptions o;
     o.random_weights = true;
     proposer = std::make_unique<EagleProposer>(dummy_eagle3(w.config), w, eo, make_cuda_backend(o));
@@ -319,7 +322,7 @@ int run(const Args& a) {
       LlamaModel model(*rank0, w, std::move(ranks));
       for (const auto& [b, t] : a.eagle3) {
         const EngineStepTimes plain = engine_steps(model, w, b, a.context, a.steps, 0);
-        const EngineStepTimes spec = engine_steps(model, w, b, a.context, a.steps, t);
+        const EngineStepTimes spec = engine_steps(model, w, b, a.context, a.steps, t, a.pick);
         const double ratio = spec.step / plain.step;
         std::printf("| %d | %d | %d | %.3f | %.3f | %.2fx | %.3f | %.3f | %.2fx / %.2fx |\n", tp, b,
                     t, plain.step * 1e3, spec.step * 1e3, ratio, spec.draft * 1e3,
@@ -381,7 +384,9 @@ int main(int argc, char** argv) {
         const size_t colon = item.find(':');
         a.eagle3.emplace_back(std::stoi(item.substr(0, colon)), std::stoi(item.substr(colon + 1)));
       }
-    } else if (k == "--json")
+    } else if (k == "--pick-on-device")
+      a.pick = std::stoi(next());
+    else if (k == "--json")
       a.json = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
