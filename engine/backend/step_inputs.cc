@@ -66,8 +66,10 @@ void StepInputs::validate(const KvCacheShape& kv) const {
                " is outside the cache's " + std::to_string(total_slots) + " slots");
   if (const std::string e = token_source_problem(token_source, token_source_index, n); !e.empty())
     bad_step(e);
-  if (const std::string e = token_source_problem(token_source, parent_source_index, n); !e.empty())
-    bad_step("parents: " + e);
+  if (const std::string e =
+          token_source_problem(token_source, parent_source_index, n, "parent_source_index");
+      !e.empty())
+    bad_step(e);
   if (!key_path_base.empty() || !key_path_indptr.empty() || !key_path.empty()) {
     if (key_path_base.size() != static_cast<size_t>(r) ||
         key_path_indptr.size() != static_cast<size_t>(r) + 1 || key_path_indptr[0] != 0 ||

@@ -142,23 +142,24 @@ void validate_tree_sample_batch(const TreeSampleBatch& b, int64_t vocab, int64_t
   if (const std::string e = token_source_problem(b.token_source, b.token_source_index, nodes);
       !e.empty())
     bad(e);
-  if (const std::string e = token_source_problem(b.token_source, b.parent_source_index, nodes);
+  if (const std::string e =
+          token_source_problem(b.token_source, b.parent_source_index, nodes, "parent_source_index");
       !e.empty())
-    bad("parents: " + e);
+    bad(e);
 }
 
 std::string token_source_problem(const Tensor& source, std::span<const int64_t> index,
-                                 size_t entries) {
+                                 size_t entries, const char* name) {
   if (index.empty()) return "";
+  const std::string n = name;
   if (index.size() != entries)
-    return "token_source_index has " + std::to_string(index.size()) + " entries for " +
-           std::to_string(entries);
+    return n + " has " + std::to_string(index.size()) + " entries for " + std::to_string(entries);
   if (source.data == nullptr || source.dtype != DType::kI32)
-    return "token_source_index without an int32 token_source";
+    return n + " without an int32 token_source";
   for (size_t i = 0; i < entries; ++i)
     if (index[i] < -1 || index[i] >= source.numel())
-      return "token_source_index[" + std::to_string(i) + "] = " + std::to_string(index[i]) +
-             " is outside [-1, " + std::to_string(source.numel()) + ")";
+      return n + "[" + std::to_string(i) + "] = " + std::to_string(index[i]) + " is outside [-1, " +
+             std::to_string(source.numel()) + ")";
   return "";
 }
 

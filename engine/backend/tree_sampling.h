@@ -115,8 +115,9 @@ void validate_tree_sample_batch(const TreeSampleBatch& batch, int64_t vocab, int
 // What is wrong with a token_source / token_source_index pair (StepInputs, TreeSampleBatch) for
 // `entries` ids, or "" when nothing is: an index list of another size, no int32 source, an index
 // outside [-1, source.numel()).
+// `name` names the index list in the message.
 std::string token_source_problem(const Tensor& source, std::span<const int64_t> index,
-                                 size_t entries);
+                                 size_t entries, const char* name = "token_source_index");
 
 // out->path_tokens from out's paths and the batch's node tokens `token` ([nodes]: batch.token, or
 // those with token_source's ids in).

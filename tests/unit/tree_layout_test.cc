@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/verify/tree_mask.h"
+#include "tests/unit/loader_test_util.h"
 
 namespace arbor {
 namespace {
@@ -150,6 +152,76 @@ TEST(TreeLayout, RejectsBadInputsToLayout) {
   EXPECT_THROW(layout_tree({-1, 2, 0}, 0), Error);
   EXPECT_EQ(tree_path_to({-1, 0, 0, 2, 3}, 4), (std::vector<int32_t>{0, 2, 3, 4}));
   EXPECT_EQ(tree_path_to({-1}, 0), (std::vector<int32_t>{0}));
+}
+
+// A verify step whose trees' parents are left in backend memory (StepInputs::
+// parent_source_index; here host memory, the CPU backend's) laid out from placeholders:
+// resolve_sources rebuilds each tree's positions and ancestor-mask rows from the real parents
+// (and the host-laid rows' parents from their masks), giving the host's layout of the real
+// trees, for random trees of 2-70 nodes (one and three mask words a row) beside a causal chunk.
+TEST(TreeLayout, TreesWithParentsOnTheBackendAreLaidOutAsOnTheHost) {
+  std::mt19937 gen(3);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int32_t t = 2 + static_cast<int32_t>(gen() % 69);
+    const std::vector<int32_t> real = random_parents(gen, t);
+    // Trailing host nodes (the engine's padding: children of the root) after `device` nodes.
+    const int32_t device = std::max<int32_t>(2, t - static_cast<int32_t>(gen() % 4));
+    const int32_t committed = 17, chunk = 3;
+    auto layout = [&](const std::vector<int32_t>& parent) {
+      StepInputs s;
+      s.qo_indptr = {0, chunk, chunk + t};
+      s.committed_len = {5, committed};
+      s.mask_indptr = {0, 0};
+      for (int32_t i = 0; i < chunk; ++i) s.positions.push_back(5 + i);
+      const std::vector<int32_t> depth = tree_depths(parent);
+      for (int32_t i = 0; i < t; ++i) s.positions.push_back(committed + depth[i]);
+      const std::vector<uint32_t> mask = pack_ancestor_mask(parent);
+      s.tree_mask.insert(s.tree_mask.end(), mask.begin(), mask.end());
+      s.mask_indptr.push_back(static_cast<int32_t>(s.tree_mask.size()));
+      s.token_ids.assign(static_cast<size_t>(chunk + t), 1);
+      return s;
+    };
+    std::vector<int32_t> want_parent = real;
+    for (int32_t i = device; i < t; ++i) want_parent[i] = 0;
+    const StepInputs want = layout(want_parent);
+    // Placeholder: a chain (any tree no shallower will do), the device nodes' parents in a
+    // buffer with other values around them.
+    std::vector<int32_t> placeholder(static_cast<size_t>(t));
+    for (int32_t i = 0; i < t; ++i) placeholder[i] = i < device ? i - 1 : 0;
+    StepInputs got = layout(placeholder);
+    std::vector<int32_t> source(static_cast<size_t>(2 * t + 5), 99);
+    got.parent_source_index.assign(static_cast<size_t>(chunk + t), -1);
+    for (int32_t i = 1; i < device; ++i) {
+      source[static_cast<size_t>(5 + 2 * i)] = real[i];
+      got.parent_source_index[static_cast<size_t>(chunk + i)] = 5 + 2 * i;
+    }
+    got.token_source = Tensor{source.data(), DType::kI32, static_cast<int64_t>(source.size()), 1};
+    got.resolve_sources();
+    EXPECT_EQ(got.positions, want.positions) << "trial " << trial << ", " << t << " nodes";
+    EXPECT_EQ(got.tree_mask, want.tree_mask) << "trial " << trial << ", " << t << " nodes";
+  }
+  // A parent index outside the source, or without one, is named by the step's validation.
+  StepInputs s;
+  s.token_ids = {1, 1};
+  s.positions = {3, 4};
+  s.slot_mapping = {0, 1};
+  s.qo_indptr = {0, 2};
+  s.committed_len = {3};
+  s.block_tables = {0};
+  s.max_blocks_per_request = 1;
+  s.tree_mask = {1u, 3u};
+  s.mask_indptr = {0, 2};
+  s.logits_rows = {0, 1};
+  const KvCacheShape kv{1, 4, 16, 1, 8};
+  EXPECT_NO_THROW(s.validate(kv));
+  s.parent_source_index = {-1, 0};
+  test::expect_error([&] { s.validate(kv); }, ErrorCode::kInvalidArgument,
+                     {"parent_source_index without an int32 token_source"});
+  std::vector<int32_t> one = {0};
+  s.token_source = Tensor{one.data(), DType::kI32, 1, 1};
+  s.parent_source_index = {-1, 1};
+  test::expect_error([&] { s.validate(kv); }, ErrorCode::kInvalidArgument,
+                     {"parent_source_index[1] = 1 is outside [-1, 1)"});
 }
 
 }  // namespace

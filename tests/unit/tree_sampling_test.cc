@@ -209,6 +209,12 @@ TEST(TreeSampling, WrongRootAndMalformedBatchesAreRejected) {
   expect_bad("temperature", [](TreeSampleBatch& b) { b.params[0].temperature = 0.0f; });
   expect_bad("q_row", [](TreeSampleBatch& b) { b.q_row = {0, -1, -1}; });
   expect_bad("node_indptr", [](TreeSampleBatch& b) { b.node_indptr.back() = 2; });
+  expect_bad("parent_source_index has 2 entries for 3", [](TreeSampleBatch& b) {
+    b.parent_source_index = {-1, 0};
+  });
+  expect_bad("parent_source_index without an int32 token_source", [](TreeSampleBatch& b) {
+    b.parent_source_index = {-1, 0, 0};
+  });
   expect_bad("bias_token[1] is 10", [](TreeSampleBatch& b) { b.bias_token[1] = 10; });
   expect_bad("bias_token[0] is -1", [](TreeSampleBatch& b) { b.bias_token[0] = -1; });
   expect_bad("bias_token of item 0 is not strictly ascending", [](TreeSampleBatch& b) {
