@@ -971,10 +971,6 @@ void Engine::observe(StepRun* run) {
   const double path_ms = observe_some(false);
   // What trees cost beyond verification: drafting them and folding the accepted paths into
   // the proposer's state (steps without a tree do not tell it).
-  // A warm-up step (a new step shape, or a draft of a new depth or batch run eagerly or
-  // recorded) pays one-time work (GEMM tuning, graph recording: 19.5 ms against 0.1 for
-  // SmolLM2's Medusa heads) that would set the draft cost estimate's level: one such step of
-  // a deeper tree once made every level look four times as dear.
   // A draft that did not wait for the device (trees picked there) cost the step its device
   // time, which ran while the host went on (read now: the verify step's wait came after it).
   double drafted_ms = run->drafted_ms;
@@ -985,6 +981,10 @@ void Engine::observe(StepRun* run) {
       stats_.draft_device_seconds += device_ms * 1e-3;
     }
   }
+  // A warm-up step (a new step shape, or a draft of a new depth or batch run eagerly or
+  // recorded) pays one-time work (GEMM tuning, graph recording: 19.5 ms against 0.1 for
+  // SmolLM2's Medusa heads) that would set the draft cost estimate's level: one such step of
+  // a deeper tree once made every level look four times as dear.
   if (run->drafted_depth > 0 && !run->warmup && !run->draft_warmup)
     sched_.record_draft_step(run->drafted_depth, drafted_ms + path_ms);
   // The cost model learns the whole step but the proposer's part (which the draft cost model

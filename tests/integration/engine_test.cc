@@ -258,7 +258,9 @@ TEST(BackendOps, CopyColsPlacesRowsInAColumnRange) {
 // parents left in its memory, the verify step's positions and tree masks rebuilt from them in
 // set_step) give plain greedy decoding's tokens and the same accepted lengths as the trees the
 // host's grower picks, batched, with adaptive trees padded to step buckets (padding nodes laid
-// out by the host beside the picked ones) and without.
+// out by the host beside the picked ones) and without; a sampled request beside them (verified
+// by the host reference of the backend's tree sampling, the parents read back there) draws the
+// same tokens from the same trees and seed either way.
 TEST_F(EngineTest, EagleTreesPickedOnTheBackendEqualTheHostsPicks) {
   const std::vector<std::string> texts = {"Once upon a time", "The little dog", "Lily went to the",
                                           "One day, a boy"};
@@ -268,8 +270,13 @@ TEST_F(EngineTest, EagleTreesPickedOnTheBackendEqualTheHostsPicks) {
   Engine plain(*model_, EngineConfig{});
   for (size_t i = 0; i < reqs.size(); ++i) plain.add(i + 1, reqs[i]);
   auto want = drain(plain);
+  GenerationRequest sampled = greedy(reqs[0].prompt, 40);
+  sampled.sampling.temperature = 0.8f;
+  sampled.sampling.seed = 12;
+  const ReqId sampled_id = 99;
   for (bool adaptive : {false, true}) {
     std::vector<int64_t> accepted;
+    std::vector<std::vector<int32_t>> sampled_tokens;
     for (int32_t pick : {0, 1}) {
       SCOPED_TRACE(std::string(pick ? "picked on the backend" : "picked on the host") +
                    (adaptive ? ", adaptive trees padded" : ""));
@@ -295,9 +302,12 @@ TEST_F(EngineTest, EagleTreesPickedOnTheBackendEqualTheHostsPicks) {
       LlamaModel model(*backend, bundle_->weights);
       Engine e(model, ec, proposer.get());
       for (size_t i = 0; i < reqs.size(); ++i) e.add(i + 1, reqs[i]);
+      e.add(sampled_id, sampled);
       auto got = drain(e);
       for (size_t i = 0; i < reqs.size(); ++i)
         EXPECT_EQ(tokens_of(got[{i + 1, 0}]), tokens_of(want[{i + 1, 0}])) << "request " << i + 1;
+      sampled_tokens.push_back(tokens_of(got[{sampled_id, 0}]));
+      EXPECT_EQ(sampled_tokens.back().size(), 40u);
       EXPECT_GT(e.stats().acceptance.mean_emitted_per_step(), 1.2);
       // Picked on the backend, every tree step read its tokens from the draft's memory.
       if (pick) {
@@ -308,6 +318,7 @@ TEST_F(EngineTest, EagleTreesPickedOnTheBackendEqualTheHostsPicks) {
     }
     EXPECT_EQ(accepted[0], accepted[2]);
     EXPECT_EQ(accepted[1], accepted[3]) << "the same trees take the same steps";
+    EXPECT_EQ(sampled_tokens[0], sampled_tokens[1]) << "the same trees and uniforms";
   }
 }
 
