@@ -123,8 +123,8 @@ void HostDraftFrontier::expand(int32_t depth, std::span<const int32_t> top_ids,
 }
 
 int32_t draft_tree_nodes(int32_t k, int32_t depth, int32_t total_tokens) {
-  const int64_t candidates = k + static_cast<int64_t>(depth) * k * k;
-  return static_cast<int32_t>(1 + std::min<int64_t>(total_tokens - 1, candidates));
+  return static_cast<int32_t>(1 +
+                              std::min<int64_t>(total_tokens - 1, draft_tree_candidates(k, depth)));
 }
 
 void check_draft_frontier_trees(int32_t groups, int32_t k, int32_t logged,
@@ -138,7 +138,7 @@ void check_draft_frontier_trees(int32_t groups, int32_t k, int32_t logged,
                     " trees, stride " + std::to_string(stride));
   for (int32_t g = 0; g < groups; ++g) {
     const int32_t d = depth[static_cast<size_t>(g)], t = nodes[static_cast<size_t>(g)];
-    const int64_t candidates = k + static_cast<int64_t>(std::max(d, 0)) * k * k;
+    const int64_t candidates = draft_tree_candidates(k, std::max(d, 0));
     if (d < 0 || d > logged || candidates > kMaxDraftTreeCandidates || t < 1 ||
         t > 1 + candidates || t > stride)
       throw_error(ErrorCode::kInvalidArgument,

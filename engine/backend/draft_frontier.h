@@ -54,6 +54,12 @@ struct HostDraftFrontier {
 // kernel's shared memory; kernels/sampling/device_tree.h).
 inline constexpr int32_t kMaxDraftTreeCandidates = 2048;
 
+// The candidates a tree grown `depth` expansions deep from top-k rows of width k chooses from:
+// the root's k children, then k * k per expansion.
+inline int64_t draft_tree_candidates(int32_t k, int32_t depth) {
+  return k + static_cast<int64_t>(depth) * k * k;
+}
+
 // The nodes of a tree grown `depth` expansions deep from top-k rows of width k with a budget of
 // total_tokens: 1 + min(total_tokens - 1, k + depth * k * k) (DynamicTreeGrower::tree()'s).
 int32_t draft_tree_nodes(int32_t k, int32_t depth, int32_t total_tokens);

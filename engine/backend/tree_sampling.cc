@@ -163,6 +163,18 @@ std::string token_source_problem(const Tensor& source, std::span<const int64_t> 
   return "";
 }
 
+void append_source_index(std::vector<int64_t>* list, std::span<const int64_t> index, size_t before,
+                         size_t count) {
+  if (!index.empty()) {
+    ARBOR_CHECK(index.size() == count, "source indices: " + std::to_string(index.size()) + " for " +
+                                           std::to_string(count) + " entries");
+    list->resize(before, -1);
+    list->insert(list->end(), index.begin(), index.end());
+  } else if (!list->empty()) {
+    list->resize(before + count, -1);
+  }
+}
+
 void fill_path_tokens(const TreeSampleBatch& batch, std::span<const int32_t> token,
                       TreeSampleResult* out) {
   out->path_tokens.clear();

@@ -119,6 +119,12 @@ void validate_tree_sample_batch(const TreeSampleBatch& batch, int64_t vocab, int
 std::string token_source_problem(const Tensor& source, std::span<const int64_t> index,
                                  size_t entries, const char* name = "token_source_index");
 
+// Appends one item's `count` entries to a flat index list of StepInputs / TreeSampleBatch form
+// (token_source_index, parent_source_index) that held `before` entries: the item's own `index`
+// when it has one (the list padded with -1 first), else -1s when the list is in use already.
+void append_source_index(std::vector<int64_t>* list, std::span<const int64_t> index, size_t before,
+                         size_t count);
+
 // out->path_tokens from out's paths and the batch's node tokens `token` ([nodes]: batch.token, or
 // those with token_source's ids in).
 void fill_path_tokens(const TreeSampleBatch& batch, std::span<const int32_t> token,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/backend/tree_sampling.h"
 #include "engine/core/error.h"
 #include "engine/verify/tree_mask.h"
 
@@ -30,22 +31,10 @@ std::vector<int32_t> BatchBuilder::build(const KvCacheManager& kv,
     const std::vector<int64_t> slots = kv.slots(it.seq, committed, t);
     first_logit_row.push_back(static_cast<int32_t>(s.logits_rows.size()));
     const int32_t row0 = s.num_tokens();
-    if (!it.token_index.empty()) {
-      ARBOR_CHECK(static_cast<int32_t>(it.token_index.size()) == t);
-      s.token_source_index.resize(static_cast<size_t>(row0), -1);
-      s.token_source_index.insert(s.token_source_index.end(), it.token_index.begin(),
-                                  it.token_index.end());
-    } else if (!s.token_source_index.empty()) {
-      s.token_source_index.resize(static_cast<size_t>(row0 + t), -1);
-    }
-    if (!it.parent_index.empty()) {
-      ARBOR_CHECK(static_cast<int32_t>(it.parent_index.size()) == t);
-      s.parent_source_index.resize(static_cast<size_t>(row0), -1);
-      s.parent_source_index.insert(s.parent_source_index.end(), it.parent_index.begin(),
-                                   it.parent_index.end());
-    } else if (!s.parent_source_index.empty()) {
-      s.parent_source_index.resize(static_cast<size_t>(row0 + t), -1);
-    }
+    append_source_index(&s.token_source_index, it.token_index, static_cast<size_t>(row0),
+                        static_cast<size_t>(t));
+    append_source_index(&s.parent_source_index, it.parent_index, static_cast<size_t>(row0),
+                        static_cast<size_t>(t));
     for (int32_t i = 0; i < t; ++i) {
       s.token_ids.push_back(it.tokens[i]);
       s.positions.push_back(committed + (tree ? depth[i] : i));

@@ -391,7 +391,7 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     bool pick = may_pick;
     for (const Candidate& c : cands) {
       const DynamicTreeParams& p = params[c.index];
-      pick = pick && top_k + int64_t{p.depth} * top_k * top_k <= kMaxDraftTreeCandidates;
+      pick = pick && draft_tree_candidates(top_k, p.depth) <= kMaxDraftTreeCandidates;
       picked.depth.push_back(p.depth);
       picked.nodes.push_back(draft_tree_nodes(top_k, p.depth, p.total_tokens));
       picked.stride = std::max(picked.stride, picked.nodes.back());

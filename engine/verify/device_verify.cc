@@ -112,24 +112,15 @@ int32_t TreeSampleBuilder::add(const DraftTree& tree, int32_t first_row,
         batch_.token_source.data == nullptr || batch_.token_source.data == tree.device.ids.data,
         "trees of one batch with tokens in different device buffers");
     batch_.token_source = tree.device.ids;
-    batch_.token_source_index.resize(static_cast<size_t>(batch_.num_nodes() - t), -1);
-    batch_.token_source_index.insert(batch_.token_source_index.end(), tree.device.index.begin(),
-                                     tree.device.index.end());
-  } else if (!batch_.token_source_index.empty()) {
-    batch_.token_source_index.resize(static_cast<size_t>(batch_.num_nodes()), -1);
   }
   // Parents left on the device likewise (the same buffer as the tokens).
-  if (!tree.device.parent_index.empty()) {
-    ARBOR_CHECK(tree.device.parent_index.size() == static_cast<size_t>(t) && !tree.device.empty(),
-                "device parents: " + std::to_string(tree.device.parent_index.size()) +
-                    " indices for " + std::to_string(t) + " nodes");
-    batch_.parent_source_index.resize(static_cast<size_t>(batch_.num_nodes() - t), -1);
-    batch_.parent_source_index.insert(batch_.parent_source_index.end(),
-                                      tree.device.parent_index.begin(),
-                                      tree.device.parent_index.end());
-  } else if (!batch_.parent_source_index.empty()) {
-    batch_.parent_source_index.resize(static_cast<size_t>(batch_.num_nodes()), -1);
-  }
+  ARBOR_CHECK(tree.device.parent_index.empty() || !tree.device.empty(),
+              "device parents without device tokens");
+  const auto before = static_cast<size_t>(batch_.num_nodes() - t);
+  append_source_index(&batch_.token_source_index, tree.device.index, before,
+                      static_cast<size_t>(t));
+  append_source_index(&batch_.parent_source_index, tree.device.parent_index, before,
+                      static_cast<size_t>(t));
   batch_.node_indptr.push_back(batch_.num_nodes());
   if (has_penalty(params)) {
     // Distinct ids < vocab of prompt ++ output, ascending, with their output counts.

@@ -83,14 +83,20 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 constexpr int kLayoutThreads = 128;
 
+// Whether any of a request's rows [q0, q0 + t) has its parent on the device (the whole block
+// calls it: a barrier).
+__device__ bool has_device_parents(const int64_t* parent_index, int q0, int t) {
+  bool any = false;
+  for (int i = threadIdx.x; i < t; i += blockDim.x) any = any || parent_index[q0 + i] >= 0;
+  return __syncthreads_or(any ? 1 : 0) != 0;
+}
+
 __global__ void __launch_bounds__(kLayoutThreads) tree_layout_kernel(TreeLayoutParams p) {
   __shared__ int32_t parent[kMaxTreeLayoutNodes];
   const int r = blockIdx.x;
   const int q0 = p.qo_indptr[r], t = p.qo_indptr[r + 1] - q0;
   if (t <= 1 || t > kMaxTreeLayoutNodes) return;
-  bool any = false;
-  for (int i = threadIdx.x; i < t; i += blockDim.x) any = any || p.parent_index[q0 + i] >= 0;
-  if (!__syncthreads_or(any ? 1 : 0)) return;
+  if (!has_device_parents(p.parent_index, q0, t)) return;
   const int words = (t + 31) / 32;
   uint32_t* mask = p.tree_mask + p.mask_indptr[r];
   const int32_t root_position = p.positions[q0];
@@ -134,9 +140,7 @@ __global__ void __launch_bounds__(kLayoutThreads)
   const int r = blockIdx.x;
   const int q0 = p.qo_indptr[r], t = p.qo_indptr[r + 1] - q0;
   if (t <= 1 || t > kMaxTreeLayoutNodes) return;
-  bool any = false;
-  for (int i = threadIdx.x; i < t; i += blockDim.x) any = any || p.parent_index[q0 + i] >= 0;
-  if (!__syncthreads_or(any ? 1 : 0)) return;
+  if (!has_device_parents(p.parent_index, q0, t)) return;
   const int words = (t + 31) / 32;
   const uint32_t* mask = p.tree_mask + p.mask_indptr[r];
   for (int i = threadIdx.x; i < t; i += blockDim.x) {

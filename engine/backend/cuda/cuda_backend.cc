@@ -1557,13 +1557,12 @@ void CudaBackend::set_step(const StepInputs& step) {
                                                    " has a tree of " + std::to_string(t) +
                                                    " nodes, the CUDA backend supports at most " +
                                                    std::to_string(s.options.max_tree_nodes));
-  }
-  for (int32_t r = 0; r < r_count && !step.parent_source_index.empty(); ++r)
-    if (step.qo_indptr[r + 1] - step.qo_indptr[r] > kernels::kMaxTreeLayoutNodes)
+    if (!step.parent_source_index.empty() && t > kernels::kMaxTreeLayoutNodes)
       throw_error(ErrorCode::kInvalidArgument,
                   "set_step: request " + std::to_string(r) + " has more than " +
                       std::to_string(kernels::kMaxTreeLayoutNodes) +
                       " rows, the most a tree with parents on the device may have");
+  }
   s.step = step;
   s.has_step = true;
   std::vector<int32_t> token_request(step.token_ids.size());
