@@ -11,6 +11,10 @@ namespace arbor {
 
 namespace {
 
+// Requests admitted speculating at a load that TreeUptake must have recorded before admission
+// follows it (SchedulerConfig::min_tree_uptake).
+constexpr int32_t kMinUptakeSamples = 8;
+
 // ARBOR_TREE_TRACE=1: one stderr line per decode step with the tree policy's inputs and choice,
 // one per admission and per detach.
 bool trace_trees() {
@@ -36,6 +40,9 @@ void SchedulerConfig::validate() const {
   if (probe_every < 0)
     throw_error(ErrorCode::kInvalidArgument,
                 "probe_every must be >= 0, got " + std::to_string(probe_every));
+  if (!(min_tree_uptake >= 0 && min_tree_uptake <= 1))
+    throw_error(ErrorCode::kInvalidArgument,
+                "min_tree_uptake must be in [0, 1], got " + std::to_string(min_tree_uptake));
   if (admission_lookahead < 0)
     throw_error(ErrorCode::kInvalidArgument,
                 "admission_lookahead must be >= 0, got " + std::to_string(admission_lookahead));
@@ -134,6 +141,7 @@ void Scheduler::fork(ReqId parent, ReqId child, bool speculate) {
 bool Scheduler::remove(ReqId id) {
   auto it = reqs_.find(id);
   if (it == reqs_.end()) return false;
+  record_uptake(it->second, 0);  // a request that ends early counts the steps it ran
   if (it->second.seq >= 0) {
     kv_.free_sequence(it->second.seq);
     // A running request ended while nothing was preempted: the look-ahead narrows by a quarter
@@ -154,6 +162,7 @@ void Scheduler::preempt(ReqId id, StepPlan* plan) {
   r.computed = 0;
   r.prefilled = false;
   r.preemptions++;
+  r.uptake_batch = 0;  // admitted again later, at the load of then
   step_preempted_ = true;
   if (r.admitted_lookahead >= lookahead_) lookahead_too_short_ = true;
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
@@ -206,7 +215,14 @@ void Scheduler::admit(StepPlan* plan) {
                        spec_admissions_++ % config_.probe_every == config_.probe_every - 1;
     const bool judged =
         r.speculate && config_.tree.adaptive && global_acceptance_.samples() > 0 && !probe;
-    if (judged && burst_trees) {  // the rest of a burst already judged
+    // The requests behind it that this step may admit too (a burst joins as one load).
+    const int32_t ahead = static_cast<int32_t>(std::min<size_t>(
+        waiting_.size() - 1, static_cast<size_t>(config_.max_running) - running_.size() - 1));
+    const int32_t load = static_cast<int32_t>(running_.size()) + 1 + ahead;
+    if (judged && uptake_.share(load, kMinUptakeSamples, 1.0) < config_.min_tree_uptake) {
+      // The step policy kept the last requests admitted speculating at this load without trees.
+      r.speculate = false;
+    } else if (judged && burst_trees) {  // the rest of a burst already judged
       r.acceptance = global_acceptance_;
       r.speculate = *burst_trees > 0;
       if (r.speculate) --*burst_trees;
@@ -224,8 +240,6 @@ void Scheduler::admit(StepPlan* plan) {
       // burst_trees).
       r.acceptance = global_acceptance_;
       std::vector<TreeCandidate> cands = {{&r.acceptance}};
-      const int32_t ahead = static_cast<int32_t>(std::min<size_t>(
-          waiting_.size() - 1, static_cast<size_t>(config_.max_running) - running_.size() - 1));
       int32_t plain = 0;
       for (int32_t i = 1; i <= ahead; ++i) {
         if (get(waiting_[static_cast<size_t>(i)]).speculate) {
@@ -243,9 +257,8 @@ void Scheduler::admit(StepPlan* plan) {
           plain++;
         }
       }
-      const int32_t batch = static_cast<int32_t>(running_.size()) + 1 + ahead;
       const auto b =
-          choose_tree_budgets(cands, plain, plain, batch, cost_, draft_cost_.cost(), config_.tree);
+          choose_tree_budgets(cands, plain, plain, load, cost_, draft_cost_.cost(), config_.tree);
       const auto trees = static_cast<int32_t>(
           std::count_if(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(group),
                         [](const TreeBudget& t) { return t.max_nodes > 1; }));
@@ -253,10 +266,14 @@ void Scheduler::admit(StepPlan* plan) {
       burst_trees = std::max(0, trees - 1);
     }
     if (probe) r.probe_steps = config_.detach_after;
+    r.uptake_batch = r.speculate && config_.tree.adaptive ? load : 0;
+    r.uptake_steps = r.uptake_trees = 0;
     if (trace_trees())
-      std::fprintf(stderr, "tree admit: request %llu running %zu speculate %d probe %d\n",
-                   (unsigned long long)waiting_.front(), running_.size(), r.speculate ? 1 : 0,
-                   probe ? 1 : 0);
+      std::fprintf(stderr,
+                   "tree admit: request %llu running %zu load %d uptake %.2f speculate %d "
+                   "probe %d\n",
+                   (unsigned long long)waiting_.front(), running_.size(), load,
+                   uptake_.share(load, kMinUptakeSamples, -1), r.speculate ? 1 : 0, probe ? 1 : 0);
     // A proposer needs the target's features of every position, so speculating requests do not
     // skip cached prefix tokens.
     const auto created = r.speculate ? kv_.create_sequence() : kv_.create_sequence(r.context);
@@ -346,6 +363,14 @@ PlannedStep Scheduler::plan_step() {
                    cands[c].acceptance->rate(3, budgets[c].max_nodes));
     std::fprintf(stderr, "\n");
   }
+  // What the policy gave the requests admitted speculating, in their first decode steps.
+  for (size_t k = 0; k < decodes.size() && !explore; ++k) {
+    Req& r = get(decodes[k]);
+    if (cand_of[k] == SIZE_MAX || r.uptake_batch <= 0) continue;
+    r.uptake_steps++;
+    if (budgets[cand_of[k]].max_nodes > 1) r.uptake_trees++;
+    if (r.uptake_steps >= uptake_window()) record_uptake(r, 0);
+  }
   // A probe's first decode steps draft a small tree whatever the policy says (probe_every).
   for (size_t k = 0; k < decodes.size() && !explore; ++k) {
     Req& r = get(decodes[k]);
@@ -371,6 +396,7 @@ PlannedStep Scheduler::plan_step() {
       r.steps_without_tree = it.budget.max_nodes > 1 ? 0 : r.steps_without_tree + 1;
       if (r.steps_without_tree >= config_.detach_after) {
         r.speculate = false;
+        record_uptake(r, uptake_window() - r.uptake_steps);  // no tree for the rest
         plan.detached.push_back(id);
         if (trace_trees())
           std::fprintf(stderr, "tree detach: request %llu\n", (unsigned long long)id);
@@ -522,6 +548,13 @@ void Scheduler::restore_policy_state(const PolicyState& state) {
   cost_ = state.cost;
   global_acceptance_ = state.global_acceptance;
   draft_cost_ = state.draft_cost;
+  uptake_ = state.uptake;
+}
+
+void Scheduler::record_uptake(Req& r, int32_t left) {
+  if (r.uptake_batch > 0)
+    uptake_.record(r.uptake_batch, r.uptake_trees, r.uptake_steps + std::max(left, 0));
+  r.uptake_batch = 0;
 }
 
 void Scheduler::record_draft_step(int32_t depth, double ms) {

@@ -37,6 +37,11 @@ struct SchedulerConfig {
   // pessimistic server-wide estimate is measured again instead of locking speculation off
   // (afterwards the policy and detach_after decide). 0: never.
   int32_t probe_every = 32;
+  // adaptive: a request joining a load at which the requests admitted speculating had a tree
+  // in fewer than this share of their first 2 * detach_after decode steps (TreeUptake, 8 such
+  // requests recorded) is admitted without speculation, whatever admission's own verdict
+  // (probes still speculate, and keep the record current). 0: never.
+  double min_tree_uptake = 0.25;
   // Admission look-ahead, tokens: a waiting request is admitted only while the free blocks hold
   // its whole context plus `lookahead` tokens and the next `lookahead` tokens of every running
   // request (the rest of a prefilling request's context too). The look-ahead starts here, grows
@@ -133,8 +138,9 @@ class Scheduler {
     CostModel cost;
     AcceptanceEstimate global_acceptance;
     DraftCostEstimate draft_cost;
+    TreeUptake uptake;
   };
-  PolicyState policy_state() const { return {cost_, global_acceptance_, draft_cost_}; }
+  PolicyState policy_state() const { return {cost_, global_acceptance_, draft_cost_, uptake_}; }
   void restore_policy_state(const PolicyState& state);
   // A new running request `child` sharing every KV block of `parent` (n > 1 samples of one
   // prompt): parent must have finished its prefill; child's context is parent's committed
@@ -184,9 +190,17 @@ class Scheduler {
     AcceptanceEstimate acceptance;
     int32_t steps_without_tree = 0;
     int32_t probe_steps = 0;  // decode steps left that draft a tree regardless (probe_every)
+    // Admitted speculating at this load (> 0) and its first decode steps not yet recorded in
+    // uptake_: how many ran, how many of them the policy gave a tree.
+    int32_t uptake_batch = 0;
+    int32_t uptake_steps = 0;
+    int32_t uptake_trees = 0;
   };
   Req& get(ReqId id);
   const Req& get(ReqId id) const;
+  // Records r's first decode steps in uptake_ (`left` more steps counted as without a tree).
+  void record_uptake(Req& r, int32_t left);
+  int32_t uptake_window() const { return 2 * config_.detach_after; }
   bool is_decoding(const Req& r) const {
     return r.prefilled && r.computed + 1 == static_cast<int32_t>(r.context.size());
   }
@@ -212,6 +226,7 @@ class Scheduler {
   AcceptanceEstimate global_acceptance_;
   // What drafting costs a step (per step, not per request: drafts are batched).
   DraftCostEstimate draft_cost_;
+  TreeUptake uptake_;                 // min_tree_uptake
   int64_t spec_admissions_ = 0;       // speculating requests admitted (probe_every)
   int32_t lookahead_ = 0;             // admission look-ahead in force, tokens
   bool step_preempted_ = false;       // the last reserve_step preempted a request

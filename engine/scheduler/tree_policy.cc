@@ -78,6 +78,32 @@ double AcceptanceEstimate::expected_emitted(int32_t nodes, int32_t depth) const 
   return e;
 }
 
+namespace {
+size_t batch_bucket(int32_t batch) {
+  size_t b = 0;
+  while ((int64_t{2} << b) <= batch) ++b;
+  return b;
+}
+}  // namespace
+
+void TreeUptake::record(int32_t batch, int32_t trees, int32_t steps) {
+  if (steps <= 0 || batch <= 0) return;
+  const size_t b = batch_bucket(batch);
+  if (by_bucket_.size() <= b) by_bucket_.resize(b + 1);
+  Mean& m = by_bucket_[b];
+  const double x = static_cast<double>(std::clamp(trees, 0, steps)) / steps;
+  m.samples++;
+  // The plain mean of the first 16, then the latest 16 weigh about two thirds.
+  const double w = std::max(1.0 / static_cast<double>(m.samples), 1.0 / 16);
+  m.share = (1 - w) * m.share + w * x;
+}
+
+double TreeUptake::share(int32_t batch, int32_t min_samples, double fallback) const {
+  const size_t b = batch_bucket(std::max(batch, 1));
+  if (b >= by_bucket_.size() || by_bucket_[b].samples < min_samples) return fallback;
+  return by_bucket_[b].share;
+}
+
 int32_t budget_depth(int32_t nodes, int32_t max_depth) {
   int32_t depth = 0;
   while ((int64_t{2} << depth) <= nodes) ++depth;

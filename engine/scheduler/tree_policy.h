@@ -56,6 +56,30 @@ class AcceptanceEstimate {
   int64_t samples_ = 0;
 };
 
+// Of the requests admitted speculating at a load (the batch they joined, in power-of-two
+// buckets): the share of their first decode steps in which the step policy gave them a tree (a
+// mean that weighs the latest requests most). Admission and the step policy judge with the same
+// cost model, but at different shapes (a burst of arrivals at the batch it will form; each step
+// at the batch it has, its prefill chunks included) and from different estimates (the
+// server-wide acceptance; each request's own), so they can disagree; where they do, every
+// request admitted speculating pays the draft's prefill of its prompt and its first steps'
+// features, and is then detached without a tree. The record lets admission follow what the
+// step policy did at that load.
+class TreeUptake {
+ public:
+  // One request admitted at `batch`: `trees` of its first `steps` decode steps had a tree.
+  void record(int32_t batch, int32_t trees, int32_t steps);
+  // The mean share at `batch`'s bucket; `fallback` while fewer than min_samples were recorded.
+  double share(int32_t batch, int32_t min_samples, double fallback) const;
+
+ private:
+  struct Mean {
+    double share = 0;
+    int64_t samples = 0;
+  };
+  std::vector<Mean> by_bucket_;  // [floor(log2(batch))]
+};
+
 struct TreePolicyConfig {
   bool adaptive = true;           // false: every request gets max_tree
   TreeBudget max_tree;            // largest budget per request

@@ -590,6 +590,66 @@ TEST(SchedulerTicks, ABurstThatPaysForItsDraftTogetherSpeculatesTogether) {
   EXPECT_FALSE(h.sched.speculating(h.ids["S"]));
 }
 
+TEST(SchedulerTicks, AdmissionFollowsWhatTheStepPolicyDidAtThatLoad) {
+  // 17 requests start speculating together (nothing measured: not judged). The step policy
+  // gives 16 of them no tree (their own trees failed) and they are detached; the server-wide
+  // estimate ends on the 17th's good trees, so admission alone would start the next burst of
+  // that size speculating again. With min_tree_uptake it follows the record of that load
+  // (1 request in 17 had trees): the burst starts plain, a request arriving alone (another
+  // load) still speculates, and a scheduler restored from this one's state judges the same.
+  for (double floor : {0.0, 0.25}) {
+    SCOPED_TRACE(floor);
+    SchedulerConfig c;
+    c.max_step_tokens = 512;
+    c.max_running = 64;
+    c.tree.max_tree = {8, 3};
+    c.cost.fixed_ms = 5.0;  // weight-bound: tree tokens are nearly free
+    c.cost.per_token_ms = 0.001;
+    c.cost.online = false;
+    c.detach_after = 2;
+    c.probe_every = 0;
+    c.min_tree_uptake = floor;
+    Harness h(4096, 4, c);
+    std::vector<std::string> first;
+    for (int i = 0; i < 17; ++i) {
+      first.push_back("R" + std::to_string(i));
+      h.add(first.back(), 4, /*spec=*/true, 10 + i);
+    }
+    h.tick();
+    for (const auto& r : first) ASSERT_TRUE(h.sched.speculating(h.ids[r])) << r;
+    for (int i = 1; i < 17; ++i)
+      for (int k = 0; k < 40; ++k)
+        h.sched.record_acceptance(h.ids[first[static_cast<size_t>(i)]], first_child_rejected(), 8);
+    for (int k = 0; k < 40; ++k) h.sched.record_acceptance(h.ids["R0"], chain_of_3(), 8);
+    std::string step = "R0:D8";
+    for (int i = 1; i < 17; ++i) step += " R" + std::to_string(i) + ":D1";
+    for (int t = 0; t < 2; ++t) EXPECT_EQ(h.tick(), step) << t;
+    EXPECT_TRUE(h.sched.speculating(h.ids["R0"]));
+    for (int i = 1; i < 17; ++i) EXPECT_FALSE(h.sched.speculating(h.ids[first[i]])) << i;
+    for (const auto& r : first) h.sched.remove(h.ids[r]);
+
+    auto burst = [&](Harness& x, const std::string& name) {
+      for (int i = 0; i < 16; ++i) x.add(name + std::to_string(i), 4, true, 100 + i);
+      x.tick();
+      int speculating = 0;
+      for (int i = 0; i < 16; ++i)
+        speculating += x.sched.speculating(x.ids[name + std::to_string(i)]);
+      for (int i = 0; i < 16; ++i) x.sched.remove(x.ids[name + std::to_string(i)]);
+      return speculating;
+    };
+    Harness restored(4096, 4, c);
+    restored.sched.restore_policy_state(h.sched.policy_state());
+    EXPECT_EQ(burst(h, "S"), floor > 0 ? 0 : 16);
+    EXPECT_EQ(burst(restored, "S"), floor > 0 ? 0 : 16);
+    h.add("alone", 4, true, 300);
+    h.tick();
+    EXPECT_TRUE(h.sched.speculating(h.ids["alone"]));
+  }
+  SchedulerConfig bad;
+  bad.min_tree_uptake = 1.5;
+  EXPECT_THROW(bad.validate(), Error);
+}
+
 TEST(SchedulerTicks, ARestoredPolicyStateJudgesAdmissionsAsTheOneItCameFrom) {
   // A scheduler that measured trees failing declines a request arriving alone; a fresh one
   // (nothing measured) starts it speculating; one restored from the first declines it too.
