@@ -142,6 +142,7 @@ bool Scheduler::remove(ReqId id) {
   auto it = reqs_.find(id);
   if (it == reqs_.end()) return false;
   record_uptake(it->second, 0);  // a request that ends early counts the steps it ran
+  fold_acceptance(it->second);
   if (it->second.seq >= 0) {
     kv_.free_sequence(it->second.seq);
     // A running request ended while nothing was preempted: the look-ahead narrows by a quarter
@@ -163,6 +164,7 @@ void Scheduler::preempt(ReqId id, StepPlan* plan) {
   r.prefilled = false;
   r.preemptions++;
   r.uptake_batch = 0;  // admitted again later, at the load of then
+  fold_acceptance(r);
   step_preempted_ = true;
   if (r.admitted_lookahead >= lookahead_) lookahead_too_short_ = true;
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
@@ -397,6 +399,7 @@ PlannedStep Scheduler::plan_step() {
       if (r.steps_without_tree >= config_.detach_after) {
         r.speculate = false;
         record_uptake(r, uptake_window() - r.uptake_steps);  // no tree for the rest
+        fold_acceptance(r);
         plan.detached.push_back(id);
         if (trace_trees())
           std::fprintf(stderr, "tree detach: request %llu\n", (unsigned long long)id);
@@ -530,8 +533,9 @@ void Scheduler::record_acceptance(ReqId id, const VerifyResult& result, int32_t 
   if (tree_nodes <= 1) return;
   AcceptanceStats one;
   one.add(result);
-  get(id).acceptance.update(one.offered, one.accepted, tree_nodes);
-  global_acceptance_.update(one.offered, one.accepted, tree_nodes);
+  Req& r = get(id);
+  r.acceptance.update(one.offered, one.accepted, tree_nodes);
+  r.trees++;
 }
 
 size_t Scheduler::num_speculating() const {
@@ -549,6 +553,13 @@ void Scheduler::restore_policy_state(const PolicyState& state) {
   global_acceptance_ = state.global_acceptance;
   draft_cost_ = state.draft_cost;
   uptake_ = state.uptake;
+}
+
+void Scheduler::fold_acceptance(Req& r) {
+  if (r.trees <= 0) return;
+  const double n = static_cast<double>(global_acceptance_.samples() + 1);
+  global_acceptance_.blend(r.acceptance, std::max(1.0 / n, 1.0 / 16));
+  r.trees = 0;
 }
 
 void Scheduler::record_uptake(Req& r, int32_t left) {

@@ -188,6 +188,7 @@ class Scheduler {
     bool prefilled = false;  // computed reached the end of the context once since admission
     int32_t preemptions = 0;
     AcceptanceEstimate acceptance;
+    int32_t trees = 0;  // verified since `acceptance` was last folded into the server-wide one
     int32_t steps_without_tree = 0;
     int32_t probe_steps = 0;  // decode steps left that draft a tree regardless (probe_every)
     // Admitted speculating at this load (> 0) and its first decode steps not yet recorded in
@@ -198,6 +199,13 @@ class Scheduler {
   };
   Req& get(ReqId id);
   const Req& get(ReqId id) const;
+  // Folds r's acceptance into the server-wide estimate (a request whose trees were verified,
+  // when it ends, is detached or is preempted): each request weighs alike (the mean of the
+  // first 16, then the latest 16 weigh about two thirds), not each tree. Updated tree by tree,
+  // the estimate was the latest trees' average, and at batch 1 those are the last request's:
+  // one whose acceptance fell until it was detached left an estimate no admission would start
+  // speculating on, and none did again until a probe (1.00x where the policy runs 1.42x).
+  void fold_acceptance(Req& r);
   // Records r's first decode steps in uptake_ (`left` more steps counted as without a tree).
   void record_uptake(Req& r, int32_t left);
   int32_t uptake_window() const { return 2 * config_.detach_after; }
@@ -222,7 +230,7 @@ class Scheduler {
   KvCacheManager& kv_;
   SchedulerConfig config_;
   CostModel cost_;
-  // Across requests: the acceptance prior a new request starts from.
+  // Across requests: the acceptance prior a new request starts from (fold_acceptance).
   AcceptanceEstimate global_acceptance_;
   // What drafting costs a step (per step, not per request: drafts are batched).
   DraftCostEstimate draft_cost_;

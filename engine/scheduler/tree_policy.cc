@@ -39,6 +39,25 @@ void AcceptanceEstimate::update(const std::vector<int64_t>& offered,
   if (any) samples_++;
 }
 
+void AcceptanceEstimate::blend(const AcceptanceEstimate& other, double weight) {
+  const double w = std::clamp(weight, 0.0, 1.0);
+  for (size_t c = 0; c < other.rate_.size(); ++c)
+    for (size_t d = 0; d < other.rate_[c].size(); ++d) {
+      if (!other.seen(c, d)) continue;
+      if (rate_.size() <= c) {
+        rate_.resize(c + 1);
+        seen_.resize(c + 1);
+      }
+      if (rate_[c].size() <= d) {
+        rate_[c].resize(d + 1, prior_);
+        seen_[c].resize(d + 1, 0);
+      }
+      rate_[c][d] = seen(c, d) ? (1 - w) * rate_[c][d] + w * other.rate_[c][d] : other.rate_[c][d];
+      seen_[c][d]++;
+    }
+  samples_++;
+}
+
 double AcceptanceEstimate::rate(int32_t depth, int32_t nodes) const {
   const size_t d = static_cast<size_t>(depth - 1);
   const size_t c = size_class(std::max(nodes, 2));

@@ -41,6 +41,9 @@ class AcceptanceEstimate {
   double rate(int32_t depth, int32_t nodes) const;
   // Expected tokens a tree of `nodes` reaching `depth` emits: 1 + sum_d prod_{j<=d} rate(j).
   double expected_emitted(int32_t nodes, int32_t depth) const;
+  // Moves each rate `other` has (measured or inherited) `weight` of the way to other's; counts
+  // one sample. The server-wide estimate folds in each request's this way when it ends.
+  void blend(const AcceptanceEstimate& other, double weight);
   int64_t samples() const { return samples_; }
 
  private:

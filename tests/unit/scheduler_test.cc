@@ -650,6 +650,39 @@ TEST(SchedulerTicks, AdmissionFollowsWhatTheStepPolicyDidAtThatLoad) {
   EXPECT_THROW(bad.validate(), Error);
 }
 
+TEST(SchedulerTicks, OneRequestsFailingTreesDoNotLockTheNextOnesOut) {
+  // Batch 1, one request after another: A's trees accept chains of 3, B's first children all
+  // fail and B is detached. The server-wide estimate weighs A and B alike (it was B's last
+  // trees), so C, arriving alone, still starts speculating; a request whose own trees fail
+  // stops speculating by itself.
+  SchedulerConfig c;
+  c.max_step_tokens = 64;
+  c.max_running = 4;
+  c.tree.max_tree = {8, 3};
+  c.cost.fixed_ms = 5.0;
+  c.cost.per_token_ms = 0.05;  // an 8-node tree costs 8% more than a plain step
+  c.cost.online = false;
+  c.detach_after = 3;
+  c.probe_every = 0;
+  Harness h(64, 4, c);
+  h.add("A", 4, /*spec=*/true);
+  EXPECT_EQ(h.tick(), "+A A:P4*");
+  for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["A"], chain_of_3(), 8);
+  EXPECT_EQ(h.tick(), "A:D8");
+  h.sched.remove(h.ids["A"]);
+  h.add("B", 4, true, 20);
+  EXPECT_EQ(h.tick(), "+B B:P4*");
+  EXPECT_TRUE(h.sched.speculating(h.ids["B"]));
+  for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["B"], first_child_rejected(), 8);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(h.tick(), "B:D1") << i;
+  EXPECT_FALSE(h.sched.speculating(h.ids["B"]));
+  h.sched.remove(h.ids["B"]);
+  h.add("C", 4, true, 40);
+  EXPECT_EQ(h.tick(), "+C C:P4*");
+  EXPECT_TRUE(h.sched.speculating(h.ids["C"]));
+  EXPECT_EQ(h.tick(), "C:D8");
+}
+
 TEST(SchedulerTicks, ARestoredPolicyStateJudgesAdmissionsAsTheOneItCameFrom) {
   // A scheduler that measured trees failing declines a request arriving alone; a fresh one
   // (nothing measured) starts it speculating; one restored from the first declines it too.
