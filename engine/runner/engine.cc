@@ -416,6 +416,7 @@ struct Engine::StepRun {
   std::vector<EngineEvent> events;
   std::vector<uint64_t> finished;
   std::vector<PendingFeedback> pending;  // verify steps' feedback, observed after the commits
+  int32_t emitted = 0;                   // tokens the decode items emitted
 };
 
 std::vector<EngineEvent> Engine::step() {
@@ -928,6 +929,7 @@ void Engine::commit(StepRun* run) {
     compactions.append(compaction.copies);
     std::vector<int32_t> emitted = v.accepted_tokens;
     emitted.push_back(v.bonus_token);
+    run->emitted += static_cast<int32_t>(emitted.size());
     std::vector<int32_t> rows;
     for (int32_t node : v.accepted_nodes) rows.push_back(first_logit + node);
     if (c.speculate) {
@@ -996,6 +998,9 @@ void Engine::observe(StepRun* run) {
   if (!run->warmup)
     sched_.observe_step(static_cast<int32_t>(run->plan.items.size()), run->inputs.num_tokens(),
                         std::max(step_ms - drafted_ms - observe_ms, 1e-3));
+  // What the step delivered, drafting included (the policy's trees are checked against it).
+  if (!run->warmup && !run->draft_warmup)
+    sched_.record_step_yield(run->plan, run->emitted, step_ms);
 }
 
 }  // namespace arbor

@@ -14,6 +14,9 @@ namespace {
 // Requests admitted speculating at a load that TreeUptake must have recorded before admission
 // follows it (SchedulerConfig::min_tree_uptake).
 constexpr int32_t kMinUptakeSamples = 8;
+// Decode-only steps with trees and without that StepYield must have measured at a batch before
+// the policy's trees there can be overruled (SchedulerConfig::yield_recheck).
+constexpr int32_t kMinYieldSamples = 8;
 
 // ARBOR_TREE_TRACE=1: one stderr line per decode step with the tree policy's inputs and choice,
 // one per admission and per detach.
@@ -43,6 +46,9 @@ void SchedulerConfig::validate() const {
   if (!(min_tree_uptake >= 0 && min_tree_uptake <= 1))
     throw_error(ErrorCode::kInvalidArgument,
                 "min_tree_uptake must be in [0, 1], got " + std::to_string(min_tree_uptake));
+  if (yield_recheck < 0)
+    throw_error(ErrorCode::kInvalidArgument,
+                "yield_recheck must be >= 0, got " + std::to_string(yield_recheck));
   if (admission_lookahead < 0)
     throw_error(ErrorCode::kInvalidArgument,
                 "admission_lookahead must be >= 0, got " + std::to_string(admission_lookahead));
@@ -365,6 +371,23 @@ PlannedStep Scheduler::plan_step() {
                    cands[c].acceptance->rate(3, budgets[c].max_nodes));
     std::fprintf(stderr, "\n");
   }
+  // Where the policy's trees delivered less than plain steps at this batch, they are overruled
+  // (but in every yield_recheck-th such step).
+  const auto any_tree = [](const std::vector<TreeBudget>& bs) {
+    return std::any_of(bs.begin(), bs.end(), [](const TreeBudget& b) { return b.max_nodes > 1; });
+  };
+  bool overruled = false;
+  if (!explore && chunks.empty() && config_.tree.adaptive && config_.yield_recheck > 0 &&
+      any_tree(budgets) && yield_.trees_lose(batch, kMinYieldSamples) &&
+      overruled_steps_++ % config_.yield_recheck != config_.yield_recheck - 1) {
+    overruled = true;
+    std::fill(budgets.begin(), budgets.end(), TreeBudget{1, 0});
+  }
+  plan.yield_batch = chunks.empty() ? batch : 0;
+  plan.policy_trees = any_tree(budgets);
+  if (trace_trees() && overruled)
+    std::fprintf(stderr, "tree overruled: batch %d trees %.2f plain %.2f tokens/ms\n", batch,
+                 yield_.tokens_per_ms(batch, true), yield_.tokens_per_ms(batch, false));
   // What the policy gave the requests admitted speculating, in their first decode steps.
   for (size_t k = 0; k < decodes.size() && !explore; ++k) {
     Req& r = get(decodes[k]);
@@ -553,6 +576,7 @@ void Scheduler::restore_policy_state(const PolicyState& state) {
   global_acceptance_ = state.global_acceptance;
   draft_cost_ = state.draft_cost;
   uptake_ = state.uptake;
+  yield_ = state.yield;
 }
 
 void Scheduler::fold_acceptance(Req& r) {
@@ -566,6 +590,10 @@ void Scheduler::record_uptake(Req& r, int32_t left) {
   if (r.uptake_batch > 0)
     uptake_.record(r.uptake_batch, r.uptake_trees, r.uptake_steps + std::max(left, 0));
   r.uptake_batch = 0;
+}
+
+void Scheduler::record_step_yield(const StepPlan& plan, int32_t emitted, double ms) {
+  if (plan.yield_batch > 0) yield_.record(plan.yield_batch, plan.policy_trees, emitted, ms);
 }
 
 void Scheduler::record_draft_step(int32_t depth, double ms) {

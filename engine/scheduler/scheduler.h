@@ -42,6 +42,11 @@ struct SchedulerConfig {
   // requests recorded) is admitted without speculation, whatever admission's own verdict
   // (probes still speculate, and keep the record current). 0: never.
   double min_tree_uptake = 0.25;
+  // adaptive: where decode-only steps with the policy's trees delivered fewer tokens per ms than
+  // steps without at that batch (StepYield, 8 of each measured), the policy's trees are
+  // overruled (every request decodes plainly) but in every yield_recheck-th such step, which
+  // measures them again. 0: never overruled.
+  int32_t yield_recheck = 16;
   // Admission look-ahead, tokens: a waiting request is admitted only while the free blocks hold
   // its whole context plus `lookahead` tokens and the next `lookahead` tokens of every running
   // request (the rest of a prefilling request's context too). The look-ahead starts here, grows
@@ -72,6 +77,10 @@ struct StepPlan {
   // paying for drafting and feature bookkeeping it does not use.
   std::vector<ReqId> detached;
   SlotCopies copies;  // copy-on-write copies of the reservations: run before the step
+  // A decode-only step of this many requests (0: it carries prefill), and whether the tree
+  // policy gave any of them a tree (a probe's tree regardless aside): record_step_yield.
+  int32_t yield_batch = 0;
+  bool policy_trees = false;
   int32_t total_tokens() const;
 };
 
@@ -126,6 +135,10 @@ class Scheduler {
   // time (propose + observe), for the whole batch.
   void record_draft_step(int32_t depth, double ms);
   void observe_step(int32_t batch, int32_t tokens, double ms) { cost_.observe(batch, tokens, ms); }
+  // What a step of `plan` delivered: the tokens its decode items emitted in `ms`, the whole
+  // step's wall time (drafting and feedback included; steps that recorded graphs left out).
+  void record_step_yield(const StepPlan& plan, int32_t emitted, double ms);
+  const StepYield& step_yield() const { return yield_; }
   // Replaces the cost model (e.g. with curves measured at start-up); forgets its observations.
   void set_cost(CostModelConfig cost);
   // Decode steps with trees run padded to graph_bucket(tokens, buckets) (TreePolicyConfig).
@@ -139,8 +152,11 @@ class Scheduler {
     AcceptanceEstimate global_acceptance;
     DraftCostEstimate draft_cost;
     TreeUptake uptake;
+    StepYield yield;
   };
-  PolicyState policy_state() const { return {cost_, global_acceptance_, draft_cost_, uptake_}; }
+  PolicyState policy_state() const {
+    return {cost_, global_acceptance_, draft_cost_, uptake_, yield_};
+  }
   void restore_policy_state(const PolicyState& state);
   // A new running request `child` sharing every KV block of `parent` (n > 1 samples of one
   // prompt): parent must have finished its prefill; child's context is parent's committed
@@ -234,7 +250,9 @@ class Scheduler {
   AcceptanceEstimate global_acceptance_;
   // What drafting costs a step (per step, not per request: drafts are batched).
   DraftCostEstimate draft_cost_;
-  TreeUptake uptake_;                 // min_tree_uptake
+  TreeUptake uptake_;  // min_tree_uptake
+  StepYield yield_;    // yield_recheck
+  int64_t overruled_steps_ = 0;
   int64_t spec_admissions_ = 0;       // speculating requests admitted (probe_every)
   int32_t lookahead_ = 0;             // admission look-ahead in force, tokens
   bool step_preempted_ = false;       // the last reserve_step preempted a request

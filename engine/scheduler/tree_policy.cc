@@ -123,6 +123,30 @@ double TreeUptake::share(int32_t batch, int32_t min_samples, double fallback) co
   return by_bucket_[b].share;
 }
 
+void StepYield::record(int32_t batch, bool trees, int32_t emitted, double ms) {
+  if (batch <= 0 || emitted <= 0 || !(ms > 0)) return;
+  std::vector<Mean>& v = by_bucket_[trees ? 1 : 0];
+  const size_t b = batch_bucket(batch);
+  if (v.size() <= b) v.resize(b + 1);
+  Mean& m = v[b];
+  m.samples++;
+  const double w = std::max(1.0 / static_cast<double>(m.samples), 1.0 / 16);
+  m.tokens_per_ms = (1 - w) * m.tokens_per_ms + w * emitted / ms;
+}
+
+double StepYield::tokens_per_ms(int32_t batch, bool trees) const {
+  const std::vector<Mean>& v = by_bucket_[trees ? 1 : 0];
+  const size_t b = batch_bucket(std::max(batch, 1));
+  return b < v.size() && v[b].samples > 0 ? v[b].tokens_per_ms : -1;
+}
+
+bool StepYield::trees_lose(int32_t batch, int32_t min_samples) const {
+  const size_t b = batch_bucket(std::max(batch, 1));
+  for (const auto& v : by_bucket_)
+    if (b >= v.size() || v[b].samples < std::max(min_samples, 1)) return false;
+  return by_bucket_[1][b].tokens_per_ms < by_bucket_[0][b].tokens_per_ms;
+}
+
 int32_t budget_depth(int32_t nodes, int32_t max_depth) {
   int32_t depth = 0;
   while ((int64_t{2} << depth) <= nodes) ++depth;

@@ -683,6 +683,45 @@ TEST(SchedulerTicks, OneRequestsFailingTreesDoNotLockTheNextOnesOut) {
   EXPECT_EQ(h.tick(), "C:D8");
 }
 
+TEST(SchedulerTicks, TreesThatDeliveredLessThanPlainStepsAreOverruled) {
+  // The policy's model says trees are nearly free and A's accept chains of 3, so it gives A an
+  // 8-node tree every step. What the steps delivered says otherwise: 2 tokens in 10 ms with
+  // trees, 1 in 2 ms without. With yield_recheck 4 the policy's trees are overruled but in
+  // every 4th such step; with 0, or when trees delivered more, they stand.
+  for (const auto& [recheck, tree_ms] : {std::pair{4, 10.0}, {0, 10.0}, {4, 3.0}}) {
+    SCOPED_TRACE(std::to_string(recheck) + " " + std::to_string(tree_ms));
+    SchedulerConfig c;
+    c.max_step_tokens = 64;
+    c.max_running = 4;
+    c.tree.max_tree = {8, 3};
+    c.cost.fixed_ms = 5.0;
+    c.cost.per_token_ms = 0.001;
+    c.cost.online = false;
+    c.detach_after = 100;
+    c.probe_every = 0;
+    c.yield_recheck = recheck;
+    Harness h(256, 4, c);
+    h.add("A", 4, /*spec=*/true);
+    EXPECT_EQ(h.tick(), "+A A:P4*");
+    for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["A"], chain_of_3(), 8);
+    EXPECT_EQ(h.tick(), "A:D8");
+    StepPlan with, without;
+    with.yield_batch = without.yield_batch = 1;
+    with.policy_trees = true;
+    for (int i = 0; i < 8; ++i) {
+      h.sched.record_step_yield(with, 2, tree_ms);
+      h.sched.record_step_yield(without, 1, 2.0);
+    }
+    const bool lose = recheck > 0 && tree_ms > 4.0;
+    EXPECT_EQ(h.sched.step_yield().trees_lose(1, 8), tree_ms > 4.0);
+    for (int i = 0; i < 8; ++i)
+      EXPECT_EQ(h.tick(), !lose || i % 4 == 3 ? "A:D8" : "A:D1") << i;
+  }
+  SchedulerConfig bad;
+  bad.yield_recheck = -1;
+  EXPECT_THROW(bad.validate(), Error);
+}
+
 TEST(SchedulerTicks, ARestoredPolicyStateJudgesAdmissionsAsTheOneItCameFrom) {
   // A scheduler that measured trees failing declines a request arriving alone; a fresh one
   // (nothing measured) starts it speculating; one restored from the first declines it too.
