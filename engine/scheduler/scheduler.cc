@@ -227,8 +227,11 @@ void Scheduler::admit(StepPlan* plan) {
     const int32_t ahead = static_cast<int32_t>(std::min<size_t>(
         waiting_.size() - 1, static_cast<size_t>(config_.max_running) - running_.size() - 1));
     const int32_t load = static_cast<int32_t>(running_.size()) + 1 + ahead;
-    if (judged && uptake_.share(load, kMinUptakeSamples, 1.0) < config_.min_tree_uptake) {
-      // The step policy kept the last requests admitted speculating at this load without trees.
+    const bool guarded = r.speculate && config_.tree.adaptive && !probe;
+    if (guarded && (uptake_.share(load, kMinUptakeSamples, 1.0) < config_.min_tree_uptake ||
+                    (config_.yield_recheck > 0 && yield_.trees_lose(load, kMinYieldSamples)))) {
+      // The step policy kept the last requests admitted speculating at this load without trees,
+      // or its trees delivered less than plain steps there (they would be overruled).
       r.speculate = false;
     } else if (judged && burst_trees) {  // the rest of a burst already judged
       r.acceptance = global_acceptance_;
@@ -386,8 +389,8 @@ PlannedStep Scheduler::plan_step() {
   plan.yield_batch = chunks.empty() ? batch : 0;
   plan.policy_trees = any_tree(budgets);
   if (trace_trees() && overruled)
-    std::fprintf(stderr, "tree overruled: batch %d trees %.2f plain %.2f tokens/ms\n", batch,
-                 yield_.tokens_per_ms(batch, true), yield_.tokens_per_ms(batch, false));
+    std::fprintf(stderr, "tree overruled: batch %d trees %.4f plain %.4f tokens/request/ms\n",
+                 batch, yield_.tokens_per_ms(batch, true), yield_.tokens_per_ms(batch, false));
   // What the policy gave the requests admitted speculating, in their first decode steps.
   for (size_t k = 0; k < decodes.size() && !explore; ++k) {
     Req& r = get(decodes[k]);

@@ -42,10 +42,11 @@ struct SchedulerConfig {
   // requests recorded) is admitted without speculation, whatever admission's own verdict
   // (probes still speculate, and keep the record current). 0: never.
   double min_tree_uptake = 0.25;
-  // adaptive: where decode-only steps with the policy's trees delivered fewer tokens per ms than
-  // steps without at that batch (StepYield, 8 of each measured), the policy's trees are
-  // overruled (every request decodes plainly) but in every yield_recheck-th such step, which
-  // measures them again. 0: never overruled.
+  // adaptive: where decode-only steps with the policy's trees delivered fewer tokens per request
+  // and ms than steps without at that batch (StepYield, 8 of each measured, or at the nearest
+  // smaller batch measured), the policy's trees are overruled (every request decodes plainly)
+  // but in every yield_recheck-th such step, which measures them again, and arrivals at such a
+  // load start plain (probes aside). 0: never overruled.
   int32_t yield_recheck = 16;
   // Admission look-ahead, tokens: a waiting request is admitted only while the free blocks hold
   // its whole context plus `lookahead` tokens and the next `lookahead` tokens of every running

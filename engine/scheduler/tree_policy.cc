@@ -131,7 +131,7 @@ void StepYield::record(int32_t batch, bool trees, int32_t emitted, double ms) {
   Mean& m = v[b];
   m.samples++;
   const double w = std::max(1.0 / static_cast<double>(m.samples), 1.0 / 16);
-  m.tokens_per_ms = (1 - w) * m.tokens_per_ms + w * emitted / ms;
+  m.tokens_per_ms = (1 - w) * m.tokens_per_ms + w * emitted / batch / ms;
 }
 
 double StepYield::tokens_per_ms(int32_t batch, bool trees) const {
@@ -141,10 +141,16 @@ double StepYield::tokens_per_ms(int32_t batch, bool trees) const {
 }
 
 bool StepYield::trees_lose(int32_t batch, int32_t min_samples) const {
-  const size_t b = batch_bucket(std::max(batch, 1));
-  for (const auto& v : by_bucket_)
-    if (b >= v.size() || v[b].samples < std::max(min_samples, 1)) return false;
-  return by_bucket_[1][b].tokens_per_ms < by_bucket_[0][b].tokens_per_ms;
+  const int64_t need = std::max(min_samples, 1);
+  const auto measured = [&](size_t b) {
+    return b < by_bucket_[0].size() && b < by_bucket_[1].size() &&
+           by_bucket_[0][b].samples >= need && by_bucket_[1][b].samples >= need;
+  };
+  // A batch not measured borrows the nearest smaller one's verdict: verification's cost grows
+  // with the batch and acceptance does not, so trees that lose at a batch lose at a larger one.
+  for (size_t b = batch_bucket(std::max(batch, 1)) + 1; b-- > 0;)
+    if (measured(b)) return by_bucket_[1][b].tokens_per_ms < by_bucket_[0][b].tokens_per_ms;
+  return false;
 }
 
 int32_t budget_depth(int32_t nodes, int32_t max_depth) {

@@ -83,8 +83,9 @@ class TreeUptake {
   std::vector<Mean> by_bucket_;  // [floor(log2(batch))]
 };
 
-// What decode-only steps delivered, per batch (power-of-two buckets): tokens emitted per ms of
-// the whole step (drafting and the proposer's feedback included), for steps in which the tree
+// What decode-only steps delivered, per batch (power-of-two buckets): tokens emitted per request
+// per ms of the whole step (drafting and the proposer's feedback included; per request, so
+// that batches of one bucket compare), for steps in which the tree
 // policy gave trees and for steps without a tree (means that weigh the latest 16 most). The
 // policy predicts a tree's worth from acceptance estimates and a cost model, both of which can
 // be wrong (estimates that ran high are the ones that win budgets; a cost curve's shape at a
@@ -92,10 +93,10 @@ class TreeUptake {
 class StepYield {
  public:
   void record(int32_t batch, bool trees, int32_t emitted, double ms);
-  // Trees at `batch` delivered fewer tokens per ms than steps without (each measured at least
-  // min_samples times).
+  // Trees at `batch` delivered fewer tokens per request and ms than steps without (each
+  // measured at least min_samples times there, else at the nearest smaller batch that was).
   bool trees_lose(int32_t batch, int32_t min_samples) const;
-  // Tokens per ms measured at `batch` for steps with (trees) or without trees; -1: none.
+  // Tokens per request and ms at `batch` for steps with (trees) or without trees; -1: none.
   double tokens_per_ms(int32_t batch, bool trees) const;
 
  private:

@@ -714,8 +714,13 @@ TEST(SchedulerTicks, TreesThatDeliveredLessThanPlainStepsAreOverruled) {
     }
     const bool lose = recheck > 0 && tree_ms > 4.0;
     EXPECT_EQ(h.sched.step_yield().trees_lose(1, 8), tree_ms > 4.0);
-    for (int i = 0; i < 8; ++i)
-      EXPECT_EQ(h.tick(), !lose || i % 4 == 3 ? "A:D8" : "A:D1") << i;
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(h.tick(), !lose || i % 4 == 3 ? "A:D8" : "A:D1") << i;
+    // A larger batch not measured borrows batch 1's verdict: B, joining A (load 2), starts
+    // plain where trees lose.
+    EXPECT_EQ(h.sched.step_yield().trees_lose(64, 8), tree_ms > 4.0);
+    h.add("B", 4, true, 100);
+    h.tick();
+    EXPECT_EQ(h.sched.speculating(h.ids["B"]), !lose);
   }
   SchedulerConfig bad;
   bad.yield_recheck = -1;
