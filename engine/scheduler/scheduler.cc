@@ -16,7 +16,7 @@ namespace {
 constexpr int32_t kMinUptakeSamples = 8;
 // Decode-only steps with trees and without that StepYield must have measured at a batch before
 // the policy's trees there can be overruled (SchedulerConfig::yield_recheck).
-constexpr int32_t kMinYieldSamples = 8;
+constexpr int32_t kMinYieldSamples = 4;
 
 // ARBOR_TREE_TRACE=1: one stderr line per decode step with the tree policy's inputs and choice,
 // one per admission and per detach.

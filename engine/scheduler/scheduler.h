@@ -43,7 +43,7 @@ struct SchedulerConfig {
   // (probes still speculate, and keep the record current). 0: never.
   double min_tree_uptake = 0.25;
   // adaptive: where decode-only steps with the policy's trees delivered fewer tokens per request
-  // and ms than steps without at that batch (StepYield, 8 of each measured, or at the nearest
+  // and ms than steps without at that batch (StepYield, 4 of each measured, or at the nearest
   // smaller batch measured), the policy's trees are overruled (every request decodes plainly)
   // but in every yield_recheck-th such step, which measures them again, and arrivals at such a
   // load start plain (probes aside). 0: never overruled.
