@@ -45,6 +45,7 @@ class CostModel {
   // Whether (batch, tokens)'s own bucket has min_obs observations (always true offline).
   bool measured(int32_t batch, int32_t tokens) const;
   const CostModelConfig& config() const { return config_; }
+  static int32_t bucket_of(int32_t v);  // floor(log2(v)) bucket (v >= 1)
 
  private:
   double prior_ms(int32_t batch, int32_t tokens) const;
@@ -52,7 +53,6 @@ class CostModel {
     double ratio = 1.0;  // measured / prior, EMA
     int32_t count = 0;
   };
-  static int32_t bucket_of(int32_t v);  // floor(log2(v)) bucket
   CostModelConfig config_;
   std::map<std::pair<int32_t, int32_t>, Bucket> buckets_;  // (batch bucket, token bucket)
 };

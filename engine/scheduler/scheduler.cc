@@ -584,8 +584,7 @@ void Scheduler::restore_policy_state(const PolicyState& state) {
 
 void Scheduler::fold_acceptance(Req& r) {
   if (r.trees <= 0) return;
-  const double n = static_cast<double>(global_acceptance_.samples() + 1);
-  global_acceptance_.blend(r.acceptance, std::max(1.0 / n, 1.0 / 16));
+  global_acceptance_.blend(r.acceptance, LatestMean::weight(global_acceptance_.samples() + 1));
   r.trees = 0;
 }
 

@@ -97,59 +97,47 @@ double AcceptanceEstimate::expected_emitted(int32_t nodes, int32_t depth) const 
   return e;
 }
 
-namespace {
-size_t batch_bucket(int32_t batch) {
-  size_t b = 0;
-  while ((int64_t{2} << b) <= batch) ++b;
-  return b;
+void BatchMeans::add(int32_t batch, double x) {
+  const auto b = static_cast<size_t>(CostModel::bucket_of(std::max(batch, 1)));
+  if (by_bucket_.size() <= b) by_bucket_.resize(b + 1);
+  by_bucket_[b].add(x);
 }
-}  // namespace
+
+const LatestMean* BatchMeans::at(int32_t batch, int64_t min_samples) const {
+  const auto b = static_cast<size_t>(CostModel::bucket_of(std::max(batch, 1)));
+  if (b >= by_bucket_.size() || by_bucket_[b].samples < std::max<int64_t>(min_samples, 1))
+    return nullptr;
+  return &by_bucket_[b];
+}
 
 void TreeUptake::record(int32_t batch, int32_t trees, int32_t steps) {
   if (steps <= 0 || batch <= 0) return;
-  const size_t b = batch_bucket(batch);
-  if (by_bucket_.size() <= b) by_bucket_.resize(b + 1);
-  Mean& m = by_bucket_[b];
-  const double x = static_cast<double>(std::clamp(trees, 0, steps)) / steps;
-  m.samples++;
-  // The plain mean of the first 16, then the latest 16 weigh about two thirds.
-  const double w = std::max(1.0 / static_cast<double>(m.samples), 1.0 / 16);
-  m.share = (1 - w) * m.share + w * x;
+  share_.add(batch, static_cast<double>(std::clamp(trees, 0, steps)) / steps);
 }
 
 double TreeUptake::share(int32_t batch, int32_t min_samples, double fallback) const {
-  const size_t b = batch_bucket(std::max(batch, 1));
-  if (b >= by_bucket_.size() || by_bucket_[b].samples < min_samples) return fallback;
-  return by_bucket_[b].share;
+  const LatestMean* m = share_.at(batch, min_samples);
+  return m != nullptr ? m->value : fallback;
 }
 
 void StepYield::record(int32_t batch, bool trees, int32_t emitted, double ms) {
   if (batch <= 0 || emitted <= 0 || !(ms > 0)) return;
-  std::vector<Mean>& v = by_bucket_[trees ? 1 : 0];
-  const size_t b = batch_bucket(batch);
-  if (v.size() <= b) v.resize(b + 1);
-  Mean& m = v[b];
-  m.samples++;
-  const double w = std::max(1.0 / static_cast<double>(m.samples), 1.0 / 16);
-  m.tokens_per_ms = (1 - w) * m.tokens_per_ms + w * emitted / batch / ms;
+  tokens_per_ms_[trees ? 1 : 0].add(batch, emitted / static_cast<double>(batch) / ms);
 }
 
 double StepYield::tokens_per_ms(int32_t batch, bool trees) const {
-  const std::vector<Mean>& v = by_bucket_[trees ? 1 : 0];
-  const size_t b = batch_bucket(std::max(batch, 1));
-  return b < v.size() && v[b].samples > 0 ? v[b].tokens_per_ms : -1;
+  const LatestMean* m = tokens_per_ms_[trees ? 1 : 0].at(batch, 1);
+  return m != nullptr ? m->value : -1;
 }
 
 bool StepYield::trees_lose(int32_t batch, int32_t min_samples) const {
-  const int64_t need = std::max(min_samples, 1);
-  const auto measured = [&](size_t b) {
-    return b < by_bucket_[0].size() && b < by_bucket_[1].size() &&
-           by_bucket_[0][b].samples >= need && by_bucket_[1][b].samples >= need;
-  };
   // A batch not measured borrows the nearest smaller one's verdict: verification's cost grows
   // with the batch and acceptance does not, so trees that lose at a batch lose at a larger one.
-  for (size_t b = batch_bucket(std::max(batch, 1)) + 1; b-- > 0;)
-    if (measured(b)) return by_bucket_[1][b].tokens_per_ms < by_bucket_[0][b].tokens_per_ms;
+  for (int32_t b = CostModel::bucket_of(std::max(batch, 1)); b >= 0; --b) {
+    const LatestMean* with = tokens_per_ms_[1].at(int32_t{1} << b, min_samples);
+    const LatestMean* without = tokens_per_ms_[0].at(int32_t{1} << b, min_samples);
+    if (with != nullptr && without != nullptr) return with->value < without->value;
+  }
   return false;
 }
 

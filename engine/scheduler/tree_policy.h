@@ -11,6 +11,7 @@
 // slower step than disabling it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -59,6 +60,30 @@ class AcceptanceEstimate {
   int64_t samples_ = 0;
 };
 
+// A mean that weighs the latest samples most: the plain mean of the first 16, then each new
+// sample weighs 1/16 (the latest 16 about two thirds).
+struct LatestMean {
+  double value = 0;
+  int64_t samples = 0;
+  static double weight(int64_t n) { return std::max(1.0 / static_cast<double>(n), 1.0 / 16); }
+  void add(double x) {
+    samples++;
+    const double w = weight(samples);
+    value = (1 - w) * value + w * x;
+  }
+};
+
+// LatestMeans per batch, in power-of-two buckets (CostModel::bucket_of).
+class BatchMeans {
+ public:
+  void add(int32_t batch, double x);
+  // The bucket of `batch`; nullptr while it has fewer than min_samples samples.
+  const LatestMean* at(int32_t batch, int64_t min_samples) const;
+
+ private:
+  std::vector<LatestMean> by_bucket_;
+};
+
 // Of the requests admitted speculating at a load (the batch they joined, in power-of-two
 // buckets): the share of their first decode steps in which the step policy gave them a tree (a
 // mean that weighs the latest requests most). Admission and the step policy judge with the same
@@ -76,11 +101,7 @@ class TreeUptake {
   double share(int32_t batch, int32_t min_samples, double fallback) const;
 
  private:
-  struct Mean {
-    double share = 0;
-    int64_t samples = 0;
-  };
-  std::vector<Mean> by_bucket_;  // [floor(log2(batch))]
+  BatchMeans share_;
 };
 
 // What decode-only steps delivered, per batch (power-of-two buckets): tokens emitted per request
@@ -100,11 +121,7 @@ class StepYield {
   double tokens_per_ms(int32_t batch, bool trees) const;
 
  private:
-  struct Mean {
-    double tokens_per_ms = 0;
-    int64_t samples = 0;
-  };
-  std::vector<Mean> by_bucket_[2];  // [trees][floor(log2(batch))]
+  BatchMeans tokens_per_ms_[2];  // [trees]
 };
 
 struct TreePolicyConfig {

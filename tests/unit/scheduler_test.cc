@@ -132,17 +132,25 @@ TEST(SchedulerTicks, AdaptiveTreesFirstMeasureThePlainStep) {
   EXPECT_FALSE(CostModel(c.cost).measured(1, 1));
 }
 
+// Adaptive trees of up to 8 nodes / depth 3, judged with a fixed (offline) cost model under
+// which tree tokens are nearly free (weight-bound), without probes.
+SchedulerConfig weight_bound(int32_t step_tokens, int32_t max_running, int32_t detach_after) {
+  SchedulerConfig c;
+  c.max_step_tokens = step_tokens;
+  c.max_running = max_running;
+  c.tree.max_tree = {8, 3};
+  c.cost.fixed_ms = 5.0;
+  c.cost.per_token_ms = 0.001;
+  c.cost.online = false;  // no plain-step exploration
+  c.detach_after = detach_after;
+  c.probe_every = 0;
+  return c;
+}
+
 TEST(SchedulerTicks, AProbeRevisesAPessimisticAcceptanceEstimate) {
   for (int32_t probe_every : {0, 2}) {
     SCOPED_TRACE(probe_every);
-    SchedulerConfig c;
-    c.max_step_tokens = 64;
-    c.max_running = 4;
-    c.tree.max_tree = {8, 3};
-    c.cost.fixed_ms = 5.0;
-    c.cost.per_token_ms = 0.001;
-    c.cost.online = false;  // no plain-step exploration here
-    c.detach_after = 3;
+    SchedulerConfig c = weight_bound(64, 4, /*detach_after=*/3);
     c.probe_every = probe_every;
     Harness h(64, 4, c);
     h.add("A", 4, /*spec=*/true);
@@ -599,15 +607,7 @@ TEST(SchedulerTicks, AdmissionFollowsWhatTheStepPolicyDidAtThatLoad) {
   // load) still speculates, and a scheduler restored from this one's state judges the same.
   for (double floor : {0.0, 0.25}) {
     SCOPED_TRACE(floor);
-    SchedulerConfig c;
-    c.max_step_tokens = 512;
-    c.max_running = 64;
-    c.tree.max_tree = {8, 3};
-    c.cost.fixed_ms = 5.0;  // weight-bound: tree tokens are nearly free
-    c.cost.per_token_ms = 0.001;
-    c.cost.online = false;
-    c.detach_after = 2;
-    c.probe_every = 0;
+    SchedulerConfig c = weight_bound(512, 64, /*detach_after=*/2);
     c.min_tree_uptake = floor;
     Harness h(4096, 4, c);
     std::vector<std::string> first;
@@ -655,15 +655,8 @@ TEST(SchedulerTicks, OneRequestsFailingTreesDoNotLockTheNextOnesOut) {
   // fail and B is detached. The server-wide estimate weighs A and B alike (it was B's last
   // trees), so C, arriving alone, still starts speculating; a request whose own trees fail
   // stops speculating by itself.
-  SchedulerConfig c;
-  c.max_step_tokens = 64;
-  c.max_running = 4;
-  c.tree.max_tree = {8, 3};
-  c.cost.fixed_ms = 5.0;
+  SchedulerConfig c = weight_bound(64, 4, /*detach_after=*/3);
   c.cost.per_token_ms = 0.05;  // an 8-node tree costs 8% more than a plain step
-  c.cost.online = false;
-  c.detach_after = 3;
-  c.probe_every = 0;
   Harness h(64, 4, c);
   h.add("A", 4, /*spec=*/true);
   EXPECT_EQ(h.tick(), "+A A:P4*");
@@ -690,15 +683,7 @@ TEST(SchedulerTicks, TreesThatDeliveredLessThanPlainStepsAreOverruled) {
   // every 4th such step; with 0, or when trees delivered more, they stand.
   for (const auto& [recheck, tree_ms] : {std::pair{4, 10.0}, {0, 10.0}, {4, 3.0}}) {
     SCOPED_TRACE(std::to_string(recheck) + " " + std::to_string(tree_ms));
-    SchedulerConfig c;
-    c.max_step_tokens = 64;
-    c.max_running = 4;
-    c.tree.max_tree = {8, 3};
-    c.cost.fixed_ms = 5.0;
-    c.cost.per_token_ms = 0.001;
-    c.cost.online = false;
-    c.detach_after = 100;
-    c.probe_every = 0;
+    SchedulerConfig c = weight_bound(64, 4, /*detach_after=*/100);
     c.yield_recheck = recheck;
     Harness h(256, 4, c);
     h.add("A", 4, /*spec=*/true);
