@@ -13,6 +13,8 @@
 //     the speedup that ratio gives at the published acceptance lengths.
 // Usage: tp_bench [--shape 8b|70b] [--tp 1,2] [--batch 1,8,32] [--context 512] [--steps 32]
 //                 [--tree 60] [--eagle3 1:60,8:16] [--pick-on-device -1|0|1] [--json out.json]
+// The draft backend launches into the target's stream (make_cuda_backend_on_stream_of), as
+// arbor serve, generate and spec-bench make it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -136,7 +138,8 @@ EngineStepTimes engine_steps(LlamaModel& model, const ModelWeights& w, int batch
     eo.pick_on_backend = pick;
     CudaBackendOptions o;
     o.random_weights = true;
-    proposer = std::make_unique<EagleProposer>(dummy_eagle3(w.config), w, eo, make_cuda_backend(o));
+    proposer = std::make_unique<EagleProposer>(dummy_eagle3(w.config), w, eo,
+                                               make_cuda_backend_on_stream_of(o, model.backend()));
   }
   Engine engine(model, ec, proposer.get());
   std::mt19937 rng(17);
