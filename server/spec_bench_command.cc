@@ -414,6 +414,16 @@ int run_spec_bench(const SpecBenchOptions& o) {
             "timed)\n",
             what, whose, t.graph_device_ms / static_cast<double>(t.graphs_timed),
             t.graph_device_ms / steps, static_cast<long long>(t.graphs_timed));
+      // The device's time before them since the timed replay before: where it waits for the
+      // host (or runs ops outside the graphs) in a step.
+      if (t.graph_gaps_same + t.graph_gaps_other > 0)
+        std::printf(
+            "%s %s step graphs: the device before them %.3f ms per step after the other "
+            "backend's (%lld gaps, %.3f ms each), %.3f after its own (%lld, %.3f each)\n",
+            what, whose, t.graph_gap_other_ms / steps, static_cast<long long>(t.graph_gaps_other),
+            t.graph_gap_other_ms / std::max<double>(1, static_cast<double>(t.graph_gaps_other)),
+            t.graph_gap_same_ms / steps, static_cast<long long>(t.graph_gaps_same),
+            t.graph_gap_same_ms / std::max<double>(1, static_cast<double>(t.graph_gaps_same)));
     };
     device_time("target", x - dx);
     device_time("draft", dx);

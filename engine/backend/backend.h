@@ -112,6 +112,13 @@ struct TransferStats {
   // from the replay's start on the stream to its end, waits for the host excluded.
   int64_t graphs_timed = 0;
   double graph_device_ms = 0;
+  // Of those, the device time from the end of the timed replay before each (on the stream this
+  // backend shares) to its start, when that replay was this backend's (same) or another's
+  // (other: an EAGLE draft's after the target's verify step, or the other way round): the
+  // device idle, waiting for the host, or running ops outside the graphs. Gaps over 1 ms (steps
+  // run op by op) are left out.
+  int64_t graph_gaps_same = 0, graph_gaps_other = 0;
+  double graph_gap_same_ms = 0, graph_gap_other_ms = 0;
   // Step-graph launches and the host's time in them (the CUDA backend's cudaGraphLaunch).
   int64_t graph_launches = 0;
   double graph_launch_host_ms = 0;
@@ -121,6 +128,10 @@ struct TransferStats {
             h2d_bytes - o.h2d_bytes,
             graphs_timed - o.graphs_timed,
             graph_device_ms - o.graph_device_ms,
+            graph_gaps_same - o.graph_gaps_same,
+            graph_gaps_other - o.graph_gaps_other,
+            graph_gap_same_ms - o.graph_gap_same_ms,
+            graph_gap_other_ms - o.graph_gap_other_ms,
             graph_launches - o.graph_launches,
             graph_launch_host_ms - o.graph_launch_host_ms};
   }
@@ -130,6 +141,10 @@ struct TransferStats {
             h2d_bytes + o.h2d_bytes,
             graphs_timed + o.graphs_timed,
             graph_device_ms + o.graph_device_ms,
+            graph_gaps_same + o.graph_gaps_same,
+            graph_gaps_other + o.graph_gaps_other,
+            graph_gap_same_ms + o.graph_gap_same_ms,
+            graph_gap_other_ms + o.graph_gap_other_ms,
             graph_launches + o.graph_launches,
             graph_launch_host_ms + o.graph_launch_host_ms};
   }

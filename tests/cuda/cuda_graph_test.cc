@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/core/error.h"
@@ -344,6 +346,73 @@ TEST(CudaSharedStream, OutlivesThePeerAndKeepsOrder) {
   draft->download(sum, back.data());
   EXPECT_EQ(back, twice);
   EXPECT_THROW(make_cuda_backend_on_stream_of(CudaBackendOptions{}, *make_cpu_backend(1)), Error);
+}
+
+// Graph timing (set_graph_timing) on two backends sharing a stream: each replay's device time,
+// and the device time before it since the previous replay on the stream, counted against the
+// backend replaying, as its own (same) or the other's (other). The host sleeps between the
+// launches, so the device waits at least that long (the host clock is the reference); a gap
+// over 1 ms (a step run op by op) is not counted.
+TEST(CudaSharedStream, GraphTimingCountsTheDeviceGapsBetweenReplays) {
+  ARBOR_REQUIRE_GPU();
+  auto target = make_cuda_backend();
+  auto draft = make_cuda_backend_on_stream_of(CudaBackendOptions{}, *target);
+  const Tensor x = target->persistent(64, 256), y = target->persistent(64, 256);
+  const std::vector<float> ones(64 * 256, 1.f);
+  target->upload(ones.data(), x);
+  const auto record = [&](Backend& b) {
+    b.begin_step_capture();
+    b.add(x, x, y);
+    return b.end_step_capture();
+  };
+  const int64_t on_target = record(*target), on_draft = record(*draft);
+  ASSERT_GE(on_target, 0);
+  ASSERT_GE(on_draft, 0);
+  target->set_graph_timing(true);
+  draft->set_graph_timing(true);
+  const TransferStats t0 = target->transfer_stats(), d0 = draft->transfer_stats();
+  using Clock = std::chrono::steady_clock;
+  double slept_ms[3] = {};
+  const auto sleep = [&](int i) {
+    const auto a = Clock::now();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    slept_ms[i] = std::chrono::duration<double, std::milli>(Clock::now() - a).count();
+  };
+  target->replay_step_graph(on_target);  // the first: no replay before it
+  sleep(0);
+  draft->replay_step_graph(on_draft);  // after the target's
+  sleep(1);
+  draft->replay_step_graph(on_draft);  // after its own
+  sleep(2);
+  target->replay_step_graph(on_target);  // after the draft's
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  draft->replay_step_graph(on_draft);  // 3 ms later: not counted as a gap
+  static_cast<CudaBackend&>(*target).synchronize();
+  const TransferStats t = target->transfer_stats() - t0, d = draft->transfer_stats() - d0;
+  EXPECT_EQ(t.graphs_timed, 2);
+  EXPECT_EQ(d.graphs_timed, 3);
+  EXPECT_GT(t.graph_device_ms, 0.0);
+  EXPECT_EQ(d.graph_gaps_other, 1);
+  EXPECT_EQ(d.graph_gaps_same, 1);
+  EXPECT_EQ(t.graph_gaps_other, 1);
+  EXPECT_EQ(t.graph_gaps_same, 0);
+  // The device waited for the host's sleep, less the replay before it (a few microseconds);
+  // at most the host's time between the two launches.
+  for (const auto& [gap, i] :
+       {std::pair{d.graph_gap_other_ms, 0}, {d.graph_gap_same_ms, 1}, {t.graph_gap_other_ms, 2}}) {
+    EXPECT_GT(gap, 0.8 * slept_ms[i]) << i;
+    EXPECT_LT(gap, 1.0) << i;
+  }
+  EXPECT_EQ(t.graph_gap_same_ms, 0.0);
+  // The draft goes first: its replays were read, the target's next replay counts no gap
+  // against it.
+  draft.reset();
+  const TransferStats t1 = target->transfer_stats();
+  target->replay_step_graph(on_target);
+  static_cast<CudaBackend&>(*target).synchronize();
+  const TransferStats after = target->transfer_stats() - t1;
+  EXPECT_EQ(after.graphs_timed, 1);
+  EXPECT_EQ(after.graph_gaps_same + after.graph_gaps_other, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaGraphs,

@@ -51,6 +51,10 @@ namespace arbor {
 
 namespace {
 
+// Step-graph timing: device time between two timed replays longer than this holds steps run op
+// by op (prefill, recordings) and is not counted as a gap (SharedStream::collect).
+constexpr float kMaxGraphGapMs = 1.0f;
+
 void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
     throw_error(ErrorCode::kInternal,
@@ -241,7 +245,61 @@ struct CudaBackend::State {
   struct SharedStream {
     cudaStream_t stream = nullptr;
     std::vector<State*> users;
+    // set_graph_timing: an event pair around each timed replay of any backend on the stream, in
+    // launch order, read at the next wait of any of them (never a wait of its own: the host
+    // keeps running ahead of the device as without timing). Each replay's device time goes to
+    // its backend's TransferStats, and so does the device time between the end of the timed
+    // replay before it and its start (graph_gap_*: the device idle or running ops outside the
+    // graphs, e.g. waiting for the host between a verify step and the next draft).
+    struct Timed {
+      cudaEvent_t start = nullptr, end = nullptr;
+      TransferStats* owner = nullptr;
+    };
+    std::vector<Timed> pending;
+    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> free;
+    Timed last;  // the last replay read: its end starts the next gap
+    void collect() {
+      for (const Timed& t : pending) {
+        cuda_check(cudaEventSynchronize(t.end), "graph timing");  // passed already after a wait
+        float ms = 0;
+        cuda_check(cudaEventElapsedTime(&ms, t.start, t.end), "graph timing");
+        t.owner->graph_device_ms += ms;
+        ++t.owner->graphs_timed;
+        if (last.end != nullptr) {
+          float gap = 0;
+          cuda_check(cudaEventElapsedTime(&gap, last.end, t.start), "graph timing");
+          // Longer gaps hold whole steps run op by op (prefill, recordings), not a wait.
+          if (gap <= kMaxGraphGapMs) {
+            const bool same = last.owner == t.owner;
+            (same ? t.owner->graph_gap_same_ms : t.owner->graph_gap_other_ms) += std::max(gap, 0.f);
+            ++(same ? t.owner->graph_gaps_same : t.owner->graph_gaps_other);
+          }
+          free.emplace_back(last.start, last.end);
+        }
+        last = t;
+      }
+      pending.clear();
+    }
+    // A backend that goes: its replays are read, and the next replay counts no gap from its
+    // last one.
+    void forget(TransferStats* owner) {
+      if (std::any_of(pending.begin(), pending.end(),
+                      [owner](const Timed& t) { return t.owner == owner; })) {
+        cudaStreamSynchronize(stream);
+        collect();
+      }
+      if (last.owner == owner) {
+        free.emplace_back(last.start, last.end);
+        last = Timed{};
+      }
+    }
     ~SharedStream() {
+      for (const Timed& t : pending) free.emplace_back(t.start, t.end);
+      if (last.end != nullptr) free.emplace_back(last.start, last.end);
+      for (auto& [a, b] : free) {
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+      }
       if (stream != nullptr) cudaStreamDestroy(stream);
     }
   };
@@ -254,32 +312,9 @@ struct CudaBackend::State {
   void wait(const char* what) {
     cuda_check(cudaStreamSynchronize(stream), what);
     ++transfers.syncs;
-    if (!graph_timing.pending.empty()) collect_graph_times();
+    if (!shared_stream->pending.empty()) shared_stream->collect();
   }
-  // set_graph_timing: an event pair around each replay, read at the next wait for the stream
-  // (never a wait of its own: the host keeps running ahead of the device as without timing).
-  struct GraphTiming {
-    bool on = false;
-    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending, free;
-    ~GraphTiming() {
-      for (auto* list : {&pending, &free})
-        for (auto& [a, b] : *list) {
-          cudaEventDestroy(a);
-          cudaEventDestroy(b);
-        }
-    }
-  } graph_timing;
-  void collect_graph_times() {
-    for (auto& [start, end] : graph_timing.pending) {
-      cuda_check(cudaEventSynchronize(end), "graph timing");  // passed already after a wait
-      float ms = 0;
-      cuda_check(cudaEventElapsedTime(&ms, start, end), "graph timing");
-      transfers.graph_device_ms += ms;
-      ++transfers.graphs_timed;
-      graph_timing.free.emplace_back(start, end);
-    }
-    graph_timing.pending.clear();
-  }
+  bool graph_timing = false;  // set_graph_timing (SharedStream::pending)
   void d2h(void* dst, const void* src, size_t bytes, const char* what) {
     cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), what);
     transfers.d2h_bytes += static_cast<int64_t>(bytes);
@@ -737,7 +772,10 @@ CudaBackend::~CudaBackend() {
   if (s_->lt != nullptr) cublasLtDestroy(s_->lt);
   // Buffers and events are released by State's members before the stream (shared_stream, the
   // first member), which goes with the last backend using it.
-  if (s_->shared_stream != nullptr) std::erase(s_->shared_stream->users, s_.get());
+  if (s_->shared_stream != nullptr) {
+    s_->shared_stream->forget(&s_->transfers);
+    std::erase(s_->shared_stream->users, s_.get());
+  }
   s_.reset();
 }
 
@@ -755,6 +793,7 @@ std::unique_ptr<Backend> make_cuda_backend_on_stream_of(const CudaBackendOptions
   auto b = std::make_unique<CudaBackend>(options);
   CudaBackend::State& s = *b->s_;
   s.wait("make_cuda_backend_on_stream_of");  // nothing of its own stream is left in flight
+  s.shared_stream->forget(&s.transfers);
   std::erase(s.shared_stream->users, &s);
   s.shared_stream = p->s_->shared_stream;  // its own stream goes with the last reference
   s.shared_stream->users.push_back(&s);
@@ -2281,11 +2320,11 @@ void CudaBackend::replay_step_graph(int64_t graph) {
   State& s = *s_;
   auto it = s.graphs.find(graph);
   ARBOR_CHECK(it != s.graphs.end(), "replay_step_graph: no graph " + std::to_string(graph));
-  State::GraphTiming& t = s.graph_timing;
+  State::SharedStream& t = *s.shared_stream;
   std::pair<cudaEvent_t, cudaEvent_t> events{nullptr, nullptr};
-  if (t.on) {
-    // A backend that replays but leaves the waits to another on its stream: read them now.
-    if (t.pending.size() >= 64) s.collect_graph_times();
+  if (s.graph_timing) {
+    // Replays with no wait between them (a backend whose waits are another's): read them now.
+    if (t.pending.size() >= 64) t.collect();
     if (!t.free.empty()) {
       events = t.free.back();
       t.free.pop_back();
@@ -2301,16 +2340,19 @@ void CudaBackend::replay_step_graph(int64_t graph) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - launch_start)
           .count();
   ++s.transfers.graph_launches;
-  if (t.on) {
+  if (s.graph_timing) {
     cuda_check(cudaEventRecord(events.second, s.stream), "graph timing");
-    t.pending.push_back(events);
+    t.pending.push_back({events.first, events.second, &s.transfers});
   }
 }
 
 void CudaBackend::set_graph_timing(bool on) {
   State& s = *s_;
-  if (!on && !s.graph_timing.pending.empty()) s.collect_graph_times();
-  s.graph_timing.on = on;
+  if (!on && !s.shared_stream->pending.empty()) {
+    cuda_check(cudaStreamSynchronize(s.stream), "graph timing");
+    s.shared_stream->collect();
+  }
+  s.graph_timing = on;
 }
 
 void CudaBackend::release_step_graph(int64_t graph) {
