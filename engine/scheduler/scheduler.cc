@@ -374,54 +374,23 @@ PlannedStep Scheduler::plan_step() {
                    cands[c].acceptance->rate(3, budgets[c].max_nodes));
     std::fprintf(stderr, "\n");
   }
-  // What the steps delivered picks the step's size class (StepYield: its largest tree): the
-  // class measured best at this batch; every yield_recheck-th step tries an unmeasured
-  // neighbour of it (or of the policy's class while fewer than two are measured), the larger
-  // first, or else the policy's own plan. The policy's budgets stand where its class is the
-  // one picked; otherwise every speculating request gets the picked class's largest power of
-  // two (none for class 0). The estimates and the cost curve rank trees; the outcomes correct
-  // the ranking where those are wrong (SmolLM2's EAGLE-2 heads at batch 8: the policy planned
-  // 4-node trees, 0.95-1.04x, where 8-node trees ran 1.13x).
-  const auto largest = [](const std::vector<TreeBudget>& bs) {
-    int32_t n = 1;
-    for (const TreeBudget& b : bs) n = std::max(n, b.max_nodes);
-    return n;
+  // Where the policy's trees delivered less than plain steps at this batch, they are overruled
+  // (but in every yield_recheck-th such step).
+  const auto any_tree = [](const std::vector<TreeBudget>& bs) {
+    return std::any_of(bs.begin(), bs.end(), [](const TreeBudget& b) { return b.max_nodes > 1; });
   };
-  const int32_t planned_nodes = largest(budgets);
-  const int32_t planned_class = yield_class(planned_nodes);
-  int32_t picked = planned_class;
+  bool overruled = false;
   if (!explore && chunks.empty() && config_.tree.adaptive && config_.yield_recheck > 0 &&
-      !cands.empty()) {
-    const int32_t best = yield_.best(batch, kMinYieldSamples);
-    const int32_t top = yield_class(config_.tree.max_tree.max_nodes);
-    const int32_t anchor = best >= 0 ? best : planned_class;
-    if (best >= 0 || yield_.measured(batch, anchor, kMinYieldSamples)) {
-      const bool probe = overruled_steps_++ % config_.yield_recheck == config_.yield_recheck - 1;
-      if (probe) {
-        for (const int32_t c : {anchor + 1, anchor - 1})
-          if (c >= 0 && c <= top && !yield_.measured(batch, c, kMinYieldSamples)) {
-            picked = c;
-            break;
-          }
-      } else if (best >= 0) {
-        picked = best;
-      }
-    }
-  }
-  if (picked != planned_class) {
-    const int32_t nodes = std::min(int32_t{1} << picked, config_.tree.max_tree.max_nodes);
-    for (TreeBudget& b : budgets)
-      b = picked == 0 ? TreeBudget{1, 0}
-                      : TreeBudget{nodes, budget_depth(nodes, config_.tree.max_tree.max_depth)};
+      any_tree(budgets) && yield_.trees_lose(batch, kMinYieldSamples) &&
+      overruled_steps_++ % config_.yield_recheck != config_.yield_recheck - 1) {
+    overruled = true;
+    std::fill(budgets.begin(), budgets.end(), TreeBudget{1, 0});
   }
   plan.yield_batch = chunks.empty() ? batch : 0;
-  plan.policy_nodes = largest(budgets);
-  if (trace_trees() && picked != planned_class)
-    std::fprintf(stderr,
-                 "tree class: batch %d planned_class %d nodes (%.4f tokens/request/ms), picked %d "
-                 "(%.4f)\n",
-                 batch, planned_nodes, yield_.tokens_per_ms(batch, planned_class),
-                 plan.policy_nodes, yield_.tokens_per_ms(batch, picked));
+  plan.policy_trees = any_tree(budgets);
+  if (trace_trees() && overruled)
+    std::fprintf(stderr, "tree overruled: batch %d trees %.4f plain %.4f tokens/request/ms\n",
+                 batch, yield_.tokens_per_ms(batch, true), yield_.tokens_per_ms(batch, false));
   // What the policy gave the requests admitted speculating, in their first decode steps.
   for (size_t k = 0; k < decodes.size() && !explore; ++k) {
     Req& r = get(decodes[k]);
@@ -626,7 +595,7 @@ void Scheduler::record_uptake(Req& r, int32_t left) {
 }
 
 void Scheduler::record_step_yield(const StepPlan& plan, int32_t emitted, double ms) {
-  if (plan.yield_batch > 0) yield_.record(plan.yield_batch, plan.policy_nodes, emitted, ms);
+  if (plan.yield_batch > 0) yield_.record(plan.yield_batch, plan.policy_trees, emitted, ms);
 }
 
 void Scheduler::record_draft_step(int32_t depth, double ms) {

@@ -42,15 +42,11 @@ struct SchedulerConfig {
   // requests recorded) is admitted without speculation, whatever admission's own verdict
   // (probes still speculate, and keep the record current). 0: never.
   double min_tree_uptake = 0.25;
-  // adaptive: where decode-only steps whose largest tree was of a smaller size class (StepYield:
-  // none, 2-3, 4-7, 8-15, ... nodes) delivered more tokens per request and ms at that batch
-  // than those of the class the policy plans (4 of each measured, or at the nearest smaller
-  // batch measured), every budget is cut to that class (to plain decoding where steps without a
-  // tree delivered the most). Every yield_recheck-th such step, and every yield_recheck-th step
-  // of a measured planned class with a tree class below it (above the best) not measured yet,
-  // instead tries the largest such class, or when none is left measures the planned class
-  // again. Arrivals at a load where steps without a tree delivered more than every tree class
-  // start plain (probes aside). 0: never cut.
+  // adaptive: where decode-only steps with the policy's trees delivered fewer tokens per request
+  // and ms than steps without at that batch (StepYield, 4 of each measured, or at the nearest
+  // smaller batch measured), the policy's trees are overruled (every request decodes plainly)
+  // but in every yield_recheck-th such step, which measures them again, and arrivals at such a
+  // load start plain (probes aside). 0: never overruled.
   int32_t yield_recheck = 16;
   // Admission look-ahead, tokens: a waiting request is admitted only while the free blocks hold
   // its whole context plus `lookahead` tokens and the next `lookahead` tokens of every running
@@ -82,10 +78,10 @@ struct StepPlan {
   // paying for drafting and feature bookkeeping it does not use.
   std::vector<ReqId> detached;
   SlotCopies copies;  // copy-on-write copies of the reservations: run before the step
-  // A decode-only step of this many requests (0: it carries prefill), and the largest tree the
-  // policy gave any of them (1: none; a probe's tree regardless aside): record_step_yield.
+  // A decode-only step of this many requests (0: it carries prefill), and whether the tree
+  // policy gave any of them a tree (a probe's tree regardless aside): record_step_yield.
   int32_t yield_batch = 0;
-  int32_t policy_nodes = 1;
+  bool policy_trees = false;
   int32_t total_tokens() const;
 };
 
@@ -255,12 +251,12 @@ class Scheduler {
   AcceptanceEstimate global_acceptance_;
   // What drafting costs a step (per step, not per request: drafts are batched).
   DraftCostEstimate draft_cost_;
-  TreeUptake uptake_;            // min_tree_uptake
-  StepYield yield_;              // yield_recheck
-  int64_t overruled_steps_ = 0;  // steps the yield record cuts or tries a class in (yield_recheck)
-  int64_t spec_admissions_ = 0;  // speculating requests admitted (probe_every)
-  int32_t lookahead_ = 0;        // admission look-ahead in force, tokens
-  bool step_preempted_ = false;  // the last reserve_step preempted a request
+  TreeUptake uptake_;  // min_tree_uptake
+  StepYield yield_;    // yield_recheck
+  int64_t overruled_steps_ = 0;
+  int64_t spec_admissions_ = 0;       // speculating requests admitted (probe_every)
+  int32_t lookahead_ = 0;             // admission look-ahead in force, tokens
+  bool step_preempted_ = false;       // the last reserve_step preempted a request
   bool lookahead_too_short_ = false;  // ... one admitted under the look-ahead in force
   uint64_t next_arrival_ = 0;
   uint64_t next_birth_ = 0;

@@ -120,57 +120,23 @@ double TreeUptake::share(int32_t batch, int32_t min_samples, double fallback) co
   return m != nullptr ? m->value : fallback;
 }
 
-int32_t yield_class(int32_t nodes) {
-  int32_t c = 0;
-  while (c + 1 < kYieldClasses && (int64_t{2} << c) <= nodes) ++c;
-  return c;
-}
-
-void StepYield::record(int32_t batch, int32_t nodes, int32_t emitted, double ms) {
+void StepYield::record(int32_t batch, bool trees, int32_t emitted, double ms) {
   if (batch <= 0 || emitted <= 0 || !(ms > 0)) return;
-  tokens_per_ms_[yield_class(nodes)].add(batch, emitted / static_cast<double>(batch) / ms);
+  tokens_per_ms_[trees ? 1 : 0].add(batch, emitted / static_cast<double>(batch) / ms);
 }
 
-double StepYield::tokens_per_ms(int32_t batch, int32_t cls) const {
-  if (cls < 0 || cls >= kYieldClasses) return -1;
-  const LatestMean* m = tokens_per_ms_[cls].at(batch, 1);
+double StepYield::tokens_per_ms(int32_t batch, bool trees) const {
+  const LatestMean* m = tokens_per_ms_[trees ? 1 : 0].at(batch, 1);
   return m != nullptr ? m->value : -1;
 }
 
-bool StepYield::measured(int32_t batch, int32_t cls, int32_t min_samples) const {
-  return cls >= 0 && cls < kYieldClasses && tokens_per_ms_[cls].at(batch, min_samples) != nullptr;
-}
-
-int32_t StepYield::best(int32_t batch, int32_t min_samples) const {
-  for (int32_t b = CostModel::bucket_of(std::max(batch, 1)); b >= 0; --b) {
-    const int32_t at = int32_t{1} << b;
-    int32_t best = -1, count = 0;
-    double best_value = 0;
-    for (int32_t c = 0; c < kYieldClasses; ++c)
-      if (const LatestMean* m = tokens_per_ms_[c].at(at, min_samples)) {
-        ++count;
-        if (best < 0 || m->value > best_value) {
-          best = c;
-          best_value = m->value;
-        }
-      }
-    if (count >= 2) return best;
-  }
-  return -1;
-}
-
 bool StepYield::trees_lose(int32_t batch, int32_t min_samples) const {
+  // A batch not measured borrows the nearest smaller one's verdict: verification's cost grows
+  // with the batch and acceptance does not, so trees that lose at a batch lose at a larger one.
   for (int32_t b = CostModel::bucket_of(std::max(batch, 1)); b >= 0; --b) {
-    const int32_t at = int32_t{1} << b;
-    const LatestMean* plain = tokens_per_ms_[0].at(at, min_samples);
-    if (plain == nullptr) continue;
-    bool any = false, lose = true;
-    for (int32_t c = 1; c < kYieldClasses; ++c)
-      if (const LatestMean* m = tokens_per_ms_[c].at(at, min_samples)) {
-        any = true;
-        lose = lose && m->value < plain->value;
-      }
-    if (any) return lose;
+    const LatestMean* with = tokens_per_ms_[1].at(int32_t{1} << b, min_samples);
+    const LatestMean* without = tokens_per_ms_[0].at(int32_t{1} << b, min_samples);
+    if (with != nullptr && without != nullptr) return with->value < without->value;
   }
   return false;
 }

@@ -104,38 +104,24 @@ class TreeUptake {
   BatchMeans share_;
 };
 
-// The size class of a step by its largest tree budget (StepYield): 0 without a tree, else
-// floor(log2(nodes)) (2-3 nodes 1, 4-7 nodes 2, 8-15 nodes 3, ...).
-int32_t yield_class(int32_t nodes);
-constexpr int32_t kYieldClasses = 12;
-
-// What decode-only steps delivered, per batch (power-of-two buckets) and size class of the
-// step's largest tree budget (yield_class; 0: no tree): tokens emitted per request per ms of
-// the whole step (drafting and the proposer's feedback included; per request, so that batches
-// of one bucket compare; means that weigh the latest 16 most). The policy predicts a tree's
-// worth from acceptance estimates and a cost model, both of which can be wrong (estimates that
-// ran high are the ones that win budgets; a cost curve's shape at a batch it never measured
-// with trees); this is the outcome it is checked against. SmolLM2's EAGLE-2 heads at batch 8:
-// the policy planned 16-32-node trees from per-request estimates about a sixth too high, and
-// ran 0.93-1.06x where fixed 8-16-node trees ran 1.11-1.14x.
+// What decode-only steps delivered, per batch (power-of-two buckets): tokens emitted per request
+// per ms of the whole step (drafting and the proposer's feedback included; per request, so
+// that batches of one bucket compare), for steps in which the tree
+// policy gave trees and for steps without a tree (means that weigh the latest 16 most). The
+// policy predicts a tree's worth from acceptance estimates and a cost model, both of which can
+// be wrong (estimates that ran high are the ones that win budgets; a cost curve's shape at a
+// batch it never measured with trees); this is the outcome it is checked against.
 class StepYield {
  public:
-  // One decode-only step at `batch` whose largest tree budget was `nodes` (1: no tree).
-  void record(int32_t batch, int32_t nodes, int32_t emitted, double ms);
-  // The size class whose steps delivered the most tokens per request and ms at `batch`, among
-  // those measured at least min_samples times at batch's bucket, or else at the nearest smaller
-  // bucket where two classes were; -1 where no bucket up to batch's measured two.
-  int32_t best(int32_t batch, int32_t min_samples) const;
-  // Steps without a tree delivered more than those of every tree class measured beside them
-  // (at batch's bucket or the nearest smaller one with both).
+  void record(int32_t batch, bool trees, int32_t emitted, double ms);
+  // Trees at `batch` delivered fewer tokens per request and ms than steps without (each
+  // measured at least min_samples times there, else at the nearest smaller batch that was).
   bool trees_lose(int32_t batch, int32_t min_samples) const;
-  // Measured at least min_samples times at batch's bucket.
-  bool measured(int32_t batch, int32_t cls, int32_t min_samples) const;
-  // Tokens per request and ms at `batch` for steps of size class `cls`; -1: none.
-  double tokens_per_ms(int32_t batch, int32_t cls) const;
+  // Tokens per request and ms at `batch` for steps with (trees) or without trees; -1: none.
+  double tokens_per_ms(int32_t batch, bool trees) const;
 
  private:
-  BatchMeans tokens_per_ms_[kYieldClasses];
+  BatchMeans tokens_per_ms_[2];  // [trees]
 };
 
 struct TreePolicyConfig {

@@ -679,9 +679,8 @@ TEST(SchedulerTicks, OneRequestsFailingTreesDoNotLockTheNextOnesOut) {
 TEST(SchedulerTicks, TreesThatDeliveredLessThanPlainStepsAreOverruled) {
   // The policy's model says trees are nearly free and A's accept chains of 3, so it gives A an
   // 8-node tree every step. What the steps delivered says otherwise: 2 tokens in 10 ms with
-  // trees, 1 in 2 ms without. With yield_recheck 4 the policy's trees are overruled, every 4th
-  // step trying 2-node trees (plain decoding's unmeasured neighbour); with 0, or when trees
-  // delivered more, they stand (with 4, every 4th step then tries 4-node trees, theirs).
+  // trees, 1 in 2 ms without. With yield_recheck 4 the policy's trees are overruled but in
+  // every 4th such step; with 0, or when trees delivered more, they stand.
   for (const auto& [recheck, tree_ms] : {std::pair{4, 10.0}, {0, 10.0}, {4, 3.0}}) {
     SCOPED_TRACE(std::to_string(recheck) + " " + std::to_string(tree_ms));
     SchedulerConfig c = weight_bound(64, 4, /*detach_after=*/100);
@@ -693,20 +692,14 @@ TEST(SchedulerTicks, TreesThatDeliveredLessThanPlainStepsAreOverruled) {
     EXPECT_EQ(h.tick(), "A:D8");
     StepPlan with, without;
     with.yield_batch = without.yield_batch = 1;
-    with.policy_nodes = 8;
+    with.policy_trees = true;
     for (int i = 0; i < 8; ++i) {
       h.sched.record_step_yield(with, 2, tree_ms);
       h.sched.record_step_yield(without, 1, 2.0);
     }
     const bool lose = recheck > 0 && tree_ms > 4.0;
     EXPECT_EQ(h.sched.step_yield().trees_lose(1, 8), tree_ms > 4.0);
-    const bool tries = recheck > 0 && !lose;
-    for (int i = 0; i < 8; ++i) {
-      const char* want = lose                  ? (i % 4 == 3 ? "A:D2" : "A:D1")
-                         : tries && i % 4 == 3 ? "A:D4"
-                                               : "A:D8";
-      EXPECT_EQ(h.tick(), want) << i;
-    }
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(h.tick(), !lose || i % 4 == 3 ? "A:D8" : "A:D1") << i;
     // A larger batch not measured borrows batch 1's verdict: B, joining A (load 2), starts
     // plain where trees lose.
     EXPECT_EQ(h.sched.step_yield().trees_lose(64, 8), tree_ms > 4.0);
@@ -717,51 +710,6 @@ TEST(SchedulerTicks, TreesThatDeliveredLessThanPlainStepsAreOverruled) {
   SchedulerConfig bad;
   bad.yield_recheck = -1;
   EXPECT_THROW(bad.validate(), Error);
-}
-
-TEST(SchedulerTicks, TheTreeSizeThatDeliveredMostIsPicked) {
-  // The policy gives A an 8-node tree every step (its estimate: chains of 3, trees nearly
-  // free). Steps whose largest tree had 8 nodes delivered 3 tokens in 3 ms; with yield_recheck
-  // 4, every 4th step tries 4-node trees (the class below, not measured yet; 8 is the largest
-  // tree). Once those are measured delivering 2 tokens in 1.6 ms (more per ms), every step has
-  // 4-node trees, but every 4th tries 2-node ones; when they deliver less (in 3.2 ms), the
-  // 8-node trees stand.
-  for (const double small_ms : {2.0, 4.0}) {
-    SCOPED_TRACE(small_ms);
-    SchedulerConfig c = weight_bound(64, 4, /*detach_after=*/100);
-    c.yield_recheck = 4;
-    Harness h(256, 4, c);
-    h.add("A", 4, /*spec=*/true);
-    EXPECT_EQ(h.tick(), "+A A:P4*");
-    for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["A"], chain_of_3(), 8);
-    StepPlan eight, four;
-    eight.yield_batch = four.yield_batch = 1;
-    eight.policy_nodes = 8;
-    four.policy_nodes = 4;
-    // Before anything is measured the policy's trees stand, and no smaller class is tried.
-    for (int i = 0; i < 8; ++i) EXPECT_EQ(h.tick(), "A:D8") << i;
-    for (int i = 0; i < 4; ++i) h.sched.record_step_yield(eight, 3, 3.0);
-    EXPECT_EQ(h.sched.step_yield().best(1, 4), -1);  // one class measured: nothing compared
-    for (int i = 0; i < 8; ++i) EXPECT_EQ(h.tick(), i % 4 == 3 ? "A:D4" : "A:D8") << i;
-    for (int i = 0; i < 4; ++i) h.sched.record_step_yield(four, 2, small_ms * 0.8);
-    const bool smaller_wins = small_ms < 3.0;  // 2 tokens in 1.6 ms against 3 in 3 ms
-    EXPECT_EQ(h.sched.step_yield().best(1, 4), smaller_wins ? 2 : 3);
-    // 4-node trees, every 4th step trying 2-node ones (the best's unmeasured neighbour); or the
-    // 8-node trees stand (both neighbours of theirs measured or past the largest tree).
-    for (int i = 0; i < 8; ++i) {
-      const char* want = !smaller_wins ? "A:D8" : i % 4 == 3 ? "A:D2" : "A:D4";
-      EXPECT_EQ(h.tick(), want) << i;
-    }
-    // Trees still deliver more than plain steps would: arrivals at this load speculate.
-    EXPECT_FALSE(h.sched.step_yield().trees_lose(1, 4));
-  }
-  // Classes by the largest tree: none, 2-3, 4-7, 8-15, ...
-  EXPECT_EQ(yield_class(1), 0);
-  EXPECT_EQ(yield_class(2), 1);
-  EXPECT_EQ(yield_class(3), 1);
-  EXPECT_EQ(yield_class(4), 2);
-  EXPECT_EQ(yield_class(60), 5);
-  EXPECT_EQ(yield_class(64), 6);
 }
 
 TEST(SchedulerTicks, ARestoredPolicyStateJudgesAdmissionsAsTheOneItCameFrom) {
