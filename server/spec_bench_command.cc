@@ -116,7 +116,8 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
               "tuned GEMM algorithms)");
   c->add_flag("--time-graphs", o->time_graphs,
               "Time the target's and the draft's step-graph replays on the device (events around "
-              "each) and print their means beside each run's forward times");
+              "each) and the device's time between them (its waits for the host); print their "
+              "means beside each run's forward times");
   c->add_flag("--host-sampling", o->host_sampling,
               "Download logits and sample / verify on the host (default: on the backend)");
   c->add_option("--pad-trees", o->pad_trees,
