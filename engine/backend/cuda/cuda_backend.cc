@@ -280,14 +280,10 @@ struct CudaBackend::State {
       }
       pending.clear();
     }
-    // A backend that goes: its replays are read, and the next replay counts no gap from its
-    // last one.
-    void forget(TransferStats* owner) {
-      if (std::any_of(pending.begin(), pending.end(),
-                      [owner](const Timed& t) { return t.owner == owner; })) {
-        cudaStreamSynchronize(stream);
-        collect();
-      }
+    // A backend that goes, after a wait for the stream: its replays are read, and the next
+    // replay counts no gap from its last one.
+    void forget(const TransferStats* owner) {
+      collect();
       if (last.owner == owner) {
         free.emplace_back(last.start, last.end);
         last = Timed{};
