@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -150,11 +151,28 @@ struct TransferStats {
   }
 };
 
+// The accepted paths' rows and the tokens after them, left in backend memory by a tree-sampling
+// call before the host waits for its results (PathRowsRequest::on_device): item i owns rows
+// offset[i] .. offset[i + 1] - 1 (its tree's depth + 1, room for any path). Row d of a path of
+// len nodes holds the row of path node min(d, len - 1), and next[offset[i] + d] the token after
+// it: path node d + 1's, the bonus token from d = len - 1 on (0 where there is none: a failed
+// item). Valid until the backend's next sampling call.
+struct PathRowsOnDevice {
+  Tensor rows;                  // [offset.back(), cols] fp32
+  Tensor next;                  // [offset.back(), 1] int32
+  std::vector<int32_t> offset;  // [items + 1]
+};
+
 // Rows of a backend tensor to bring back with a tree-sampling result
 // (Backend::sample_trees_and_path_rows): node g's row of `source` is node_row[g].
 struct PathRowsRequest {
   Tensor source;                  // [*, cols] fp32, backend memory
   std::vector<int32_t> node_row;  // [batch nodes]
+  // Called with the rows and tokens on the backend once their work is launched and before the
+  // host waits for the results, so that work reading them (a drafter's forward on the same
+  // stream) is queued behind it without a round trip to the host. Backends without
+  // path_rows_on_device() leave it to the caller (LlamaModel builds them after the results).
+  std::function<void(const PathRowsOnDevice&)> on_device;
 };
 
 // The memory a backend allocates from (Backend::memory_info): device memory on the CUDA backend,
@@ -310,6 +328,8 @@ class Backend {
   // host (gather_path_rows_on_host).
   virtual void sample_trees_and_path_rows(const Tensor& logits, const TreeSampleBatch& batch,
                                           const PathRowsRequest& rows, TreeSampleResult* out);
+  // Whether sample_trees_and_path_rows calls rows.on_device itself, before its wait.
+  virtual bool path_rows_on_device() const { return false; }
   // KV compaction: for every layer, cache[dst_slots[i]] = cache[src_slots[i]] (K and V). The
   // copies are done as if simultaneously (sources read before any destination is written).
   virtual void copy_kv(const std::vector<int64_t>& src_slots,
@@ -452,6 +472,13 @@ void check_copy_cols(const Tensor& x, const Tensor& out, int64_t first_col);
 // out->path_rows from host rows `source` [*, cols] (Backend::sample_trees_and_path_rows).
 void gather_path_rows_on_host(const float* source, int64_t cols, const TreeSampleBatch& batch,
                               std::span<const int32_t> node_row, TreeSampleResult* out);
+// PathRowsOnDevice's layout built on the host from a result with path rows [path nodes, cols]:
+// offset [items + 1], rows [offset.back(), cols], next [offset.back()].
+void pad_path_rows_on_host(const TreeSampleBatch& batch, const TreeSampleResult& result,
+                           int64_t cols, std::vector<int32_t>* offset, std::vector<float>* rows,
+                           std::vector<int32_t>* next);
+// Rows per item of PathRowsOnDevice::offset: its tree's depth + 1 (from batch.parent).
+std::vector<int32_t> path_row_offsets(const TreeSampleBatch& batch);
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads = 0);
 // `size` CPU backends forming one tensor-parallel group (collectives in host memory between the

@@ -203,6 +203,46 @@ void gather_path_rows_on_host(const float* source, int64_t cols, const TreeSampl
     }
 }
 
+std::vector<int32_t> path_row_offsets(const TreeSampleBatch& batch) {
+  std::vector<int32_t> offset = {0};
+  std::vector<int32_t> depth(static_cast<size_t>(batch.num_nodes()), 0);
+  for (int32_t i = 0; i < batch.num_items(); ++i) {
+    int32_t deepest = 0;
+    const int32_t first = batch.node_indptr[i];
+    for (int32_t g = first + 1; g < batch.node_indptr[i + 1]; ++g) {
+      depth[static_cast<size_t>(g)] = depth[static_cast<size_t>(first + batch.parent[g])] + 1;
+      deepest = std::max(deepest, depth[static_cast<size_t>(g)]);
+    }
+    offset.push_back(offset.back() + deepest + 1);
+  }
+  return offset;
+}
+
+void pad_path_rows_on_host(const TreeSampleBatch& batch, const TreeSampleResult& result,
+                           int64_t cols, std::vector<int32_t>* offset, std::vector<float>* rows,
+                           std::vector<int32_t>* next) {
+  *offset = path_row_offsets(batch);
+  const auto total = static_cast<size_t>(offset->back());
+  ARBOR_CHECK(result.path_rows.size() == result.path_nodes.size() * static_cast<size_t>(cols),
+              "pad_path_rows_on_host: no path rows");
+  rows->assign(total * static_cast<size_t>(cols), 0.0f);
+  next->assign(total, 0);
+  for (int32_t i = 0; i < batch.num_items(); ++i) {
+    const int32_t p0 = result.path_indptr[i], len = result.path_indptr[i + 1] - p0;
+    const int32_t o0 = (*offset)[i], room = (*offset)[i + 1] - o0;
+    ARBOR_CHECK(len >= 1 && len <= room, "pad_path_rows_on_host: a path of " + std::to_string(len) +
+                                             " nodes in " + std::to_string(room) + " rows");
+    for (int32_t d = 0; d < room; ++d) {
+      const int32_t j = p0 + std::min(d, len - 1);
+      std::copy_n(result.path_rows.begin() + static_cast<int64_t>(j) * cols, cols,
+                  rows->begin() + static_cast<int64_t>(o0 + d) * cols);
+      const int32_t after = d + 1 < len ? result.path_tokens[static_cast<size_t>(j + 1)]
+                                        : result.bonus[static_cast<size_t>(i)];
+      (*next)[static_cast<size_t>(o0 + d)] = std::max(after, 0);
+    }
+  }
+}
+
 void Backend::sample_trees_and_path_rows(const Tensor& logits, const TreeSampleBatch& batch,
                                          const PathRowsRequest& rows, TreeSampleResult* out) {
   sample_trees(logits, batch, out);

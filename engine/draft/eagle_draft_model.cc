@@ -251,6 +251,51 @@ std::vector<float> EagleDraftModel::append_batch(std::span<const AppendItem> ite
   return out;
 }
 
+void EagleDraftModel::append_on_device(std::span<const DeviceAppendItem> items,
+                                       const Tensor& features, const Tensor& next, int32_t top_k) {
+  if (items.empty()) return;
+  ARBOR_CHECK(features.dtype == DType::kF32 && features.cols == feature_width() &&
+                  next.dtype == DType::kI32 && next.rows == features.rows && top_k > 0,
+              "append_on_device: features " + std::to_string(features.rows) + " x " +
+                  std::to_string(features.cols) + ", tokens " + std::to_string(next.rows));
+  SlotCopies copies;
+  std::vector<Row> rows;
+  DeviceRows device{features, next, {}};
+  size_t reserved = 0;
+  try {
+    for (const DeviceAppendItem& it : items) {
+      ARBOR_CHECK(it.rows > 0 && it.first >= 0 && it.first + it.rows <= features.rows &&
+                  kv_.reserved_len(it.seq) == 0);
+      rows.push_back(
+          {it.seq, std::vector<int32_t>(static_cast<size_t>(it.rows), 0), it.position0, {}});
+      rows.back().slots = reserve(it.seq, it.rows, &copies);
+      ++reserved;
+      for (int32_t j = 0; j < it.rows; ++j) device.rows.push_back(it.first + j);
+    }
+    if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
+    forward(rows, {}, /*input_is_feature=*/true, Head::kAll, top_k, nullptr, {}, false, &device);
+  } catch (...) {
+    for (size_t i = 0; i < reserved; ++i) cancel_on_device(items[i].seq);
+    throw;
+  }
+}
+
+void EagleDraftModel::commit_on_device(SeqId seq, std::span<const int32_t> tokens) {
+  const auto n = static_cast<int32_t>(tokens.size());
+  ARBOR_CHECK(n >= 1 && n <= kv_.reserved_len(seq),
+              "commit_on_device: " + std::to_string(n) + " rows of " +
+                  std::to_string(kv_.reserved_len(seq)) + " reserved");
+  std::vector<int32_t> nodes(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) nodes[static_cast<size_t>(i)] = i;
+  const CommitPlan plan = kv_.plan_commit(seq, nodes, tokens);
+  ARBOR_CHECK(plan.copies.empty(), "commit_on_device: a prefix needs no copies");
+  kv_.apply(plan);
+}
+
+void EagleDraftModel::cancel_on_device(SeqId seq) {
+  if (kv_.has_sequence(seq) && kv_.reserved_len(seq) > 0) kv_.apply(kv_.plan_commit(seq, {}, {}));
+}
+
 std::vector<float> EagleDraftModel::expand(std::span<const SeqId> parents,
                                            std::span<const int32_t> tokens,
                                            std::span<const float> hidden, int32_t position,
@@ -324,7 +369,8 @@ std::vector<float> EagleDraftModel::expand_rows(
 std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
                                             std::span<const float> input, bool input_is_feature,
                                             Head head_rows_of, int32_t top_k, TopKRows* top,
-                                            std::span<const int32_t> input_rows, bool download) {
+                                            std::span<const int32_t> input_rows, bool download,
+                                            const DeviceRows* device) {
   PhaseTimer timer(kBuild);
   StepInputs step;
   step.qo_indptr.push_back(0);
@@ -371,7 +417,13 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
     if (!input_is_feature) end_request(r.seq, committed);
     if (head_rows_of == Head::kLast) step.logits_rows.push_back(step.num_tokens() - 1);
   }
+  if (device != nullptr) {  // the ids are read from the device (padding rows keep their 0)
+    ARBOR_CHECK(static_cast<int64_t>(device->rows.size()) == real_rows);
+    step.token_source = device->tokens;
+    step.token_source_index.assign(device->rows.begin(), device->rows.end());
+  }
   for (int64_t i = real_rows; i < padded_rows; ++i) {
+    if (device != nullptr) step.token_source_index.push_back(-1);
     step.token_ids.push_back(0);
     step.positions.push_back(0);
     step.slot_mapping.push_back(pad_slot_);
@@ -388,13 +440,21 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   const bool from_last = !input_rows.empty();
   ARBOR_CHECK(!from_last || (static_cast<int64_t>(input_rows.size()) == n && !input_is_feature));
   const int64_t in_width =
-      from_last ? c.hidden_size
-                : static_cast<int64_t>(input.size()) / std::max<int64_t>(real_rows, 1);
-  ARBOR_CHECK(from_last || in_width * real_rows == static_cast<int64_t>(input.size()));
+      from_last           ? c.hidden_size
+      : device != nullptr ? device->features.cols
+                          : static_cast<int64_t>(input.size()) / std::max<int64_t>(real_rows, 1);
+  ARBOR_CHECK(from_last || device != nullptr ||
+              in_width * real_rows == static_cast<int64_t>(input.size()));
+  // Device rows: the padding rows read row 0 of the source (finite, never read back).
+  std::vector<int32_t> device_rows;
+  if (device != nullptr) {
+    device_rows = device->rows;
+    device_rows.resize(static_cast<size_t>(n), device->rows.empty() ? 0 : device->rows[0]);
+  }
   // The input: uploaded (zeros for the padding rows), or gathered from the previous forward's
   // outputs on the device.
   std::vector<float> padded_input;
-  if (!from_last && n > real_rows) {
+  if (!from_last && device == nullptr && n > real_rows) {
     padded_input.assign(static_cast<size_t>(n * in_width), 0.0f);
     std::copy(input.begin(), input.end(), padded_input.begin());
     input = padded_input;
@@ -402,6 +462,8 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   const auto fill_input = [&](const Tensor& in) {
     if (from_last)
       b.gather_rows(Tensor{last_out_.data, DType::kF32, last_rows_, c.hidden_size}, input_rows, in);
+    else if (device != nullptr)
+      b.gather_rows(device->features, device_rows, in);
     else
       b.upload(input.data(), in);
   };
@@ -476,10 +538,10 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   // The outputs stay on the device for the next expansion step (expand_from_last): copied out
   // of the scratch arena, which the next step reuses.
   const Tensor& x = outs[0];
-  if (n > last_out_.rows)
-    last_out_ = b.persistent(std::max<int64_t>(n, 2 * last_out_.rows), x.cols);
-  last_rows_ = n;
-  b.split_cols(x, {Tensor{last_out_.data, DType::kF32, n, x.cols}});
+  Tensor& keep = device != nullptr ? device_out_ : last_out_;
+  if (n > keep.rows) keep = b.persistent(std::max<int64_t>(n, 2 * keep.rows), x.cols);
+  (device != nullptr ? device_rows_ : last_rows_) = n;
+  b.split_cols(x, {Tensor{keep.data, DType::kF32, n, x.cols}});
   timer.next(kTopK);
   if (head_rows > 0 && top != nullptr) {
     top->k = top_k;
@@ -498,7 +560,8 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
 
 std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> items, int32_t k,
                                                   int32_t depths, std::vector<TopKRows>* root_tops,
-                                                  DeviceTrees* device) {
+                                                  DeviceTrees* device,
+                                                  bool roots_from_device_append) {
   Backend& b = *backend_;
   const int64_t h = hidden_size();
   const auto g_count = static_cast<int32_t>(items.size());
@@ -515,15 +578,19 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
     for (size_t i = 0; i < reserved; ++i) kv_.apply(kv_.plan_commit(items[i].seq, {}, {}));
     reserved = 0;
   };
+  const Tensor root_source = roots_from_device_append
+                                 ? Tensor{device_out_.data, DType::kF32, device_rows_, h}
+                                 : Tensor{last_out_.data, DType::kF32, last_rows_, h};
   try {
     PhaseTimer timer(kFork);
     SlotCopies copies;
     int32_t on_device = 0;  // items whose roots are rows of the last forward's outputs (first)
     for (const GrowItem& it : items) {
       if (it.root_row >= 0) {
-        ARBOR_CHECK(on_device == static_cast<int32_t>(committed.size()) && it.root_row < last_rows_,
-                    "grow_trees: root row " + std::to_string(it.root_row) + " of " +
-                        std::to_string(last_rows_) + " after host roots");
+        ARBOR_CHECK(
+            on_device == static_cast<int32_t>(committed.size()) && it.root_row < root_source.rows,
+            "grow_trees: root row " + std::to_string(it.root_row) + " of " +
+                std::to_string(root_source.rows) + " after host roots");
         ++on_device;
       } else {
         ARBOR_CHECK(it.root != nullptr && it.root->k == k && it.root->rows() == 1 &&
@@ -557,8 +624,7 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
       parents.insert(parents.end(), static_cast<size_t>(k), g);
     }
     if (on_device > 0)
-      b.gather_rows(Tensor{last_out_.data, DType::kF32, last_rows_, h}, device_rows,
-                    Tensor{root_out_.data, DType::kF32, on_device, h});
+      b.gather_rows(root_source, device_rows, Tensor{root_out_.data, DType::kF32, on_device, h});
     if (on_device < g_count)
       b.upload(root_rows.data(), Tensor{static_cast<float*>(root_out_.data) + on_device * h,
                                         DType::kF32, g_count - on_device, h});

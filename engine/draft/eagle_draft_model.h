@@ -73,6 +73,26 @@ class EagleDraftModel {
   std::vector<float> append_batch(std::span<const AppendItem> items, int32_t top_k,
                                   std::vector<TopKRows>* last_tops, bool download = true);
 
+  // append_batch's rows read from backend memory, run without a wait: item i's rows are rows
+  // first .. first + rows - 1 of `features` [*, feature_width()] fp32 with tokens `next` [*, 1]
+  // int32 (PathRowsOnDevice), reserved at RoPE positions position0 + j of seq but not committed:
+  // commit_on_device then takes the first ones the host learns are real (the rest are
+  // released), cancel_on_device none. The outputs and every row's top_k stay on the backend
+  // (rows in item order: GrowItem::root_row / root_top_row with roots_from_device_append),
+  // until the next append_on_device. kResourceExhausted when the KV pool is full (nothing is
+  // reserved then).
+  struct DeviceAppendItem {
+    SeqId seq;
+    int32_t position0;
+    int32_t first;
+    int32_t rows;
+  };
+  void append_on_device(std::span<const DeviceAppendItem> items, const Tensor& features,
+                        const Tensor& next, int32_t top_k);
+  // tokens: the token_{t+1} of the rows committed (1 .. the rows reserved).
+  void commit_on_device(SeqId seq, std::span<const int32_t> tokens);
+  void cancel_on_device(SeqId seq);
+
   // One tree-expansion step: row i forks parents[i] and appends (tokens[i], hidden row i) at
   // RoPE position `position`, where hidden [B, hidden] are earlier layer outputs (EAGLE-3 skips
   // fc for them, as the official code does). children receives the B new sequences (the caller
@@ -131,8 +151,11 @@ class EagleDraftModel {
   };
   bool picks_trees_on_backend() const { return backend_->has_draft_frontier_trees(); }
   Backend& backend() { return *backend_; }
+  // roots_from_device_append: the device roots are rows of the last append_on_device instead
+  // of the last forward.
   std::vector<TopKRows> grow_trees(std::span<const GrowItem> items, int32_t k, int32_t depths,
-                                   std::vector<TopKRows>* root_tops, DeviceTrees* device = nullptr);
+                                   std::vector<TopKRows>* root_tops, DeviceTrees* device = nullptr,
+                                   bool roots_from_device_append = false);
 
   // Draft logits of layer outputs hidden [rows, hidden]: the target's LM head (EAGLE-1/2, no
   // final norm) or lm_head(norm(h)) (EAGLE-3). [rows, draft_vocab] host fp32.
@@ -154,10 +177,17 @@ class EagleDraftModel {
   // a head, also the top_k of those rows' draft logits (into top) in the same step.
   // With input_rows, the input is those rows of the previous forward's outputs instead (and
   // with download false nothing is copied back).
+  // With `device`, the features are its rows of device->features, the ids its rows of
+  // device->tokens, and the outputs are kept in device_out_ instead of last_out_.
+  struct DeviceRows {
+    Tensor features;            // [*, feature_width()] fp32
+    Tensor tokens;              // [*, 1] int32
+    std::vector<int32_t> rows;  // [real rows]: each row's row of both
+  };
   std::vector<float> forward(const std::vector<Row>& rows, std::span<const float> input,
                              bool input_is_feature, Head head = Head::kNone, int32_t top_k = 0,
                              TopKRows* top = nullptr, std::span<const int32_t> input_rows = {},
-                             bool download = true);
+                             bool download = true, const DeviceRows* device = nullptr);
   // fork + reserve one row per parent (children receives them), then forward.
   std::vector<float> expand_rows(std::span<const SeqId> parents, std::span<const int32_t> tokens,
                                  std::span<const float> hidden, std::span<const int32_t> last_rows,
@@ -176,6 +206,8 @@ class EagleDraftModel {
   // (grown by doubling; a backend's persistent buffers live as long as it does).
   Tensor last_out_;
   int64_t last_rows_ = 0;
+  Tensor device_out_;  // the last append_on_device's outputs [device_rows_, hidden]
+  int64_t device_rows_ = 0;
   // Committed-row forwards recorded as step graphs pad their rows to a few counts with rows
   // that write this sequence's one reserved slot and are never read (made at first use).
   SeqId pad_seq_ = -1;

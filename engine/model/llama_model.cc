@@ -526,6 +526,7 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
     if (path_hidden) {
       rows.source = features;
       for (int32_t r : want.sample->logits_row) rows.node_row.push_back(step.logits_rows[r]);
+      if (b.path_rows_on_device()) rows.on_device = want.on_path_rows;
     }
     if (b.has_sample_trees()) {
       if (path_hidden)
@@ -558,6 +559,28 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
         gather_path_rows_on_host(hidden.data(), features.cols, *want.sample, rows.node_row,
                                  &out->sampled);
       }
+    }
+    if (path_hidden && want.on_path_rows && !rows.on_device) {
+      // The rows and tokens in backend memory from the host's results.
+      PathRowsOnDevice view;
+      std::vector<float> padded;
+      std::vector<int32_t> next;
+      pad_path_rows_on_host(*want.sample, out->sampled, features.cols, &view.offset, &padded,
+                            &next);
+      const int64_t n = std::max<int64_t>(view.offset.back(), 1);
+      if (path_rows_.rows < n || path_rows_.cols != features.cols) {
+        path_rows_ = b.persistent(std::max(n, 2 * path_rows_.rows), features.cols);
+        path_next_ = b.persistent(path_rows_.rows, 1);
+      }
+      view.rows = Tensor{path_rows_.data, DType::kF32, view.offset.back(), features.cols};
+      view.next = Tensor{path_next_.data, DType::kI32, view.offset.back(), 1};
+      if (view.offset.back() > 0) {
+        b.upload(padded.data(), view.rows);
+        // (int32 bits through the fp32 upload: a 4-byte copy)
+        b.upload(reinterpret_cast<const float*>(next.data()),
+                 Tensor{path_next_.data, DType::kF32, view.offset.back(), 1});
+      }
+      want.on_path_rows(view);
     }
     if (want.top_logprobs >= 0) {
       // Emitted token d of item i is predicted by the row of path node d (the bonus token by

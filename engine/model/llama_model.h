@@ -37,6 +37,10 @@ struct ForwardRequest {
   // device, back with the ids); a row is the final hidden state, or the capture layers'
   // residual streams side by side ([capture_layers.size() * hidden]).
   bool path_hidden = false;
+  // With path_hidden: called with the accepted paths' rows and the tokens after them in backend
+  // memory (PathRowsRequest::on_device), before the forward waits for its results where the
+  // backend can (Backend::path_rows_on_device), else after them from host copies.
+  std::function<void(const PathRowsOnDevice&)> on_path_rows;
   // Otherwise, the flat rows whose features (final hidden states, capture layers) come back,
   // ascending (empty: every row): ForwardOutput::hidden / captured then hold these rows only, in
   // this order, and ForwardOutput::feature_rows repeats the list. Steps that run eagerly gather
@@ -187,6 +191,9 @@ class LlamaModel {
   std::unique_ptr<RankThreads> threads_;  // null with one rank
   StepGraphStats stats_of_dropped_;       // counters of rank 0's caches dropped
   ForwardTimings timings_;                // rank 0's
+  // ForwardRequest::on_path_rows' rows and tokens on a backend that does not build them
+  // (uploaded from the host; grown by doubling).
+  Tensor path_rows_, path_next_;
 };
 
 }  // namespace arbor

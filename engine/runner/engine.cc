@@ -407,6 +407,8 @@ struct Engine::StepRun {
   bool argmax_only = false;     // only argmax ids came back (ForwardRequest::argmax_only)
   bool backend_sample = false;  // sampled / verified on the backend (ForwardRequest::sample)
   bool path_hidden = false;     // hidden states of the accepted paths only (path_rows)
+  // The proposer's time folding the paths in inside the forward (observe_paths_on_device).
+  double device_paths_ms = 0;
   TreeSampleBuilder sampling;
   std::vector<int32_t> sample_item;  // [items] index in `sampling`, -1 when not sampled there
   bool warmup = false;               // the forward warmed up a step graph (see forward())
@@ -723,6 +725,26 @@ void Engine::forward(StepRun* run) {
           want.feature_rows.push_back(r);
   }
   if (run->path_hidden) stats_.path_feedback_steps++;
+  if (run->path_hidden && proposer_->observes_paths_on_device()) {
+    // The verified paths reach the proposer on the device, queued behind the step before its
+    // wait; their host feedback (commit, observe) then settles what ran.
+    std::vector<Proposer::DevicePath> paths;
+    for (size_t k = 0; k < plan.items.size(); ++k) {
+      const ScheduledItem& it = plan.items[k];
+      if (it.decode && it.num_tokens > 1 && run->sample_item[k] >= 0 &&
+          choices_.at(it.id)->speculate)
+        paths.push_back({static_cast<RequestId>(it.id), run->sample_item[k]});
+    }
+    if (!paths.empty())
+      want.on_path_rows = [this, run, paths = std::move(paths)](const PathRowsOnDevice& rows) {
+        const auto p0 = std::chrono::steady_clock::now();
+        proposer_->observe_paths_on_device(paths, rows);
+        run->device_paths_ms +=
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0)
+                .count();
+        stats_.device_path_steps++;
+      };
+  }
   if (!backend_sample) want.top_logprobs = -1;
   if (!run->argmax_only && !backend_sample) stats_.logits_downloads++;
   const StepGraphStats graphs_before = model_.step_graph_stats();
@@ -738,7 +760,10 @@ void Engine::forward(StepRun* run) {
   // A step whose shape ran eagerly on its way to a recording, or was recorded, is a warm-up:
   // several times slower than the replays that follow, so it would mislead the cost model.
   run->warmup = model_.step_graph_stats().warmed_up_since(graphs_before);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // (the proposer's part inside it is feedback)
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+                      run->device_paths_ms * 1e-3;
+  stats_.feedback_seconds += run->device_paths_ms * 1e-3;
   stats_.steps++;
   (run->any_prefill && run->any_decode ? stats_.mixed_seconds
    : run->any_prefill                  ? stats_.prefill_seconds
@@ -970,7 +995,8 @@ void Engine::observe(StepRun* run) {
     return ms;
   };
   observe_some(true);
-  const double path_ms = observe_some(false);
+  const double path_ms = observe_some(false) + run->device_paths_ms;
+  observe_ms += run->device_paths_ms;
   // What trees cost beyond verification: drafting them and folding the accepted paths into
   // the proposer's state (steps without a tree do not tell it).
   // A draft that did not wait for the device (trees picked there) cost the step its device

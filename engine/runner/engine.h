@@ -114,6 +114,9 @@ struct EngineStats {
   // Steps whose drafter got the target's hidden states at the accepted paths only
   // (ForwardRequest::path_hidden), not every row's.
   int64_t path_feedback_steps = 0;
+  // Steps whose verified paths the proposer folded in on the device, before the step's wait
+  // (Proposer::observe_paths_on_device).
+  int64_t device_path_steps = 0;
   // Steps whose trees' tokens the step read on the drafter's backend (DraftTree::device).
   int64_t device_token_steps = 0;
   int64_t preemptions = 0;

@@ -53,6 +53,8 @@ void EagleOptions::validate() const {
     bad("grow_on_backend", grow_on_backend, "need -1, 0 or 1");
   if (pick_on_backend < -1 || pick_on_backend > 1)
     bad("pick_on_backend", pick_on_backend, "need -1, 0 or 1");
+  if (paths_on_device < -1 || paths_on_device > 1)
+    bad("paths_on_device", paths_on_device, "need -1, 0 or 1");
   if (draft_kv.num_blocks < 1) bad("draft_kv.num_blocks", draft_kv.num_blocks, "need >= 1");
   if (draft_kv.block_size < 1) bad("draft_kv.block_size", draft_kv.block_size, "need >= 1");
   if (draft_kv.enable_prefix_caching)
@@ -157,6 +159,10 @@ void EagleProposer::observe_batch(std::span<const TargetFeedback> feedbacks) {
   std::vector<RequestState*> full;
   Staged st;
   for (const TargetFeedback& f : feedbacks) {
+    const auto found = requests_.find(f.request);
+    if (found != requests_.end() && found->second.device_rows > 0 &&
+        settle_device_path(found->second, f))
+      continue;
     if (!stage(f, &st)) continue;
     RequestState& s = *st.state;
     if (s.backlog_tokens.empty()) s.backlog_position = st.position;
@@ -176,6 +182,83 @@ void EagleProposer::observe_batch(std::span<const TargetFeedback> feedbacks) {
   std::vector<RequestState*> states;
   for (const auto& [id, st] : all) states.push_back(st);
   run_backlog_prefixes(states);
+}
+
+bool EagleProposer::observes_paths_on_device() const {
+  const bool gpu = draft_.backend_name() != "cpu";
+  const auto on = [gpu](int option) { return option == 1 || (option == -1 && gpu); };
+  return tree_reader_ && draft_.grows_on_backend() && on(options_.grow_on_backend) &&
+         on(options_.paths_on_device);
+}
+
+void EagleProposer::observe_paths_on_device(std::span<const DevicePath> paths,
+                                            const PathRowsOnDevice& rows) {
+  drop_device_paths();
+  std::vector<EagleDraftModel::DeviceAppendItem> items;
+  std::vector<RequestId> ids;
+  for (const DevicePath& p : paths) {
+    const auto it = requests_.find(p.request);
+    if (it == requests_.end() || p.item < 0 ||
+        static_cast<size_t>(p.item) + 1 >= rows.offset.size())
+      continue;
+    RequestState& s = it->second;
+    // Rows waiting on the host come first: this path then joins them there (observe_batch).
+    if (s.seq < 0 || !s.backlog_tokens.empty() || !s.pending_feature.empty()) continue;
+    const int32_t first = rows.offset[static_cast<size_t>(p.item)];
+    const int32_t n = rows.offset[static_cast<size_t>(p.item) + 1] - first;
+    if (n < 1) continue;
+    items.push_back({s.seq, s.first_position + draft_.length(s.seq), first, n});
+    ids.push_back(p.request);
+  }
+  if (items.empty()) return;
+  try {
+    draft_.append_on_device(items, rows.rows, rows.next, top_k());
+  } catch (const Error& e) {
+    // The draft's cache is full: observe_batch folds the paths in on the host (and reports it).
+    if (e.code() == ErrorCode::kResourceExhausted) return;
+    throw;
+  }
+  int32_t at = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    RequestState& s = requests_.at(ids[i]);
+    s.device_rows = items[i].rows;
+    s.device_first = at;
+    s.device_position = items[i].position0;
+    at += items[i].rows;
+  }
+  device_paths_ = std::move(ids);
+}
+
+bool EagleProposer::settle_device_path(RequestState& s, const TargetFeedback& f) {
+  const int32_t reserved = s.device_rows;
+  s.device_rows = 0;
+  const auto len = static_cast<int32_t>(f.tokens.size());
+  // The rows hold (feature of path node d, the token after it): f's tokens are the path's.
+  if (f.start == s.device_position && len >= 1 && len <= reserved && f.next_token >= 0 &&
+      s.backlog_tokens.empty() && s.pending_feature.empty()) {
+    tracker_.observe(f);
+    std::vector<int32_t> after(f.tokens.begin() + 1, f.tokens.end());
+    after.push_back(f.next_token);
+    draft_.commit_on_device(s.seq, after);
+    s.device_root = s.device_first + len - 1;
+    s.last_output.clear();
+    s.last_top = TopKRows{};
+    return true;
+  }
+  draft_.cancel_on_device(s.seq);
+  return false;
+}
+
+void EagleProposer::drop_device_paths() {
+  for (RequestId id : device_paths_) {
+    const auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    RequestState& s = it->second;
+    if (s.device_rows > 0) draft_.cancel_on_device(s.seq);
+    s.device_rows = 0;
+    s.device_root = -1;
+  }
+  device_paths_.clear();
 }
 
 void EagleProposer::run_backlog_prefixes(const std::vector<RequestState*>& states) {
@@ -335,11 +418,13 @@ std::vector<DraftTree> EagleProposer::propose_batch(
   for (const auto& [request, budget] : requests)
     if (budget.max_nodes > 1) states.push_back(&requests_.at(request));
   struct ClearDeviceRows {  // on every exit: device rows are valid within this call only
+    EagleProposer& proposer;
     std::vector<RequestState*>& states;
     ~ClearDeviceRows() {
       for (RequestState* s : states) s->device_row = -1;
+      proposer.drop_device_paths();
     }
-  } clear_device_rows{states};
+  } clear_device_rows{*this, states};
   // Trees may be picked on the draft's backend (the engine reads them there): the draft then
   // returns before the device runs it, so its device time is measured there.
   const bool may_pick = on_backend && tree_reader_ && draft_.picks_trees_on_backend() &&
@@ -347,7 +432,21 @@ std::vector<DraftTree> EagleProposer::propose_batch(
                          (options_.pick_on_backend == -1 && draft_.backend_name() != "cpu"));
   timed_draft_ = false;
   if (may_pick) draft_.backend().device_interval_begin();
-  flush_backlogs(states, on_backend);
+  // Roots from observe_paths_on_device's forward (its outputs and top-k on the backend); the
+  // others' backlogs run now, their outputs brought to the host when such roots are in use
+  // (a forward keeping them there would replace those roots' top-k).
+  std::vector<RequestState*> flush;
+  bool device_roots = false;
+  for (RequestState* s : states) {
+    if (on_backend && s->device_root >= 0 && s->backlog_tokens.empty()) {
+      s->device_row = s->device_root;
+      s->device_top_row = s->device_root;
+      device_roots = true;
+    } else {
+      flush.push_back(s);
+    }
+  }
+  flush_backlogs(flush, on_backend && !device_roots);
   // Request i's budget checked, its tree parameters set and its tree root-only for now; true
   // when a tree may grow from its root (whose output is on the host or, on the backend, there).
   const auto may_grow = [&](size_t i) {
@@ -397,8 +496,8 @@ std::vector<DraftTree> EagleProposer::propose_batch(
       picked.stride = std::max(picked.stride, picked.nodes.back());
     }
     // (At least one depth: a tree of the root's children alone still reads the roots' top-k.)
-    const std::vector<TopKRows> log =
-        draft_.grow_trees(items, top_k, std::max(depths, 1), &roots, pick ? &picked : nullptr);
+    const std::vector<TopKRows> log = draft_.grow_trees(items, top_k, std::max(depths, 1), &roots,
+                                                        pick ? &picked : nullptr, device_roots);
     if (pick) {
       for (size_t i = 0; i < cands.size(); ++i) {
         DraftTree& t = trees[cands[i].index];
@@ -509,6 +608,8 @@ bool EagleProposer::fork(RequestId src, RequestId dst) {
   tracker_.fork(src, dst);
   RequestState s = requests_.at(src);
   if (s.seq >= 0) s.seq = draft_.fork(s.seq);
+  s.device_rows = 0;  // (no device rows in flight at a prompt's end; none shared)
+  s.device_root = -1;
   requests_[dst] = std::move(s);
   return true;
 }

@@ -30,6 +30,11 @@ struct EagleOptions {
   // the device (the step's one wait is the verify's). -1 where the backend is a GPU, 0 never
   // (the grower replays the downloaded top-k), 1 whenever the backend can.
   int pick_on_backend = -1;
+  // Verified paths run through the draft from the verify step's device results, queued behind
+  // it before the host waits (observe_paths_on_device: the host's commit, feedback and plan then
+  // overlap the draft's forward), for trees grown on the backend: -1 where the backend is a
+  // GPU, 0 never, 1 whenever the backend can.
+  int paths_on_device = -1;
   void validate() const;  // kInvalidArgument naming the field
 };
 
@@ -47,6 +52,12 @@ class EagleProposer final : public Proposer {
   void observe(const TargetFeedback& feedback) override;
   // Every request's committed rows in one draft forward.
   void observe_batch(std::span<const TargetFeedback> feedbacks) override;
+  bool observes_paths_on_device() const override;
+  // Each path's rows (its tree's depth + 1, the path's length unknown yet) in one draft forward
+  // into reserved draft slots, without a wait; observe_batch commits the path's length of them.
+  // Paths of requests with rows waiting on the host (a backlog) are left to observe_batch.
+  void observe_paths_on_device(std::span<const DevicePath> paths,
+                               const PathRowsOnDevice& rows) override;
   // At most min(total_tokens, budget.max_nodes) nodes and min(depth, budget.max_depth - 1) draft
   // steps after the first (so depth <= budget.max_depth).
   DraftTree propose(RequestId request, const TreeBudget& budget) override;
@@ -87,7 +98,21 @@ class EagleProposer final : public Proposer {
     std::vector<int32_t> backlog_tokens;
     std::vector<float> backlog_features;
     int32_t backlog_position = 0;
+    // observe_paths_on_device's rows of this request: device_rows rows reserved from RoPE
+    // position device_position (0: none in flight), rows device_first.. of that forward; once
+    // observe_batch commits the path's, device_root is its last row there (the next tree's
+    // root, valid until the next propose_batch or observe_paths_on_device), else -1.
+    int32_t device_rows = 0;
+    int32_t device_first = 0;
+    int32_t device_position = 0;
+    int32_t device_root = -1;
   };
+  // Ends what observe_paths_on_device left: reservations not committed are cancelled, roots not
+  // used are dropped.
+  void drop_device_paths();
+  // observe_batch's part for a request with device rows in flight: true when f is the path
+  // they hold (then committed), false when they were cancelled (f is folded in as usual).
+  bool settle_device_path(RequestState& s, const TargetFeedback& f);
   // Rows a request's backlog may hold before they run anyway (bounds the host memory a request
   // that never speculates keeps, and the size of a catch-up forward).
   static constexpr size_t kMaxBacklogRows = 32;
@@ -118,7 +143,8 @@ class EagleProposer final : public Proposer {
   std::unordered_map<RequestId, RequestState> requests_;
   // set_tree_reader found a reader of the draft's memory: trees may be picked there.
   bool tree_reader_ = false;
-  bool timed_draft_ = false;  // the last propose_batch's draft was timed on the device
+  bool timed_draft_ = false;             // the last propose_batch's draft was timed on the device
+  std::vector<RequestId> device_paths_;  // requests observe_paths_on_device ran rows of
 };
 
 }  // namespace arbor

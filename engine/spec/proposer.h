@@ -58,6 +58,22 @@ class Proposer {
   virtual void observe_batch(std::span<const TargetFeedback> feedbacks) {
     for (const TargetFeedback& f : feedbacks) observe(f);
   }
+  // Proposers that fold a verify step's accepted paths in on the device before the host has
+  // them: the engine then calls observe_paths_on_device from inside that step, once its paths'
+  // rows and tokens are in backend memory (ForwardRequest::on_path_rows; `paths` are the items
+  // of requests whose trees it verified, item = their sampling item), and still feeds the same
+  // paths through observe / observe_batch after the step, which settles what ran on the device
+  // (or, for any path it did not take, folds it in as usual).
+  virtual bool observes_paths_on_device() const { return false; }
+  struct DevicePath {
+    RequestId request = -1;
+    int32_t item = -1;
+  };
+  virtual void observe_paths_on_device(std::span<const DevicePath> paths,
+                                       const PathRowsOnDevice& rows) {
+    (void)paths;
+    (void)rows;
+  }
   // Draft tree rooted at the last feedback's next_token (tree.token[0] == that token).
   virtual DraftTree propose(RequestId request, const TreeBudget& budget) = 0;
   // Trees for several requests of one step, in order (each as propose() would return it).

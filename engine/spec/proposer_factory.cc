@@ -112,6 +112,7 @@ std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWei
       options.num_threads = config.num_threads;
       options.grow_on_backend = config.grow_on_device;
       options.pick_on_backend = config.pick_on_device;
+      options.paths_on_device = config.paths_on_device;
       EagleWeights weights = load_eagle_checkpoint(config.head_path, version);
       const std::string map = resolve_token_map(config);
       if (!map.empty())

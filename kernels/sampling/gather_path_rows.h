@@ -2,8 +2,11 @@
 // gathered on the device so that only they cross to the host (the target's final hidden states
 // a drafter reads, instead of every tree row's). For item i, whose path has len[i] nodes
 // path[node_indptr[i] + d] (item-relative node indices, root first):
-//   out[out_offset[i] + d] = x[node_row[node_indptr[i] + path[node_indptr[i] + d]]]
-// for d < min(len[i], out_offset[i + 1] - out_offset[i]); other rows of out are not written.
+//   out[out_offset[i] + d] = x[node_row[node_indptr[i] + path[node_indptr[i] + min(d, len[i] -
+//   1)]]]
+// for d < out_offset[i + 1] - out_offset[i] (rows past the path repeat its last one), and with
+// `next` the token after each row: token[node_indptr[i] + path[node_indptr[i] + d + 1]] while
+// d + 1 < len[i], then bonus[i] (0 where it is negative).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +24,9 @@ struct GatherPathRowsParams {
   const int32_t* node_row = nullptr;     // [nodes] row of x holding each node's row
   const int32_t* out_offset = nullptr;   // [items + 1]
   float* out = nullptr;                  // [out_offset[items], cols]
+  const int32_t* token = nullptr;        // [nodes] (with next)
+  const int32_t* bonus = nullptr;        // [items] (with next)
+  int32_t* next = nullptr;               // [out_offset[items]] or null
   int32_t num_items = 0;
   int32_t max_rows_per_item = 0;  // max over i of out_offset[i + 1] - out_offset[i]
 };

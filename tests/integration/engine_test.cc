@@ -322,6 +322,92 @@ TEST_F(EngineTest, EagleTreesPickedOnTheBackendEqualTheHostsPicks) {
   }
 }
 
+// EAGLE's verified paths run through the draft from the verify step's results in backend memory
+// before the step's wait (EagleOptions::paths_on_device: rows reserved for each tree's depth + 1,
+// the path's length committed after the wait) grow the same trees as the paths folded in from
+// the host's copy after it: the same tokens as plain greedy decoding, and with fixed trees the
+// same steps and accepted lengths and the same draws for a sampled request. Requests arrive while
+// others decode, so steps mix trees rooted on the device with backlogs run on the host (a new
+// request's prompt rows); with adaptive trees some steps have no tree (their paths go to the
+// backlog) or trees for some requests only.
+TEST_F(EngineTest, EaglePathsFoldedInOnTheBackendEqualTheHostsFeedback) {
+  const std::vector<std::string> texts = {"Once upon a time", "The little dog", "Lily went to the",
+                                          "One day, a boy", "Tom and his mom"};
+  std::vector<GenerationRequest> reqs;
+  for (const std::string& t : texts)
+    reqs.push_back(greedy(bundle_->tokenizer->encode(t, true, false), 40));
+  GenerationRequest sampled = greedy(reqs[0].prompt, 40);
+  sampled.sampling.temperature = 0.8f;
+  sampled.sampling.seed = 5;
+  const ReqId sampled_id = 99;
+  // Two requests first; the others join after `late` steps each.
+  const auto run = [&](Engine& e, int late) {
+    std::map<std::pair<ReqId, int32_t>, std::vector<EngineEvent>> out;
+    e.add(1, reqs[0]);
+    e.add(sampled_id, sampled);
+    for (size_t i = 1; i < reqs.size(); ++i) {
+      for (int s = 0; s < late; ++s)
+        for (EngineEvent& ev : e.step()) out[{ev.id, ev.choice}].push_back(std::move(ev));
+      e.add(i + 1, reqs[i]);
+    }
+    for (auto& [key, evs] : drain(e))
+      for (EngineEvent& ev : evs) out[key].push_back(std::move(ev));
+    return out;
+  };
+  Engine plain(*model_, EngineConfig{});
+  auto want = run(plain, 3);
+  for (bool adaptive : {false, true}) {
+    std::vector<int64_t> counts;
+    std::vector<std::vector<int32_t>> sampled_tokens;
+    for (int32_t on_device : {0, 1}) {
+      SCOPED_TRACE(std::string(on_device ? "paths on the backend" : "paths from the host") +
+                   (adaptive ? ", adaptive trees" : ""));
+      SpecConfig sc;
+      sc.method = SpecMethod::kEagle;
+      sc.head_path = std::string(ARBOR_TEST_DATA_DIR) + "/heads/stories260K/eagle";
+      sc.total_tokens = 12;
+      sc.depth = 3;
+      sc.top_k = 3;
+      sc.grow_on_device = 1;
+      sc.pick_on_device = 1;
+      sc.paths_on_device = on_device;
+      auto proposer = make_proposer(sc, bundle_->weights);
+      EngineConfig ec;
+      if (adaptive) {
+        ec.adaptive_trees = true;
+        ec.pad_trees = 1;
+        ec.tree_budget = {12, 4};
+        ec.cost.fixed_ms = 4.0;
+        ec.cost.per_token_ms = 0.05;
+        ec.cost.online = false;
+      }
+      auto backend = make_cpu_backend(1);
+      LlamaModel model(*backend, bundle_->weights);
+      Engine e(model, ec, proposer.get());
+      auto got = run(e, 3);
+      for (size_t i = 0; i < reqs.size(); ++i)
+        EXPECT_EQ(tokens_of(got[{i + 1, 0}]), tokens_of(want[{i + 1, 0}])) << "request " << i + 1;
+      sampled_tokens.push_back(tokens_of(got[{sampled_id, 0}]));
+      EXPECT_EQ(sampled_tokens.back().size(), 40u);
+      EXPECT_GT(e.stats().acceptance.mean_emitted_per_step(), 1.2);
+      if (on_device)
+        EXPECT_GT(e.stats().device_path_steps, 10);
+      else
+        EXPECT_EQ(e.stats().device_path_steps, 0);
+      counts.push_back(e.stats().decode_tokens);
+      counts.push_back(e.stats().steps);
+      counts.push_back(e.stats().acceptance.emitted);
+    }
+    // (Adaptive trees follow the measured draft cost, which the paths' place moves: their
+    // trees may differ, their tokens may not.)
+    if (adaptive) continue;
+    EXPECT_EQ(counts[0], counts[3]);
+    EXPECT_EQ(counts[1], counts[4]) << "the same trees take the same steps";
+    EXPECT_EQ(counts[2], counts[5]);
+    EXPECT_EQ(sampled_tokens[0], sampled_tokens[1]) << "the same trees and uniforms";
+  }
+}
+
 // Greedy steps without penalties or logprobs take only argmax ids from the backend
 // (ForwardRequest::argmax_only) and verify trees from them; the tokens equal those of steps that
 // download the logits: the same request with logprobs, and beside a sampled request (a mixed

@@ -430,6 +430,96 @@ TEST(EagleProposer, AFullBacklogRunsEveryRequestsBacklogWithIt) {
   EXPECT_EQ(tree.parent, want.parent);
 }
 
+// Verified paths folded in from backend memory before the host has them
+// (observe_paths_on_device: each path's rows reserved for its tree's depth + 1, the rows past the
+// path repeating its last one as PathRowsOnDevice lays them out; observe_batch commits the
+// path's length) give the trees of the host's feedback: request 1's path on the device, request
+// 2's rows waiting on the host in the same step (its root runs on the host beside request 1's
+// device root), request 3's device rows cancelled by feedback longer than their room (folded in
+// on the host instead). The rows past the paths go back to the pool.
+TEST(EagleProposer, PathsFoldedInOnTheBackendGiveTheHostsTrees) {
+  const Fixture f = load("eagle_stories260K");
+  const SyntheticRows rows(f.target->config.hidden_size);
+  const int64_t h = rows.h;
+  EagleOptions o = options_of(f.ref["rounds"][0]["trees"][0]);
+  set_way(&o, 2);
+  o.paths_on_device = 1;
+  auto p = make(f, o);
+  read_trees_on_host(*p);
+  ASSERT_TRUE(p->observes_paths_on_device());
+  EagleOptions host_o = o;
+  host_o.paths_on_device = 0;
+  auto want = make(f, host_o);
+  read_trees_on_host(*want);
+  EXPECT_FALSE(want->observes_paths_on_device());
+  for (Proposer* q : {static_cast<Proposer*>(p.get()), static_cast<Proposer*>(want.get())})
+    for (RequestId r : {1, 2, 3}) {
+      q->begin(r, rows.prompt());
+      q->observe(rows.feedback(r, 0, 10));
+      // Requests 1 and 3 run their backlogs (nothing waits on the host); request 2's rows wait.
+      if (r != 2) q->propose_batch({{r, TreeBudget{64, 8}}});
+    }
+  // This step's paths: 3 rows each from position 10 (the verify's rows), room for 5.
+  Backend& b = p->draft().backend();
+  const int32_t room = 5;
+  Tensor features = b.persistent(3 * room, h);
+  Tensor next_f = b.persistent(3 * room, 1);
+  std::vector<float> host_rows(static_cast<size_t>(3 * room * h));
+  std::vector<int32_t> host_next(static_cast<size_t>(3 * room));
+  for (int32_t item = 0; item < 3; ++item)
+    for (int32_t d = 0; d < room; ++d) {
+      const int32_t j = 10 + std::min(d, 2);  // the path's rows, then its last one again
+      std::copy_n(rows.hidden.begin() + j * h, h, host_rows.begin() + (item * room + d) * h);
+      host_next[static_cast<size_t>(item * room + d)] = rows.tokens[static_cast<size_t>(j + 1)];
+    }
+  b.upload(host_rows.data(), features);
+  b.upload(reinterpret_cast<const float*>(host_next.data()), next_f);
+  PathRowsOnDevice view;
+  view.rows = features;
+  view.next = Tensor{next_f.data, DType::kI32, 3 * room, 1};
+  view.offset = {0, room, 2 * room, 3 * room};
+  const KvCacheManager& kv = p->draft().kv();
+  // Each sequence's committed and reserved rows.
+  const auto lengths = [](const KvCacheManager& k) {
+    std::vector<std::pair<int32_t, int32_t>> out;
+    for (SeqId q : k.sequence_ids()) out.emplace_back(k.committed_len(q), k.reserved_len(q));
+    return out;
+  };
+  const auto before = lengths(kv);
+  ASSERT_EQ(before, lengths(want->draft().kv()));
+  const std::vector<Proposer::DevicePath> paths = {{1, 0}, {2, 1}, {3, 2}};
+  p->observe_paths_on_device(paths, view);
+  int32_t reserved = 0;
+  for (const auto& [committed, r] : lengths(kv)) reserved += r;
+  EXPECT_EQ(reserved, 2 * room) << "requests 1 and 3 (request 2 has rows waiting on the host)";
+  const std::vector<TargetFeedback> step = {rows.feedback(1, 10, 3), rows.feedback(2, 10, 3),
+                                            rows.feedback(3, 10, room + 1)};
+  p->observe_batch(step);
+  want->observe_batch(step);
+  // Request 1's 3 rows committed (the host's wait for the next proposal), request 3's
+  // reservation cancelled (a path longer than its room: its rows wait on the host), request 2's
+  // 13 rows on the host.
+  std::vector<std::pair<int32_t, int32_t>> expect = before;
+  expect[0].first += 3;
+  EXPECT_EQ(lengths(kv), expect);
+  kv.check_invariants();
+  const std::vector<std::pair<RequestId, TreeBudget>> ask = {
+      {1, TreeBudget{64, 8}}, {2, TreeBudget{64, 8}}, {3, TreeBudget{64, 8}}};
+  const std::vector<DraftTree> got = p->propose_batch(ask);
+  const std::vector<DraftTree> host = want->propose_batch(ask);
+  for (size_t i = 0; i < ask.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(ask[i].first));
+    const DraftTree a = resolved(got[i], true), w = resolved(host[i], true);
+    ASSERT_GT(w.size(), 1);
+    EXPECT_EQ(a.token, w.token);
+    EXPECT_EQ(a.parent, w.parent);
+  }
+  EXPECT_EQ(lengths(kv), lengths(want->draft().kv()));
+  for (RequestId r : {1, 2, 3}) p->end(r);
+  EXPECT_EQ(kv.num_sequences(), 0);
+  EXPECT_EQ(kv.num_free_blocks(), kv.num_blocks());
+}
+
 TEST(EagleProposer, FirstFeedbackMayStartPastACachedPrefix) {
   // With a prefix served from the target's cache, the first feedback starts mid-prompt; the
   // draft then sees the context from there on.

@@ -591,6 +591,7 @@ struct CudaBackend::State {
   StagedUpload sample_meta;     // sample_trees' batch
   DeviceBuffer sample_scratch;  // sample_trees' per-row / per-item scratch and outputs
   DeviceBuffer path_rows;       // sample_trees_and_path_rows' gathered rows
+  DeviceBuffer path_next;       // and the tokens after them (PathRowsRequest::on_device)
   StagedUpload copy_slots;      // copy_kv's slot lists
   PinnedRing uploads;           // upload()'s staging
   DeviceBuffer copy_staging;
@@ -2899,7 +2900,21 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
     g.out = static_cast<float*>(s.path_rows.ptr);
     g.num_items = items;
     g.max_rows_per_item = max_rows;
+    if (rows->on_device) {
+      s.path_next.ensure(std::max<size_t>(static_cast<size_t>(out_offset.back()) * 4, 16),
+                         "sample_trees path tokens");
+      g.token = reinterpret_cast<const int32_t*>(meta + o_token);
+      g.bonus = p.out_bonus;
+      g.next = static_cast<int32_t*>(s.path_next.ptr);
+    }
     cuda_check(kernels::launch_gather_path_rows(g, s.stream), "sample_trees path rows");
+    if (rows->on_device) {  // work reading them is queued now, before the wait below
+      PathRowsOnDevice view;
+      view.rows = Tensor{s.path_rows.ptr, DType::kF32, out_offset.back(), cols};
+      view.next = Tensor{s.path_next.ptr, DType::kI32, out_offset.back(), 1};
+      view.offset = out_offset;
+      rows->on_device(view);
+    }
     padded_rows.resize(static_cast<size_t>(out_offset.back()) * static_cast<size_t>(cols));
     s.d2h(padded_rows.data(), s.path_rows.ptr, bytes, "sample_trees path rows download");
   }

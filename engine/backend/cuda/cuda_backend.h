@@ -187,6 +187,7 @@ class CudaBackend final : public Backend {
                           std::vector<int32_t>* root_ids, std::vector<float>* root_values) override;
   TransferStats transfer_stats() const override;
   void set_graph_timing(bool on) override;
+  bool path_rows_on_device() const override { return true; }
   void sample_trees_and_path_rows(const Tensor& logits, const TreeSampleBatch& batch,
                                   const PathRowsRequest& rows, TreeSampleResult* out) override;
   void sample_trees(const Tensor& logits, const TreeSampleBatch& batch,
