@@ -384,7 +384,6 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
   // their own whose outputs nothing reads, and the head's rows (the requests' last rows) padded
   // the same way with copies of the last one: a batch's row and request counts change from step
   // to step, and every pair would be a recording of its own.
-  constexpr int64_t kMaxGraphFeatureRows = 64;
   const bool pad = input_is_feature && graphs_ != nullptr && real_rows <= kMaxGraphFeatureRows;
   const int64_t padded_rows = pad ? graph_bucket(real_rows, 1) : real_rows;
   if (pad && padded_rows > real_rows && pad_seq_ < 0) {

@@ -81,6 +81,9 @@ class EagleDraftModel {
   // (rows in item order: GrowItem::root_row / root_top_row with roots_from_device_append),
   // until the next append_on_device. kResourceExhausted when the KV pool is full (nothing is
   // reserved then).
+  // Committed-row forwards of up to this many rows replay step graphs (more run op by op).
+  static constexpr int64_t kMaxGraphFeatureRows = 64;
+  bool records_steps() const { return graphs_ != nullptr; }
   struct DeviceAppendItem {
     SeqId seq;
     int32_t position0;

@@ -211,8 +211,17 @@ void EagleProposer::observe_paths_on_device(std::span<const DevicePath> paths,
     ids.push_back(p.request);
   }
   if (items.empty()) return;
+  // A forward too large for a step graph would launch op by op: the host's way is cheaper then
+  // (it runs the paths' own rows, not each tree's depth + 1).
+  int64_t total = 0;
+  for (const auto& it : items) total += it.rows;
+  if (draft_.records_steps() && total > EagleDraftModel::kMaxGraphFeatureRows) return;
+  // The rows are the reader's (the target's) results; on another stream, the draft reads them
+  // after its work, and the target's later steps (which rewrite them) wait for the draft.
+  draft_.backend().wait_for(*reader_);
   try {
     draft_.append_on_device(items, rows.rows, rows.next, top_k());
+    reader_->wait_for(draft_.backend());
   } catch (const Error& e) {
     // The draft's cache is full: observe_batch folds the paths in on the host (and reports it).
     if (e.code() == ErrorCode::kResourceExhausted) return;
@@ -598,6 +607,7 @@ std::vector<DraftTree> EagleProposer::propose_batch(
 
 void EagleProposer::set_tree_reader(Backend* reader) {
   tree_reader_ = reader != nullptr && reader->shares_memory_with(draft_.backend());
+  reader_ = tree_reader_ ? reader : nullptr;
 }
 
 double EagleProposer::last_draft_device_ms() {

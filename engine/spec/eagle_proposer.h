@@ -143,6 +143,7 @@ class EagleProposer final : public Proposer {
   std::unordered_map<RequestId, RequestState> requests_;
   // set_tree_reader found a reader of the draft's memory: trees may be picked there.
   bool tree_reader_ = false;
+  Backend* reader_ = nullptr;            // that reader (the target's backend), when it can
   bool timed_draft_ = false;             // the last propose_batch's draft was timed on the device
   std::vector<RequestId> device_paths_;  // requests observe_paths_on_device ran rows of
 };

@@ -258,8 +258,13 @@ struct CudaBackend::State {
     std::vector<Timed> pending;
     std::vector<std::pair<cudaEvent_t, cudaEvent_t>> free;
     Timed last;  // the last replay read: its end starts the next gap
-    void collect() {
-      for (const Timed& t : pending) {
+    // completed_only: the replays whose end has passed (in order; after a wait for an event
+    // that later work on the stream may follow), else every one (after a wait for the stream).
+    void collect(bool completed_only = false) {
+      size_t n = 0;
+      for (; n < pending.size(); ++n) {
+        const Timed& t = pending[n];
+        if (completed_only && cudaEventQuery(t.end) != cudaSuccess) break;
         cuda_check(cudaEventSynchronize(t.end), "graph timing");  // passed already after a wait
         float ms = 0;
         cuda_check(cudaEventElapsedTime(&ms, t.start, t.end), "graph timing");
@@ -278,7 +283,7 @@ struct CudaBackend::State {
         }
         last = t;
       }
-      pending.clear();
+      pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
     }
     // A backend that goes, after a wait for the stream: its replays are read, and the next
     // replay counts no gap from its last one.
@@ -592,8 +597,11 @@ struct CudaBackend::State {
   DeviceBuffer sample_scratch;  // sample_trees' per-row / per-item scratch and outputs
   DeviceBuffer path_rows;       // sample_trees_and_path_rows' gathered rows
   DeviceBuffer path_next;       // and the tokens after them (PathRowsRequest::on_device)
-  StagedUpload copy_slots;      // copy_kv's slot lists
-  PinnedRing uploads;           // upload()'s staging
+  // sample_trees' results copied to pinned memory, so that the host waits for them (an event)
+  // and not for the work PathRowsRequest::on_device queued behind them.
+  PinnedStaging sample_results;
+  StagedUpload copy_slots;  // copy_kv's slot lists
+  PinnedRing uploads;       // upload()'s staging
   DeviceBuffer copy_staging;
 
   template <typename T>
@@ -2908,23 +2916,47 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
       g.next = static_cast<int32_t*>(s.path_next.ptr);
     }
     cuda_check(kernels::launch_gather_path_rows(g, s.stream), "sample_trees path rows");
-    if (rows->on_device) {  // work reading them is queued now, before the wait below
-      PathRowsOnDevice view;
-      view.rows = Tensor{s.path_rows.ptr, DType::kF32, out_offset.back(), cols};
-      view.next = Tensor{s.path_next.ptr, DType::kI32, out_offset.back(), 1};
-      view.offset = out_offset;
-      rows->on_device(view);
-    }
     padded_rows.resize(static_cast<size_t>(out_offset.back()) * static_cast<size_t>(cols));
-    s.d2h(padded_rows.data(), s.path_rows.ptr, bytes, "sample_trees path rows download");
   }
   std::vector<int32_t> h(out_ints), tokens;
-  s.d2h(h.data(), outs, out_ints * 4, "sample_trees download");
-  if (device_tokens) {
-    tokens.resize(static_cast<size_t>(nodes));
-    s.d2h(tokens.data(), meta + o_token, tokens.size() * 4, "sample_trees tokens download");
+  if (device_tokens) tokens.resize(static_cast<size_t>(nodes));
+  if (rows != nullptr && rows->on_device) {
+    // The results into pinned memory (asynchronous), an event after them, then the caller's
+    // work on the stream behind them: the host waits for the event only.
+    const size_t rows_bytes = padded_rows.size() * 4;
+    const size_t o_tok = align_up(out_ints * 4, 256);
+    const size_t o_rows_h = align_up(o_tok + tokens.size() * 4, 256);
+    uint8_t* pin = s.sample_results.acquire(o_rows_h + rows_bytes, "sample_trees download");
+    const auto to_host = [&](void* dst, const void* src, size_t n) {
+      if (n > 0)
+        cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s.stream),
+                   "sample_trees download");
+      s.transfers.d2h_bytes += static_cast<int64_t>(n);
+    };
+    to_host(pin, outs, out_ints * 4);
+    to_host(pin + o_tok, meta + o_token, tokens.size() * 4);
+    to_host(pin + o_rows_h, s.path_rows.ptr, rows_bytes);
+    cuda_check(cudaEventRecord(s.sample_results.done, s.stream), "sample_trees download");
+    PathRowsOnDevice view;
+    view.rows = Tensor{s.path_rows.ptr, DType::kF32, out_offset.back(), rows->source.cols};
+    view.next = Tensor{s.path_next.ptr, DType::kI32, out_offset.back(), 1};
+    view.offset = out_offset;
+    rows->on_device(view);
+    cuda_check(cudaEventSynchronize(s.sample_results.done), "sample_trees");
+    ++s.transfers.syncs;
+    if (!s.shared_stream->pending.empty()) s.shared_stream->collect(/*completed_only=*/true);
+    std::memcpy(h.data(), pin, out_ints * 4);
+    std::memcpy(tokens.data(), pin + o_tok, tokens.size() * 4);
+    std::memcpy(padded_rows.data(), pin + o_rows_h, rows_bytes);
+  } else {
+    if (rows != nullptr)
+      s.d2h(padded_rows.data(), s.path_rows.ptr, padded_rows.size() * 4,
+            "sample_trees path rows download");
+    s.d2h(h.data(), outs, out_ints * 4, "sample_trees download");
+    if (device_tokens)
+      s.d2h(tokens.data(), meta + o_token, tokens.size() * 4, "sample_trees tokens download");
+    s.wait("sample_trees");
   }
-  s.wait("sample_trees");
   const int32_t* len = h.data() + 2 * nodes;
   for (int32_t i = 0; i < items; ++i) {
     const int32_t first = batch.node_indptr[i];
