@@ -71,9 +71,9 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
       ->check(CLI::Range(-1, 1))
       ->capture_default_str();
   c->add_option("--spec-paths-on-device", o->spec_config.paths_on_device,
-                "EAGLE: each verify step's accepted paths run through the draft from the "
-                "step's device results, before the host waits for them: -1 auto (on a GPU), "
-                "0 no (after the wait, from the host's copy), 1 yes")
+                "EAGLE, Medusa: each verify step's accepted paths run through the draft (the "
+                "heads) from the step's device results, before the host waits for them: -1 "
+                "auto (on a GPU), 0 no (after the wait, from the host's copy), 1 yes")
       ->check(CLI::Range(-1, 1))
       ->capture_default_str();
   c->add_option("--spec-max-nodes", o->max_tree_nodes, "Largest tree verified in one step");

@@ -100,6 +100,39 @@ MedusaHeadIds MedusaDeviceHeads::top_k_ids(std::span<const float> hidden, int64_
               "MedusaDeviceHeads::top_k: hidden holds " + std::to_string(hidden.size()) +
                   " values, expected " + std::to_string(rows) + " x " +
                   std::to_string(hidden_size_));
+  return run_heads(Input{hidden, Tensor{}, rows}, k);
+}
+
+MedusaHeadIds MedusaDeviceHeads::top_k_ids(const Tensor& hidden, std::span<const int32_t> k) {
+  ARBOR_CHECK(hidden.rows >= 1 && hidden.cols == hidden_size_ && hidden.dtype == DType::kF32,
+              "MedusaDeviceHeads::top_k_ids: hidden " + std::to_string(hidden.rows) + " x " +
+                  std::to_string(hidden.cols) + ", expected fp32 rows of " +
+                  std::to_string(hidden_size_));
+  return run_heads(Input{{}, hidden, hidden.rows}, k);
+}
+
+void MedusaDeviceHeads::load(const Input& input, const Tensor& dst, int64_t n) {
+  Backend& b = *backend_;
+  const int64_t rows = input.rows, h = hidden_size_;
+  if (input.host.empty()) {
+    std::vector<int32_t> index;
+    for (int64_t r = 0; r < rows; ++r) index.insert(index.end(), static_cast<size_t>(n), r);
+    b.gather_rows(input.device, index, dst);
+    return;
+  }
+  if (n == 1) {
+    b.upload(input.host.data(), dst);
+    return;
+  }
+  std::vector<float> repeated(static_cast<size_t>(rows * n * h));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < n; ++d)
+      std::copy_n(input.host.begin() + r * h, h, repeated.begin() + (r * n + d) * h);
+  b.upload(repeated.data(), dst);
+}
+
+MedusaHeadIds MedusaDeviceHeads::run_heads(const Input& input, std::span<const int32_t> k) {
+  const int64_t rows = input.rows;
   ARBOR_CHECK(k.size() <= heads_.size(), "MedusaDeviceHeads::top_k: " + std::to_string(k.size()) +
                                              " heads asked, " + std::to_string(heads_.size()) +
                                              " loaded");
@@ -117,17 +150,17 @@ MedusaHeadIds MedusaDeviceHeads::top_k_ids(std::span<const float> hidden, int64_
   if (run.empty()) return out;
   // Stacked heads run all of them whatever k asks, so a head's candidates never depend on
   // which other heads (deeper trees in the same batch) run beside it.
-  if (stacked_weight_.data != nullptr) return top_k_stacked(hidden, rows, k, k_max);
+  if (stacked_weight_.data != nullptr) return top_k_stacked(input, k, k_max);
   Backend& b = *backend_;
   b.reset_scratch();
   const int64_t h = hidden_size_, n = static_cast<int64_t>(run.size());
   Tensor in = b.scratch(rows, h);  // [rows, hidden] device fp32
-  b.upload(hidden.data(), in);
+  load(input, in);
   Tensor ones;  // [rows, hidden] device fp32 of 1: silu(y) = silu_mul(y, 1)
   // Head `head`'s ResBlocks over `in` into `out` ([rows, hidden] device fp32).
   const auto res_blocks = [&](const Head& head, const Tensor& out) {
     if (head.weight.empty()) {
-      b.upload(hidden.data(), out);
+      load(input, out);
       return;
     }
     if (ones.data == nullptr) {
@@ -190,20 +223,17 @@ MedusaHeadIds MedusaDeviceHeads::top_k_ids(std::span<const float> hidden, int64_
   return out;
 }
 
-MedusaHeadIds MedusaDeviceHeads::top_k_stacked(std::span<const float> hidden, int64_t rows,
-                                               std::span<const int32_t> k, int32_t k_max) {
+MedusaHeadIds MedusaDeviceHeads::top_k_stacked(const Input& input, std::span<const int32_t> k,
+                                               int32_t k_max) {
   Backend& b = *backend_;
   b.reset_scratch();
-  const int64_t h = hidden_size_, n = num_heads();
+  const int64_t rows = input.rows, h = hidden_size_, n = num_heads();
   // Row r x heads + d of the [rows x heads, hidden] device fp32 tensors below is head d's row for
   // hidden row r: the stacked GEMM's output [rows, heads x hidden] read with that shape.
   Tensor in = b.scratch(rows, h), x = b.scratch(rows * n, h);
-  b.upload(hidden.data(), in);
-  std::vector<float> repeated(static_cast<size_t>(rows * n * h)), one(repeated.size(), 1.0f);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t d = 0; d < n; ++d)
-      std::copy_n(hidden.begin() + r * h, h, repeated.begin() + (r * n + d) * h);
-  b.upload(repeated.data(), x);
+  load(input, in);
+  load(input, x, n);
+  const std::vector<float> one(static_cast<size_t>(rows * n * h), 1.0f);
   Tensor ones = b.scratch(rows * n, h);  // silu(y) = silu_mul(y, 1)
   b.upload(one.data(), ones);
   Tensor y = b.scratch(rows, n * h);

@@ -41,6 +41,8 @@ class MedusaDeviceHeads {
                                           std::span<const int32_t> k);
   // The same ids left on the backend (no wait for the device): valid until the next call.
   MedusaHeadIds top_k_ids(std::span<const float> hidden, int64_t rows, std::span<const int32_t> k);
+  // top_k_ids of hidden rows already in backend memory: hidden [rows, hidden_size] fp32.
+  MedusaHeadIds top_k_ids(const Tensor& hidden, std::span<const int32_t> k);
   Backend& backend() { return *backend_; }
 
  private:
@@ -50,8 +52,17 @@ class MedusaDeviceHeads {
   };
   // top_k() for heads of one ResBlock sharing the base LM head: every head's ResBlock as one
   // GEMM over the stacked weights, every head run (ids only where k asks).
-  MedusaHeadIds top_k_stacked(std::span<const float> hidden, int64_t rows,
-                              std::span<const int32_t> k, int32_t k_max);
+  // The input rows, from the host or (host empty) from backend memory.
+  struct Input {
+    std::span<const float> host;
+    Tensor device;
+    int64_t rows = 0;
+  };
+  MedusaHeadIds run_heads(const Input& input, std::span<const int32_t> k);
+  MedusaHeadIds top_k_stacked(const Input& input, std::span<const int32_t> k, int32_t k_max);
+  // dst [n x input.rows, hidden] = each input row n times (row r x n + i: row r) when n > 1,
+  // else the rows themselves.
+  void load(const Input& input, const Tensor& dst, int64_t n = 1);
   // [rows, cols] int32 at element `offset` of the ids buffer, grown (a new persistent
   // allocation: the old one stays with the backend) when too small for `total` elements.
   Tensor ids_slice(int64_t offset, int64_t rows, int64_t cols, int64_t total);

@@ -7,9 +7,11 @@
 
 namespace arbor {
 
-MedusaProposer::MedusaProposer(MedusaHeads heads, StaticTree tree, std::unique_ptr<Backend> backend)
+MedusaProposer::MedusaProposer(MedusaHeads heads, StaticTree tree, std::unique_ptr<Backend> backend,
+                               int paths_on_device)
     : heads_(std::move(heads)),
       tree_(std::move(tree)),
+      paths_on_device_(paths_on_device),
       tracker_("medusa", FeedbackShape{heads_.vocab_size, heads_.hidden_size, 0, 0}) {
   if (tree_.max_depth() > heads_.num_heads())
     throw_error(ErrorCode::kInvalidArgument,
@@ -34,6 +36,15 @@ void MedusaProposer::begin(RequestId request, std::span<const int32_t> prompt) {
 void MedusaProposer::observe(const TargetFeedback& feedback) {
   tracker_.observe(feedback);
   const size_t n = feedback.tokens.size();
+  // A path whose rows went through the heads on the device: its last row's ids are there.
+  // Any other feedback makes an earlier such row stale.
+  path_row_.erase(feedback.request);
+  if (const auto it = path_rows_.find(feedback.request); it != path_rows_.end()) {
+    const auto [first, room] = it->second;
+    path_rows_.erase(it);
+    if (n >= 1 && static_cast<int32_t>(n) <= room)
+      path_row_[feedback.request] = first + static_cast<int32_t>(n) - 1;
+  }
   if (n == 0) return;
   const size_t h = static_cast<size_t>(heads_.hidden_size);
   auto last = feedback.hidden.subspan((n - 1) * h, h);
@@ -131,10 +142,23 @@ std::vector<DraftTree> MedusaProposer::propose_batch(
     rows.push_back(std::move(p));
     hidden.insert(hidden.end(), h.begin(), h.end());
   }
+  // Every tree's row through the heads on the device already (observe_paths_on_device): those
+  // ids, else one pass over the host's rows.
+  std::vector<int32_t> device_row(requests.size(), -1);
+  bool from_paths = tokens_on_device_ && !rows.empty();
+  for (size_t i = 0; i < requests.size() && from_paths; ++i) {
+    if (row_of[i] == SIZE_MAX) continue;
+    const auto it = path_row_.find(requests[i].first);
+    from_paths = it != path_row_.end();
+    if (from_paths) device_row[i] = it->second;
+  }
+  path_row_.clear();
+  path_rows_.clear();
   if (rows.empty()) return out;
   if (tokens_on_device_) {
     // Node i's token stays where the heads' top-k wrote it: rank[i] of head depth[i] - 1.
-    const MedusaHeadIds on = device_->top_k_ids(hidden, static_cast<int64_t>(rows.size()), k);
+    const MedusaHeadIds on =
+        from_paths ? path_ids_ : device_->top_k_ids(hidden, static_cast<int64_t>(rows.size()), k);
     for (size_t i = 0; i < requests.size(); ++i) {
       if (row_of[i] == SIZE_MAX) continue;
       const Pending& p = rows[row_of[i]];
@@ -146,8 +170,9 @@ std::vector<DraftTree> MedusaProposer::propose_batch(
       t.device.ids = on.ids;
       t.device.index.assign(static_cast<size_t>(tree.size()), -1);
       for (int32_t n = 1; n < tree.size(); ++n)
-        t.device.index[static_cast<size_t>(n)] = on.index(
-            static_cast<size_t>(tree.depth[n] - 1), static_cast<int64_t>(row_of[i]), tree.rank[n]);
+        t.device.index[static_cast<size_t>(n)] =
+            on.index(static_cast<size_t>(tree.depth[n] - 1),
+                     from_paths ? device_row[i] : static_cast<int64_t>(row_of[i]), tree.rank[n]);
     }
     return out;
   }
@@ -174,11 +199,36 @@ DraftTree MedusaProposer::propose(RequestId request, const TreeBudget& budget) {
 void MedusaProposer::set_tree_reader(Backend* reader) {
   tokens_on_device_ =
       device_ != nullptr && reader != nullptr && reader->shares_memory_with(device_->backend());
+  reader_ = tokens_on_device_ ? reader : nullptr;
+}
+
+bool MedusaProposer::observes_paths_on_device() const {
+  return tokens_on_device_ &&
+         (paths_on_device_ == 1 || (paths_on_device_ == -1 && device_->backend().name() != "cpu"));
+}
+
+void MedusaProposer::observe_paths_on_device(std::span<const DevicePath> paths,
+                                             const PathRowsOnDevice& rows) {
+  path_rows_.clear();
+  path_row_.clear();
+  if (paths.empty() || rows.offset.empty() || rows.offset.back() < 1) return;
+  // Every row of the step's paths (the full tree's candidates per head: a cut tree reads the
+  // first of them), on the device behind the target's step.
+  device_->backend().wait_for(*reader_);
+  path_ids_ = device_->top_k_ids(rows.rows, tree_.ranks_needed_per_depth());
+  reader_->wait_for(device_->backend());
+  for (const DevicePath& p : paths) {
+    if (p.item < 0 || static_cast<size_t>(p.item) + 1 >= rows.offset.size()) continue;
+    const int32_t first = rows.offset[static_cast<size_t>(p.item)];
+    path_rows_[p.request] = {first, rows.offset[static_cast<size_t>(p.item) + 1] - first};
+  }
 }
 
 void MedusaProposer::end(RequestId request) {
   tracker_.end(request);
   last_hidden_.erase(request);
+  path_rows_.erase(request);
+  path_row_.erase(request);
 }
 
 }  // namespace arbor

@@ -23,7 +23,11 @@ class MedusaProposer final : public Proposer {
   // at some depth than the vocabulary holds.
   // backend: where the heads run (their top-k computed there, Backend::top_k_log_softmax, one
   // pass for every request of a step); nullptr = on the host (medusa_head_logits).
-  MedusaProposer(MedusaHeads heads, StaticTree tree, std::unique_ptr<Backend> backend = nullptr);
+  // paths_on_device: the heads run on a verify step's accepted paths from its device results,
+  // before its wait (observe_paths_on_device), for trees left on the device: -1 where the
+  // backend is a GPU, 0 never, 1 whenever it can.
+  MedusaProposer(MedusaHeads heads, StaticTree tree, std::unique_ptr<Backend> backend = nullptr,
+                 int paths_on_device = -1);
 
   std::string name() const override { return "medusa"; }
   bool needs_hidden() const override { return true; }
@@ -40,6 +44,11 @@ class MedusaProposer final : public Proposer {
   // With device heads on a backend `reader` shares memory with, proposals leave their tokens
   // there (DraftTree::device): the heads' top-k ids are not waited for.
   void set_tree_reader(Backend* reader) override;
+  bool observes_paths_on_device() const override;
+  // Every row of the paths (each tree's depth + 1) through the heads in one device pass, without
+  // a wait; observe() then picks each path's last row, whose ids the next proposal reads there.
+  void observe_paths_on_device(std::span<const DevicePath> paths,
+                               const PathRowsOnDevice& rows) override;
 
   const MedusaHeads& heads() const { return heads_; }
   const StaticTree& tree() const { return tree_; }
@@ -62,6 +71,13 @@ class MedusaProposer final : public Proposer {
   StaticTree tree_;
   std::unique_ptr<MedusaDeviceHeads> device_;  // null: heads on the host
   bool tokens_on_device_ = false;              // set_tree_reader found a reader
+  Backend* reader_ = nullptr;                  // that reader (the target's backend)
+  int paths_on_device_ = -1;
+  // observe_paths_on_device's heads: their ids on the device and each path's rows there
+  // (request -> first row, rows); observe() turns them into the row its proposal reads.
+  MedusaHeadIds path_ids_;
+  std::unordered_map<RequestId, std::pair<int32_t, int32_t>> path_rows_;
+  std::unordered_map<RequestId, int32_t> path_row_;  // request -> its last path row there
   FeedbackTracker tracker_;
   std::unordered_map<RequestId, std::vector<float>> last_hidden_;  // [hidden] per request
   std::map<std::pair<int32_t, int32_t>, StaticTree> cut_trees_;    // (max_nodes, max_depth)

@@ -99,8 +99,9 @@ std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWei
       limits.top_k = config.medusa_top_k;
       limits.max_nodes = 1 << 16;
       limits.max_depth = 1024;  // MedusaProposer checks the depth against the heads
-      return std::make_unique<MedusaProposer>(
-          std::move(heads), resolve_static_tree(config.tree, limits), std::move(draft_backend));
+      return std::make_unique<MedusaProposer>(std::move(heads),
+                                              resolve_static_tree(config.tree, limits),
+                                              std::move(draft_backend), config.paths_on_device);
     }
     case SpecMethod::kEagle:
     case SpecMethod::kEagle3: {

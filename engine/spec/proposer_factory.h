@@ -33,8 +33,8 @@ struct SpecConfig {
                                       // (EagleOptions::grow_on_backend: -1 auto, 0, 1)
   int32_t pick_on_device = -1;        // EAGLE: grown trees also picked there (one wait a step;
                                       // EagleOptions::pick_on_backend: -1 auto, 0, 1)
-  int32_t paths_on_device = -1;       // EAGLE: verified paths run through the draft before the
-                                      // step's wait (EagleOptions::paths_on_device: -1 auto, 0, 1)
+  int32_t paths_on_device = -1;       // EAGLE, Medusa: verified paths run through the draft
+                                      // (heads) before the step's wait (-1 auto, 0, 1)
   // EAGLE-1/2: a frequency-ranked draft vocabulary (load_token_map's file); "" = the heads'
   // token_map.json when the checkpoint directory has one, "none" = the whole vocabulary.
   std::string token_map;

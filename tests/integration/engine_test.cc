@@ -322,15 +322,15 @@ TEST_F(EngineTest, EagleTreesPickedOnTheBackendEqualTheHostsPicks) {
   }
 }
 
-// EAGLE's verified paths run through the draft from the verify step's results in backend memory
-// before the step's wait (EagleOptions::paths_on_device: rows reserved for each tree's depth + 1,
-// the path's length committed after the wait) grow the same trees as the paths folded in from
-// the host's copy after it: the same tokens as plain greedy decoding, and with fixed trees the
-// same steps and accepted lengths and the same draws for a sampled request. Requests arrive while
-// others decode, so steps mix trees rooted on the device with backlogs run on the host (a new
-// request's prompt rows); with adaptive trees some steps have no tree (their paths go to the
-// backlog) or trees for some requests only.
-TEST_F(EngineTest, EaglePathsFoldedInOnTheBackendEqualTheHostsFeedback) {
+// Verified paths run through the drafter from the verify step's results in backend memory before
+// the step's wait (SpecConfig::paths_on_device; EAGLE: draft rows reserved for each tree's depth +
+// 1, the path's length committed after the wait; Medusa: every row through the heads, the path's
+// last one read) give the same trees as the paths folded in from the host's copy after it: the same
+// tokens as plain greedy decoding, and with fixed trees the same steps and accepted lengths and the
+// same draws for a sampled request. Requests arrive while others decode, so steps mix trees rooted
+// on the device with backlogs run on the host (a new request's prompt rows); with adaptive trees
+// some steps have no tree (their paths go to the backlog) or trees for some requests only.
+TEST_F(EngineTest, PathsFoldedInOnTheBackendEqualTheHostsFeedback) {
   const std::vector<std::string> texts = {"Once upon a time", "The little dog", "Lily went to the",
                                           "One day, a boy", "Tom and his mom"};
   std::vector<GenerationRequest> reqs;
@@ -356,56 +356,61 @@ TEST_F(EngineTest, EaglePathsFoldedInOnTheBackendEqualTheHostsFeedback) {
   };
   Engine plain(*model_, EngineConfig{});
   auto want = run(plain, 3);
-  for (bool adaptive : {false, true}) {
-    std::vector<int64_t> counts;
-    std::vector<std::vector<int32_t>> sampled_tokens;
-    for (int32_t on_device : {0, 1}) {
-      SCOPED_TRACE(std::string(on_device ? "paths on the backend" : "paths from the host") +
-                   (adaptive ? ", adaptive trees" : ""));
-      SpecConfig sc;
-      sc.method = SpecMethod::kEagle;
-      sc.head_path = std::string(ARBOR_TEST_DATA_DIR) + "/heads/stories260K/eagle";
-      sc.total_tokens = 12;
-      sc.depth = 3;
-      sc.top_k = 3;
-      sc.grow_on_device = 1;
-      sc.pick_on_device = 1;
-      sc.paths_on_device = on_device;
-      auto proposer = make_proposer(sc, bundle_->weights);
-      EngineConfig ec;
-      if (adaptive) {
-        ec.adaptive_trees = true;
-        ec.pad_trees = 1;
-        ec.tree_budget = {12, 4};
-        ec.cost.fixed_ms = 4.0;
-        ec.cost.per_token_ms = 0.05;
-        ec.cost.online = false;
+  const std::string dir = std::string(ARBOR_TEST_DATA_DIR) + "/heads/stories260K/";
+  for (const SpecMethod method : {SpecMethod::kEagle, SpecMethod::kMedusa})
+    for (bool adaptive : {false, true}) {
+      std::vector<int64_t> counts;
+      std::vector<std::vector<int32_t>> sampled_tokens;
+      for (int32_t on_device : {0, 1}) {
+        const bool eagle = method == SpecMethod::kEagle;
+        SCOPED_TRACE(std::string(spec_method_name(method)) +
+                     (on_device ? ", paths on the backend" : ", paths from the host") +
+                     (adaptive ? ", adaptive trees" : ""));
+        SpecConfig sc;
+        sc.method = method;
+        sc.head_path = dir + (eagle ? "eagle" : "medusa");
+        sc.total_tokens = 12;
+        sc.depth = 3;
+        sc.top_k = 3;
+        sc.grow_on_device = 1;
+        sc.pick_on_device = 1;
+        sc.paths_on_device = on_device;
+        // Medusa's heads on a backend of their own: their ids stay there (DraftTree::device).
+        auto proposer = make_proposer(sc, bundle_->weights, eagle ? nullptr : make_cpu_backend(1));
+        EngineConfig ec;
+        if (adaptive) {
+          ec.adaptive_trees = true;
+          ec.pad_trees = 1;
+          ec.tree_budget = {12, 4};
+          ec.cost.fixed_ms = 4.0;
+          ec.cost.per_token_ms = 0.05;
+          ec.cost.online = false;
+        }
+        auto backend = make_cpu_backend(1);
+        LlamaModel model(*backend, bundle_->weights);
+        Engine e(model, ec, proposer.get());
+        auto got = run(e, 3);
+        for (size_t i = 0; i < reqs.size(); ++i)
+          EXPECT_EQ(tokens_of(got[{i + 1, 0}]), tokens_of(want[{i + 1, 0}])) << "request " << i + 1;
+        sampled_tokens.push_back(tokens_of(got[{sampled_id, 0}]));
+        EXPECT_EQ(sampled_tokens.back().size(), 40u);
+        EXPECT_GT(e.stats().acceptance.mean_emitted_per_step(), eagle ? 1.2 : 1.05);
+        if (on_device)
+          EXPECT_GT(e.stats().device_path_steps, 10);
+        else
+          EXPECT_EQ(e.stats().device_path_steps, 0);
+        counts.push_back(e.stats().decode_tokens);
+        counts.push_back(e.stats().steps);
+        counts.push_back(e.stats().acceptance.emitted);
       }
-      auto backend = make_cpu_backend(1);
-      LlamaModel model(*backend, bundle_->weights);
-      Engine e(model, ec, proposer.get());
-      auto got = run(e, 3);
-      for (size_t i = 0; i < reqs.size(); ++i)
-        EXPECT_EQ(tokens_of(got[{i + 1, 0}]), tokens_of(want[{i + 1, 0}])) << "request " << i + 1;
-      sampled_tokens.push_back(tokens_of(got[{sampled_id, 0}]));
-      EXPECT_EQ(sampled_tokens.back().size(), 40u);
-      EXPECT_GT(e.stats().acceptance.mean_emitted_per_step(), 1.2);
-      if (on_device)
-        EXPECT_GT(e.stats().device_path_steps, 10);
-      else
-        EXPECT_EQ(e.stats().device_path_steps, 0);
-      counts.push_back(e.stats().decode_tokens);
-      counts.push_back(e.stats().steps);
-      counts.push_back(e.stats().acceptance.emitted);
+      // (Adaptive trees follow the measured draft cost, which the paths' place moves: their
+      // trees may differ, their tokens may not.)
+      if (adaptive) continue;
+      EXPECT_EQ(counts[0], counts[3]);
+      EXPECT_EQ(counts[1], counts[4]) << "the same trees take the same steps";
+      EXPECT_EQ(counts[2], counts[5]);
+      EXPECT_EQ(sampled_tokens[0], sampled_tokens[1]) << "the same trees and uniforms";
     }
-    // (Adaptive trees follow the measured draft cost, which the paths' place moves: their
-    // trees may differ, their tokens may not.)
-    if (adaptive) continue;
-    EXPECT_EQ(counts[0], counts[3]);
-    EXPECT_EQ(counts[1], counts[4]) << "the same trees take the same steps";
-    EXPECT_EQ(counts[2], counts[5]);
-    EXPECT_EQ(sampled_tokens[0], sampled_tokens[1]) << "the same trees and uniforms";
-  }
 }
 
 // Greedy steps without penalties or logprobs take only argmax ids from the backend
