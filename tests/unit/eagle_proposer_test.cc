@@ -520,6 +520,43 @@ TEST(EagleProposer, PathsFoldedInOnTheBackendGiveTheHostsTrees) {
   EXPECT_EQ(kv.num_free_blocks(), kv.num_blocks());
 }
 
+// A draft cache too full for a path's rows (each tree's depth + 1 reserved): the paths are left
+// to the host's feedback, which folds them in as rows waiting for the next proposal; nothing stays
+// reserved.
+TEST(EagleProposer, PathsThatDoNotFitTheDraftCacheGoTheHostsWay) {
+  const Fixture f = load("eagle_stories260K");
+  const SyntheticRows rows(f.target->config.hidden_size);
+  EagleOptions o = options_of(f.ref["rounds"][0]["trees"][0]);
+  set_way(&o, 2);
+  o.paths_on_device = 1;
+  o.draft_kv = {1, 16, false};  // one block of 16 rows
+  auto p = make(f, o);
+  read_trees_on_host(*p);
+  p->begin(1, rows.prompt());
+  p->observe(rows.feedback(1, 0, 14));
+  const KvCacheManager& kv = p->draft().kv();
+  // The proposal runs the 14 rows, then finds no room for the tree's rows.
+  EXPECT_THROW(p->propose_batch({{1, TreeBudget{64, 8}}}), Error);
+  ASSERT_EQ(kv.committed_len(0), 14);
+  Backend& b = p->draft().backend();
+  const int32_t room = 8;  // 14 + 8 rows do not fit one block
+  Tensor features = b.persistent(room, rows.h);
+  Tensor next_f = b.persistent(room, 1);
+  PathRowsOnDevice view;
+  view.rows = features;
+  view.next = Tensor{next_f.data, DType::kI32, room, 1};
+  view.offset = {0, room};
+  const std::vector<Proposer::DevicePath> paths = {{1, 0}};
+  p->observe_paths_on_device(paths, view);
+  EXPECT_EQ(kv.reserved_len(0), 0) << "nothing reserved";
+  p->observe_batch(std::vector<TargetFeedback>{rows.feedback(1, 14, 2)});
+  EXPECT_EQ(kv.committed_len(0), 14) << "the path's rows wait on the host";
+  EXPECT_EQ(kv.reserved_len(0), 0);
+  kv.check_invariants();
+  p->end(1);
+  EXPECT_EQ(kv.num_free_blocks(), kv.num_blocks());
+}
+
 TEST(EagleProposer, FirstFeedbackMayStartPastACachedPrefix) {
   // With a prefix served from the target's cache, the first feedback starts mid-prompt; the
   // draft then sees the context from there on.
