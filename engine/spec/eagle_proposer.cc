@@ -194,6 +194,7 @@ bool EagleProposer::observes_paths_on_device() const {
 void EagleProposer::observe_paths_on_device(std::span<const DevicePath> paths,
                                             const PathRowsOnDevice& rows) {
   drop_device_paths();
+  if (rows.rows.cols != draft_.feature_width() || rows.next.rows != rows.rows.rows) return;
   std::vector<EagleDraftModel::DeviceAppendItem> items;
   std::vector<RequestId> ids;
   for (const DevicePath& p : paths) {

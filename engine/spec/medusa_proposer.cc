@@ -211,7 +211,9 @@ void MedusaProposer::observe_paths_on_device(std::span<const DevicePath> paths,
                                              const PathRowsOnDevice& rows) {
   path_rows_.clear();
   path_row_.clear();
-  if (paths.empty() || rows.offset.empty() || rows.offset.back() < 1) return;
+  if (paths.empty() || rows.offset.empty() || rows.offset.back() < 1 ||
+      rows.rows.cols != heads_.hidden_size)
+    return;
   // Every row of the step's paths (the full tree's candidates per head: a cut tree reads the
   // first of them), on the device behind the target's step.
   device_->backend().wait_for(*reader_);

@@ -2946,8 +2946,8 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
     ++s.transfers.syncs;
     if (!s.shared_stream->pending.empty()) s.shared_stream->collect(/*completed_only=*/true);
     std::memcpy(h.data(), pin, out_ints * 4);
-    std::memcpy(tokens.data(), pin + o_tok, tokens.size() * 4);
-    std::memcpy(padded_rows.data(), pin + o_rows_h, rows_bytes);
+    if (!tokens.empty()) std::memcpy(tokens.data(), pin + o_tok, tokens.size() * 4);
+    if (rows_bytes > 0) std::memcpy(padded_rows.data(), pin + o_rows_h, rows_bytes);
   } else {
     if (rows != nullptr)
       s.d2h(padded_rows.data(), s.path_rows.ptr, padded_rows.size() * 4,
