@@ -728,18 +728,16 @@ void Engine::forward(StepRun* run) {
   if (run->path_hidden && proposer_->observes_paths_on_device()) {
     // The verified paths reach the proposer on the device, queued behind the step before its
     // wait; their host feedback (commit, observe) then settles what ran. Only in steps that
-    // verify a tree for every request (a policy probing a few requests of a large batch keeps
-    // the host's way: its draft forwards would each be a shape of their own to record).
+    // verify a tree for at least half of the requests (a policy probing a few requests of a
+    // large batch keeps the host's way: its draft forwards would each be a shape of their own
+    // to record; a request cut to one token by its max_tokens does not).
     std::vector<Proposer::DevicePath> paths;
     for (size_t k = 0; k < plan.items.size(); ++k) {
       const ScheduledItem& it = plan.items[k];
-      if (it.num_tokens <= 1) {
-        paths.clear();
-        break;
-      }
-      if (run->sample_item[k] >= 0 && choices_.at(it.id)->speculate)
+      if (it.num_tokens > 1 && run->sample_item[k] >= 0 && choices_.at(it.id)->speculate)
         paths.push_back({static_cast<RequestId>(it.id), run->sample_item[k]});
     }
+    if (2 * paths.size() < plan.items.size()) paths.clear();
     if (!paths.empty())
       want.on_path_rows = [this, run, paths = std::move(paths)](const PathRowsOnDevice& rows) {
         const auto p0 = std::chrono::steady_clock::now();
