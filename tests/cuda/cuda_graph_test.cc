@@ -729,8 +729,8 @@ TEST(CudaDraftPicks, EagleTreesPickedOnTheDeviceVerifyWithOneWait) {
       EXPECT_GT(g.stats().device_token_steps, g.stats().steps / 2);
       EXPECT_GT(g.stats().draft_device_seconds, 0.0) << "the draft's device time, read back";
       // One wait per step, the prefill's features aside; with the paths on the device also one
-      // for the steps that mix trees rooted there with rows waiting on the host (a request cut
-      // to one token by its max_tokens the step before: their outputs come to the host), 4 in
+      // for a step that mixes trees rooted there with rows waiting on the host (a request that
+      // decoded without a tree the step before: those rows' outputs come to the host), 4 in
       // these 29 steps (1.02 waits per step in spec-bench's steady state either way).
       EXPECT_LE(x.syncs, g.stats().steps + (paths == 0 ? 4 : 8))
           << "one wait per step (the prefill's features aside)";
