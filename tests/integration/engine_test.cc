@@ -51,6 +51,18 @@ class EngineTest : public ::testing::Test {
     EXPECT_TRUE(e.idle());
     return out;
   }
+  // Adaptive trees of up to 12 nodes, depth 4, every step padded to a graph size, under a fixed
+  // linear cost (4 ms + 0.05 a tree token).
+  static EngineConfig adaptive_12_node_trees() {
+    EngineConfig ec;
+    ec.adaptive_trees = true;
+    ec.pad_trees = 1;
+    ec.tree_budget = {12, 4};
+    ec.cost.fixed_ms = 4.0;
+    ec.cost.per_token_ms = 0.05;
+    ec.cost.online = false;
+    return ec;
+  }
   static std::vector<int32_t> tokens_of(const std::vector<EngineEvent>& evs) {
     std::vector<int32_t> t;
     for (const auto& e : evs) t.insert(t.end(), e.tokens.begin(), e.tokens.end());
@@ -289,15 +301,7 @@ TEST_F(EngineTest, EagleTreesPickedOnTheBackendEqualTheHostsPicks) {
       sc.grow_on_device = 1;
       sc.pick_on_device = pick;
       auto proposer = make_proposer(sc, bundle_->weights);
-      EngineConfig ec;
-      if (adaptive) {
-        ec.adaptive_trees = true;
-        ec.pad_trees = 1;
-        ec.tree_budget = {12, 4};
-        ec.cost.fixed_ms = 4.0;
-        ec.cost.per_token_ms = 0.05;
-        ec.cost.online = false;
-      }
+      const EngineConfig ec = adaptive ? adaptive_12_node_trees() : EngineConfig{};
       auto backend = make_cpu_backend(1);
       LlamaModel model(*backend, bundle_->weights);
       Engine e(model, ec, proposer.get());
@@ -377,15 +381,7 @@ TEST_F(EngineTest, PathsFoldedInOnTheBackendEqualTheHostsFeedback) {
         sc.paths_on_device = on_device;
         // Medusa's heads on a backend of their own: their ids stay there (DraftTree::device).
         auto proposer = make_proposer(sc, bundle_->weights, eagle ? nullptr : make_cpu_backend(1));
-        EngineConfig ec;
-        if (adaptive) {
-          ec.adaptive_trees = true;
-          ec.pad_trees = 1;
-          ec.tree_budget = {12, 4};
-          ec.cost.fixed_ms = 4.0;
-          ec.cost.per_token_ms = 0.05;
-          ec.cost.online = false;
-        }
+        const EngineConfig ec = adaptive ? adaptive_12_node_trees() : EngineConfig{};
         auto backend = make_cpu_backend(1);
         LlamaModel model(*backend, bundle_->weights);
         Engine e(model, ec, proposer.get());

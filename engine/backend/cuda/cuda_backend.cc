@@ -2815,19 +2815,10 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
   int32_t max_rows = 0;
   size_t o_noderow = 0, o_outoff = 0;
   if (rows != nullptr) {
-    out_offset.push_back(0);
-    std::vector<int32_t> depth(static_cast<size_t>(nodes), 0);
-    for (int32_t i = 0; i < items; ++i) {
-      int32_t deepest = 0;
-      const int32_t first = batch.node_indptr[i];
-      for (int32_t g = first + 1; g < batch.node_indptr[i + 1]; ++g) {
-        depth[static_cast<size_t>(g)] = depth[static_cast<size_t>(first + batch.parent[g])] + 1;
-        deepest = std::max(deepest, depth[static_cast<size_t>(g)]);
-      }
-      // (Parents on the device: the placeholder's depths bound the real ones, DeviceTokens.)
-      max_rows = std::max(max_rows, deepest + 1);
-      out_offset.push_back(out_offset.back() + deepest + 1);
-    }
+    // (Parents on the device: the placeholder's depths bound the real ones, DeviceTokens.)
+    out_offset = path_row_offsets(batch);
+    for (int32_t i = 0; i < items; ++i)
+      max_rows = std::max(max_rows, out_offset[i + 1] - out_offset[i]);
     o_noderow = pk.add(rows->node_row);
     o_outoff = pk.add(out_offset);
   }
