@@ -160,6 +160,7 @@ struct TransferStats {
 struct PathRowsOnDevice {
   Tensor rows;                  // [offset.back(), cols] fp32
   Tensor next;                  // [offset.back(), 1] int32
+  Tensor len;                   // [items, 1] int32: each item's path length (its real rows)
   std::vector<int32_t> offset;  // [items + 1]
 };
 
@@ -367,6 +368,18 @@ class Backend {
   // reads (fp32, backend memory). Every depth's load, layer and expand may run in one step
   // graph: neither load nor expand waits for the device or uploads.
   virtual void draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in);
+  // Trees grown from rows whose count only the backend knows yet (the verify step's accepted
+  // paths, PathRowsOnDevice: the host sets the step up as if every reserved row of tree g were
+  // real): after draft_frontier_begin with every tree's root row kept (root_rows, G entries)
+  // and set_step, and before the first load, tree g moves back by shift_g = rows[g] -
+  // len[len_index[g]] (clamped to [0, rows[g] - 1]): its depth-1 positions and its rows'
+  // key_path_base (so their committed lengths) by shift_g while its key paths' offsets grow by
+  // shift_g (its tree slots stay at the logical keys the host set them at), its root row to
+  // root_rows[g] - shift_g (the first frontier re-read from the kept roots), and roots row g =
+  // that row of root_source [*, cols] (fp32). Nothing waits or downloads.
+  virtual void draft_frontier_shift(const Tensor& len, std::span<const int32_t> len_index,
+                                    std::span<const int32_t> rows, const Tensor& root_source,
+                                    const Tensor& roots);
   // Depth d's logits [G * k, vocab] fp32: their top-k log-softmax (top_k_log_softmax's ids and
   // values, kept as depth d's log), and the next frontier: per tree the k best of its k * k
   // candidates by score (the row's score + the value), ties to the lower candidate index (row r's

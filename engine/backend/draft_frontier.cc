@@ -43,9 +43,9 @@ void HostDraftFrontier::begin(int32_t g, int32_t kk, int32_t depth,
                               std::span<const int32_t> parent_rows,
                               std::span<const int32_t> first_positions,
                               std::span<const int64_t> all_slots,
-                              std::span<const int32_t> root_rows) {
+                              std::span<const int32_t> root_rows_in) {
   check_draft_frontier_begin(g, kk, depth, start_ids, values, parent_rows, first_positions,
-                             all_slots, root_rows, root_k,
+                             all_slots, root_rows_in, root_k,
                              root_k > 0 ? static_cast<int32_t>(root_ids.size()) / root_k : 0);
   const auto n = static_cast<size_t>(g) * static_cast<size_t>(kk);
   groups = g;
@@ -53,17 +53,19 @@ void HostDraftFrontier::begin(int32_t g, int32_t kk, int32_t depth,
   max_depth = depth;
   ids.assign(start_ids.begin(), start_ids.end());
   scores.assign(values.begin(), values.end());
-  for (size_t t = 0; t < root_rows.size(); ++t) {  // from the kept root rows
+  for (size_t t = 0; t < root_rows_in.size(); ++t) {  // from the kept root rows
     for (int32_t r = 0; r < kk; ++r) {
-      const auto from = static_cast<size_t>(root_rows[t] * kk + r);
+      const auto from = static_cast<size_t>(root_rows_in[t] * kk + r);
       ids[t * static_cast<size_t>(kk) + static_cast<size_t>(r)] = root_ids[from];
       scores[t * static_cast<size_t>(kk) + static_cast<size_t>(r)] = root_values[from];
     }
   }
   first_ids = ids;
   first_values = scores;
+  root_rows.assign(root_rows_in.begin(), root_rows_in.end());
   parent.assign(parent_rows.begin(), parent_rows.end());
   positions.assign(first_positions.begin(), first_positions.end());
+  path_shift.assign(n, 0);
   slots.assign(all_slots.begin(), all_slots.end());
   path.assign(n * static_cast<size_t>(depth), 0);
   for (size_t row = 0; row < n; ++row)
@@ -71,6 +73,28 @@ void HostDraftFrontier::begin(int32_t g, int32_t kk, int32_t depth,
   log_ids.clear();
   log_values.clear();
   log_chosen.clear();
+}
+
+void HostDraftFrontier::shift(std::span<const int32_t> by) {
+  const auto g = static_cast<size_t>(groups);
+  const int32_t kept = root_k > 0 ? static_cast<int32_t>(root_ids.size()) / root_k : 0;
+  bool ok = by.size() == g && root_rows.size() == g && root_k == k;
+  for (size_t t = 0; ok && t < g; ++t)
+    ok = by[t] >= 0 && root_rows[t] - by[t] >= 0 && root_rows[t] < kept;
+  if (!ok)
+    throw_error(ErrorCode::kInvalidArgument, "draft_frontier_shift: " + std::to_string(by.size()) +
+                                                 " trees of " + std::to_string(groups) +
+                                                 " begun with " + std::to_string(root_rows.size()) +
+                                                 " kept roots (each moved within them)");
+  for (size_t t = 0; t < g; ++t)
+    for (int32_t r = 0; r < k; ++r) {
+      const size_t i = t * static_cast<size_t>(k) + static_cast<size_t>(r);
+      const auto from = static_cast<size_t>((root_rows[t] - by[t]) * k + r);
+      ids[i] = first_ids[i] = root_ids[from];
+      scores[i] = first_values[i] = root_values[from];
+      positions[i] -= by[t];
+      path_shift[i] = by[t];
+    }
 }
 
 void HostDraftFrontier::check_depth(int32_t depth, const char* op) const {

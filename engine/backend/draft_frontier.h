@@ -19,18 +19,22 @@ void check_draft_frontier_begin(int32_t groups, int32_t k, int32_t max_depth,
 
 struct HostDraftFrontier {
   int32_t groups = 0, k = 0, max_depth = 0;
-  std::vector<int32_t> ids;         // [G * k] draft ids
-  std::vector<float> scores;        // [G * k] cumulative log-probabilities
-  std::vector<int32_t> parent;      // [G * k] row of the next load's source
-  std::vector<int32_t> path;        // [G * k, max_depth] key offsets, ancestors first
-  std::vector<int32_t> positions;   // [G * k] RoPE positions at depth 1
+  std::vector<int32_t> ids;        // [G * k] draft ids
+  std::vector<float> scores;       // [G * k] cumulative log-probabilities
+  std::vector<int32_t> parent;     // [G * k] row of the next load's source
+  std::vector<int32_t> path;       // [G * k, max_depth] key offsets, ancestors first
+  std::vector<int32_t> positions;  // [G * k] RoPE positions at depth 1
+  // [G * k] added to each row's key path offsets (shift(): the tree's slots lie that many
+  // logical keys past its moved-back key_path_base)
+  std::vector<int32_t> path_shift;
   std::vector<int64_t> slots;       // [max_depth, G * k] K/V slots
   std::vector<int32_t> log_ids;     // [depths][G * k][k]
   std::vector<float> log_values;    // same
   std::vector<int32_t> log_chosen;  // [depths - 1][G * k] the candidate (r * k + j) of each rank
   std::vector<int32_t> first_ids;   // [G * k] the first frontier (the roots' top-k)
   std::vector<float> first_values;
-  int32_t root_k = 0;  // draft_frontier_roots: [R, root_k] ids and values
+  std::vector<int32_t> root_rows;  // begin's (the kept roots the first frontier read)
+  int32_t root_k = 0;              // draft_frontier_roots: [R, root_k] ids and values
   std::vector<int32_t> root_ids;
   std::vector<float> root_values;
 
@@ -39,6 +43,10 @@ struct HostDraftFrontier {
              std::span<const float> values, std::span<const int32_t> parent_rows,
              std::span<const int32_t> positions, std::span<const int64_t> slots,
              std::span<const int32_t> root_rows);
+  // Backend::draft_frontier_shift's part in the frontier: tree g's depth-1 positions move back
+  // by by[g], its key path offsets move forward by by[g] (its slots stay where they are) and
+  // its first frontier is re-read from kept root row root_rows[g] - by[g].
+  void shift(std::span<const int32_t> by);
   // Checks a load of depth d (1-based) is in order (kInvalidArgument otherwise).
   void check_depth(int32_t depth, const char* op) const;
   // Depth d's top-k rows [G * k][k] (ids, log-probabilities): logged, and the next frontier

@@ -122,6 +122,10 @@ void Backend::draft_frontier_begin(int32_t, int32_t, int32_t, std::span<const in
 void Backend::draft_frontier_load(int32_t, const Tensor&, const Tensor&) {
   no_draft_frontier(*this, "draft_frontier_load");
 }
+void Backend::draft_frontier_shift(const Tensor&, std::span<const int32_t>,
+                                   std::span<const int32_t>, const Tensor&, const Tensor&) {
+  no_draft_frontier(*this, "draft_frontier_shift");
+}
 void Backend::draft_frontier_expand(int32_t, const Tensor&) {
   no_draft_frontier(*this, "draft_frontier_expand");
 }

@@ -262,20 +262,25 @@ void EagleDraftModel::append_on_device(std::span<const DeviceAppendItem> items,
   std::vector<Row> rows;
   DeviceRows device{features, next, {}};
   size_t reserved = 0;
+  extra_slots_.clear();
   try {
     for (const DeviceAppendItem& it : items) {
       ARBOR_CHECK(it.rows > 0 && it.first >= 0 && it.first + it.rows <= features.rows &&
-                  kv_.reserved_len(it.seq) == 0);
+                  it.extra >= 0 && kv_.reserved_len(it.seq) == 0);
       rows.push_back(
           {it.seq, std::vector<int32_t>(static_cast<size_t>(it.rows), 0), it.position0, {}});
-      rows.back().slots = reserve(it.seq, it.rows, &copies);
+      std::vector<int64_t> slots = reserve(it.seq, it.rows + it.extra, &copies);
       ++reserved;
+      if (it.extra > 0) extra_slots_[it.seq].assign(slots.begin() + it.rows, slots.end());
+      slots.resize(static_cast<size_t>(it.rows));
+      rows.back().slots = std::move(slots);
       for (int32_t j = 0; j < it.rows; ++j) device.rows.push_back(it.first + j);
     }
     if (!copies.empty()) backend_->copy_kv(copies.src_slots, copies.dst_slots);
     forward(rows, {}, /*input_is_feature=*/true, Head::kAll, top_k, nullptr, {}, false, &device);
   } catch (...) {
     for (size_t i = 0; i < reserved; ++i) cancel_on_device(items[i].seq);
+    extra_slots_.clear();
     throw;
   }
 }
@@ -560,7 +565,8 @@ std::vector<float> EagleDraftModel::forward(const std::vector<Row>& rows,
 std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> items, int32_t k,
                                                   int32_t depths, std::vector<TopKRows>* root_tops,
                                                   DeviceTrees* device,
-                                                  bool roots_from_device_append) {
+                                                  bool roots_from_device_append,
+                                                  const PathShift* shift) {
   Backend& b = *backend_;
   const int64_t h = hidden_size();
   const auto g_count = static_cast<int32_t>(items.size());
@@ -569,12 +575,18 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
   root_tops->clear();
   if (items.empty() || depths < 1) return log;
   ARBOR_CHECK(k >= 1 && k <= draft_vocab());
-  // Every item's tree rows: depths * k slots after its committed rows, released at the end.
+  ARBOR_CHECK(shift == nullptr ||
+                  (device != nullptr && roots_from_device_append &&
+                   shift->len_index.size() == items.size() && shift->rows.size() == items.size()),
+              "grow_trees: a shifted grow picks on the backend from every item's append rows");
+  // Every item's tree rows: depths * k slots after its committed rows, released at the end
+  // (shifted: the extra slots of its append's reservation, left to it).
   std::vector<std::vector<int64_t>> slots;
   std::vector<int32_t> committed;
   size_t reserved = 0;
   const auto cancel = [&] {
-    for (size_t i = 0; i < reserved; ++i) kv_.apply(kv_.plan_commit(items[i].seq, {}, {}));
+    if (shift == nullptr)
+      for (size_t i = 0; i < reserved; ++i) kv_.apply(kv_.plan_commit(items[i].seq, {}, {}));
     reserved = 0;
   };
   const Tensor root_source = roots_from_device_append
@@ -595,8 +607,18 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
         ARBOR_CHECK(it.root != nullptr && it.root->k == k && it.root->rows() == 1 &&
                     static_cast<int64_t>(it.root_output.size()) == h);
       }
-      committed.push_back(kv_.committed_len(it.seq));
-      slots.push_back(reserve(it.seq, depths * k, &copies));
+      if (shift != nullptr) {
+        const auto extra = extra_slots_.find(it.seq);
+        ARBOR_CHECK(
+            it.root_row >= 0 && extra != extra_slots_.end() &&
+                static_cast<int64_t>(extra->second.size()) >= static_cast<int64_t>(depths) * k,
+            "grow_trees: no extra slots reserved for a shifted tree");
+        committed.push_back(kv_.committed_len(it.seq) + shift->rows[committed.size()]);
+        slots.emplace_back(extra->second.begin(), extra->second.begin() + depths * k);
+      } else {
+        committed.push_back(kv_.committed_len(it.seq));
+        slots.push_back(reserve(it.seq, depths * k, &copies));
+      }
       ++reserved;
     }
     timer.next(kCopyKv);
@@ -676,6 +698,8 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
     const StepInputs& chosen = graphs_ != nullptr ? with_graph_table_width(step, &padded) : step;
     timer.next(kSetStep);
     b.set_step(chosen);
+    if (shift != nullptr)
+      b.draft_frontier_shift(shift->len, shift->len_index, shift->rows, root_source, roots);
     b.reset_scratch();
     timer.next(kPrepare);
     const auto ops = [&] {
@@ -702,6 +726,10 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
           b.reset_scratch();
           b.draft_frontier_begin(g_count, k, depths, ids, values, parents, positions, all_slots,
                                  device_tops);
+          if (shift != nullptr) {
+            b.set_step(chosen);  // the step's key_path_base again, then moved back
+            b.draft_frontier_shift(shift->len, shift->len_index, shift->rows, root_source, roots);
+          }
         }
       }
     }

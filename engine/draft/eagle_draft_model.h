@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -84,11 +85,14 @@ class EagleDraftModel {
   // Committed-row forwards of up to this many rows replay step graphs (more run op by op).
   static constexpr int64_t kMaxGraphFeatureRows = 64;
   bool records_steps() const { return graphs_ != nullptr; }
+  // extra: slots reserved after the rows for a tree grown before the host learns how many of
+  // them are real (grow_trees with a PathShift); released with the rows not committed.
   struct DeviceAppendItem {
     SeqId seq;
     int32_t position0;
     int32_t first;
     int32_t rows;
+    int32_t extra = 0;
   };
   void append_on_device(std::span<const DeviceAppendItem> items, const Tensor& features,
                         const Tensor& next, int32_t top_k);
@@ -156,9 +160,21 @@ class EagleDraftModel {
   Backend& backend() { return *backend_; }
   // roots_from_device_append: the device roots are rows of the last append_on_device instead
   // of the last forward.
+  // With `shift` (trees picked on the backend, roots from the last append_on_device, whose
+  // reservations are not committed yet and hold `extra` >= depths * k slots): the trees grow
+  // before the host knows how many of each item's reserved rows are real. Item i's root_row,
+  // root_top_row and position are those of its last reserved row; the backend moves tree i back
+  // by rows[i] - len[len_index[i]] rows (Backend::draft_frontier_shift), and its rows' K/V go to
+  // the extra slots. The reservations are left for commit_on_device / cancel_on_device.
+  struct PathShift {
+    Tensor len;                      // [*, 1] int32, backend memory (PathRowsOnDevice::len)
+    std::vector<int32_t> len_index;  // [items]
+    std::vector<int32_t> rows;       // [items]: the rows reserved for each item's path
+  };
   std::vector<TopKRows> grow_trees(std::span<const GrowItem> items, int32_t k, int32_t depths,
                                    std::vector<TopKRows>* root_tops, DeviceTrees* device = nullptr,
-                                   bool roots_from_device_append = false);
+                                   bool roots_from_device_append = false,
+                                   const PathShift* shift = nullptr);
 
   // Draft logits of layer outputs hidden [rows, hidden]: the target's LM head (EAGLE-1/2, no
   // final norm) or lm_head(norm(h)) (EAGLE-3). [rows, draft_vocab] host fp32.
@@ -211,6 +227,8 @@ class EagleDraftModel {
   int64_t last_rows_ = 0;
   Tensor device_out_;  // the last append_on_device's outputs [device_rows_, hidden]
   int64_t device_rows_ = 0;
+  // The last append_on_device's extra slots per sequence (DeviceAppendItem::extra).
+  std::unordered_map<SeqId, std::vector<int64_t>> extra_slots_;
   // Committed-row forwards recorded as step graphs pad their rows to a few counts with rows
   // that write this sequence's one reserved slot and are never read (made at first use).
   SeqId pad_seq_ = -1;

@@ -574,6 +574,16 @@ void LlamaModel::forward_rank(int rank_index, const StepInputs& step_in, Forward
       }
       view.rows = Tensor{path_rows_.data, DType::kF32, view.offset.back(), features.cols};
       view.next = Tensor{path_next_.data, DType::kI32, view.offset.back(), 1};
+      const TreeSampleResult& sampled = out->sampled;
+      std::vector<int32_t> len;
+      for (size_t i = 0; i + 1 < sampled.path_indptr.size(); ++i)
+        len.push_back(sampled.path_indptr[i + 1] - sampled.path_indptr[i]);
+      if (path_len_.rows < static_cast<int64_t>(len.size()))
+        path_len_ = b.persistent(std::max<int64_t>(static_cast<int64_t>(len.size()), 8), 1);
+      view.len = Tensor{path_len_.data, DType::kI32, static_cast<int64_t>(len.size()), 1};
+      if (!len.empty())
+        b.upload(reinterpret_cast<const float*>(len.data()),
+                 Tensor{path_len_.data, DType::kF32, static_cast<int64_t>(len.size()), 1});
       if (view.offset.back() > 0) {
         b.upload(padded.data(), view.rows);
         // (int32 bits through the fp32 upload: a 4-byte copy)

@@ -193,7 +193,7 @@ class LlamaModel {
   ForwardTimings timings_;                // rank 0's
   // ForwardRequest::on_path_rows' rows and tokens on a backend that does not build them
   // (uploaded from the host; grown by doubling).
-  Tensor path_rows_, path_next_;
+  Tensor path_rows_, path_next_, path_len_;
 };
 
 }  // namespace arbor

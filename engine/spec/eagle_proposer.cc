@@ -55,6 +55,8 @@ void EagleOptions::validate() const {
     bad("pick_on_backend", pick_on_backend, "need -1, 0 or 1");
   if (paths_on_device < -1 || paths_on_device > 1)
     bad("paths_on_device", paths_on_device, "need -1, 0 or 1");
+  if (grow_before_wait < -1 || grow_before_wait > 1)
+    bad("grow_before_wait", grow_before_wait, "need -1, 0 or 1");
   if (draft_kv.num_blocks < 1) bad("draft_kv.num_blocks", draft_kv.num_blocks, "need >= 1");
   if (draft_kv.block_size < 1) bad("draft_kv.block_size", draft_kv.block_size, "need >= 1");
   if (draft_kv.enable_prefix_caching)
@@ -163,6 +165,7 @@ void EagleProposer::observe_batch(std::span<const TargetFeedback> feedbacks) {
     if (found != requests_.end() && found->second.device_rows > 0 &&
         settle_device_path(found->second, f))
       continue;
+    pregrown_.valid = false;  // (grown for roots this feedback does not end at)
     if (!stage(f, &st)) continue;
     RequestState& s = *st.state;
     if (s.backlog_tokens.empty()) s.backlog_position = st.position;
@@ -194,9 +197,11 @@ bool EagleProposer::observes_paths_on_device() const {
 void EagleProposer::observe_paths_on_device(std::span<const DevicePath> paths,
                                             const PathRowsOnDevice& rows) {
   drop_device_paths();
+  pregrown_.valid = false;
   if (rows.rows.cols != draft_.feature_width() || rows.next.rows != rows.rows.rows) return;
   std::vector<EagleDraftModel::DeviceAppendItem> items;
   std::vector<RequestId> ids;
+  std::vector<int32_t> len_index;
   for (const DevicePath& p : paths) {
     const auto it = requests_.find(p.request);
     if (it == requests_.end() || p.item < 0 ||
@@ -210,6 +215,7 @@ void EagleProposer::observe_paths_on_device(std::span<const DevicePath> paths,
     if (n < 1) continue;
     items.push_back({s.seq, s.first_position + draft_.length(s.seq), first, n});
     ids.push_back(p.request);
+    len_index.push_back(p.item);
   }
   if (items.empty()) return;
   // A forward too large for a step graph would launch op by op: the host's way is cheaper then
@@ -220,14 +226,28 @@ void EagleProposer::observe_paths_on_device(std::span<const DevicePath> paths,
   // The rows are the reader's (the target's) results; on another stream, the draft reads them
   // after its work, and the target's later steps (which rewrite them) wait for the draft.
   draft_.backend().wait_for(*reader_);
-  try {
-    draft_.append_on_device(items, rows.rows, rows.next, top_k());
-    reader_->wait_for(draft_.backend());
-  } catch (const Error& e) {
-    // The draft's cache is full: observe_batch folds the paths in on the host (and reports it).
-    if (e.code() == ErrorCode::kResourceExhausted) return;
-    throw;
+  // The next trees too (grow_before_wait): they need `extra` slots after each path's rows.
+  int32_t depths = 0;
+  bool pregrow = grows_before_wait() && last_picked_.size() == ids.size() && rows.len.rows > 0;
+  for (size_t i = 0; pregrow && i < ids.size(); ++i) {
+    const auto& [id, params] = last_picked_[i];
+    pregrow = id == ids[i];
+    depths = std::max(depths, params.depth);
   }
+  const int32_t extra = std::max(depths, 1) * top_k();
+  bool appended = false;
+  for (int attempt = pregrow ? 0 : 1; attempt < 2 && !appended; ++attempt) {
+    for (auto& it : items) it.extra = attempt == 0 ? extra : 0;
+    try {
+      draft_.append_on_device(items, rows.rows, rows.next, top_k());
+      appended = true;
+    } catch (const Error& e) {
+      // The draft's cache is full: observe_batch folds the paths in on the host (and reports
+      // it), after a try without the next trees' slots.
+      if (e.code() != ErrorCode::kResourceExhausted) throw;
+    }
+  }
+  if (!appended) return;
   int32_t at = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     RequestState& s = requests_.at(ids[i]);
@@ -236,7 +256,49 @@ void EagleProposer::observe_paths_on_device(std::span<const DevicePath> paths,
     s.device_position = items[i].position0;
     at += items[i].rows;
   }
+  if (items.front().extra > 0) grow_before_wait(ids, items, rows, len_index);
+  reader_->wait_for(draft_.backend());
   device_paths_ = std::move(ids);
+}
+
+bool EagleProposer::grows_before_wait() const {
+  const bool gpu = draft_.backend_name() != "cpu";
+  const auto on = [gpu](int option) { return option == 1 || (option == -1 && gpu); };
+  return on(options_.grow_before_wait) && on(options_.pick_on_backend) &&
+         draft_.picks_trees_on_backend() && repeat_rate_ >= 0.5;
+}
+
+void EagleProposer::grow_before_wait(const std::vector<RequestId>& ids,
+                                     const std::vector<EagleDraftModel::DeviceAppendItem>& items,
+                                     const PathRowsOnDevice& rows,
+                                     const std::vector<int32_t>& len_index) {
+  pregrown_ = Pregrown{};
+  EagleDraftModel::PathShift shift{rows.len, len_index, {}};
+  std::vector<EagleDraftModel::GrowItem> grow;
+  Pregrown next;
+  int32_t depths = 0;
+  const int32_t k = top_k();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const DynamicTreeParams& p = last_picked_[i].second;
+    const RequestState& s = requests_.at(ids[i]);
+    // As if the whole reserved path were real: its last row the root (moved back on the device).
+    const int32_t last = s.device_first + items[i].rows - 1;
+    grow.push_back({items[i].seq, items[i].position0 + items[i].rows, nullptr, {}, last, last});
+    shift.rows.push_back(items[i].rows);
+    next.params.push_back(p);
+    next.trees.depth.push_back(p.depth);
+    next.trees.nodes.push_back(draft_tree_nodes(k, p.depth, p.total_tokens));
+    next.trees.stride = std::max(next.trees.stride, next.trees.nodes.back());
+    depths = std::max(depths, p.depth);
+  }
+  std::vector<TopKRows> roots;
+  draft_.backend().device_interval_begin();
+  draft_.grow_trees(grow, k, std::max(depths, 1), &roots, &next.trees,
+                    /*roots_from_device_append=*/true, &shift);
+  draft_.backend().device_interval_end();
+  next.ids = ids;
+  next.valid = true;
+  pregrown_ = std::move(next);
 }
 
 bool EagleProposer::settle_device_path(RequestState& s, const TargetFeedback& f) {
@@ -441,7 +503,10 @@ std::vector<DraftTree> EagleProposer::propose_batch(
                         (options_.pick_on_backend == 1 ||
                          (options_.pick_on_backend == -1 && draft_.backend_name() != "cpu"));
   timed_draft_ = false;
-  if (may_pick) draft_.backend().device_interval_begin();
+  // Trees grown before the wait timed their own interval (grow_before_wait).
+  const bool pregrown = pregrown_.valid;
+  pregrown_.valid = false;
+  if (may_pick && !pregrown) draft_.backend().device_interval_begin();
   // Roots from observe_paths_on_device's forward (its outputs and top-k on the backend); the
   // others' backlogs run now, their outputs brought to the host when such roots are in use
   // (a forward keeping them there would replace those roots' top-k).
@@ -505,9 +570,36 @@ std::vector<DraftTree> EagleProposer::propose_batch(
       picked.nodes.push_back(draft_tree_nodes(top_k, p.depth, p.total_tokens));
       picked.stride = std::max(picked.stride, picked.nodes.back());
     }
+    // The same requests under the same budgets as the last step's: the trees grown before the
+    // wait (observe_paths_on_device) are these.
+    std::vector<std::pair<RequestId, DynamicTreeParams>> now;
+    for (const Candidate& c : cands) now.push_back({requests[c.index].first, params[c.index]});
+    const auto same = [](const DynamicTreeParams& a, const DynamicTreeParams& b) {
+      return a.total_tokens == b.total_tokens && a.depth == b.depth && a.top_k == b.top_k;
+    };
+    bool repeated = pick && now.size() == last_picked_.size();
+    for (size_t i = 0; repeated && i < now.size(); ++i)
+      repeated =
+          now[i].first == last_picked_[i].first && same(now[i].second, last_picked_[i].second);
+    bool hit = pick && pregrown && pregrown_.ids.size() == now.size();
+    for (size_t i = 0; hit && i < now.size(); ++i)
+      hit = cands[i].state->device_row >= 0 && pregrown_.ids[i] == now[i].first &&
+            same(pregrown_.params[i], now[i].second);
+    if (pick) {
+      repeat_rate_ = 0.75 * repeat_rate_ + (repeated ? 0.25 : 0.0);
+      last_picked_ = std::move(now);
+    } else {
+      last_picked_.clear();
+    }
     // (At least one depth: a tree of the root's children alone still reads the roots' top-k.)
-    const std::vector<TopKRows> log = draft_.grow_trees(items, top_k, std::max(depths, 1), &roots,
-                                                        pick ? &picked : nullptr, device_roots);
+    std::vector<TopKRows> log;
+    if (hit) {
+      picked.out = pregrown_.trees.out;
+      ++pregrown_hits_;
+    } else {
+      log = draft_.grow_trees(items, top_k, std::max(depths, 1), &roots, pick ? &picked : nullptr,
+                              device_roots);
+    }
     if (pick) {
       for (size_t i = 0; i < cands.size(); ++i) {
         DraftTree& t = trees[cands[i].index];
@@ -530,8 +622,8 @@ std::vector<DraftTree> EagleProposer::propose_batch(
           t.device.parent_index[static_cast<size_t>(n)] = base + picked.stride + n;
         }
       }
-      draft_.backend().device_interval_end();
-      timed_draft_ = true;
+      if (!pregrown) draft_.backend().device_interval_end();
+      timed_draft_ = !pregrown || hit;
       return trees;
     }
     const auto k = static_cast<size_t>(top_k);

@@ -35,6 +35,12 @@ struct EagleOptions {
   // overlap the draft's forward), for trees grown on the backend: -1 where the backend is a
   // GPU, 0 never, 1 whenever the backend can.
   int paths_on_device = -1;
+  // With the paths on the device and trees picked there, the next step's trees also grow
+  // before the host waits (the path's length read on the device: EagleDraftModel::grow_trees
+  // with a PathShift), under the budgets of the trees just verified; the next propose_batch
+  // takes them where its requests and budgets are the same, else grows its own: -1 where the
+  // backend is a GPU, 0 never, 1 whenever the backend can.
+  int grow_before_wait = -1;
   void validate() const;  // kInvalidArgument naming the field
 };
 
@@ -75,6 +81,8 @@ class EagleProposer final : public Proposer {
   void set_tree_reader(Backend* reader) override;
   double last_draft_device_ms() override;
   const EagleOptions& options() const { return options_; }
+  // propose_batch calls that took the trees grown before the wait (grow_before_wait).
+  int64_t trees_grown_before_wait() const { return pregrown_hits_; }
 
  private:
   struct RequestState {
@@ -110,6 +118,27 @@ class EagleProposer final : public Proposer {
   // Ends what observe_paths_on_device left: reservations not committed are cancelled, roots not
   // used are dropped.
   void drop_device_paths();
+  // observe_paths_on_device's trees for the next step (grow_before_wait): grown for `ids` under
+  // `params` (in that order), picked into `trees`.
+  struct Pregrown {
+    bool valid = false;
+    std::vector<RequestId> ids;
+    std::vector<DynamicTreeParams> params;
+    EagleDraftModel::DeviceTrees trees;
+  };
+  // The trees of the last propose_batch picked on the backend: each request and its parameters
+  // (what grow_before_wait grows the next ones under).
+  std::vector<std::pair<RequestId, DynamicTreeParams>> last_picked_;
+  Pregrown pregrown_;
+  // How often a step's picked requests and budgets were the last step's (a moving average):
+  // trees grown before the wait only pay while it stays high.
+  double repeat_rate_ = 1.0;
+  int64_t pregrown_hits_ = 0;  // steps whose trees grew before the wait (tests read it)
+  bool grows_before_wait() const;
+  // Grows the next trees for the rows observe_paths_on_device just reserved (items, of `ids`).
+  void grow_before_wait(const std::vector<RequestId>& ids,
+                        const std::vector<EagleDraftModel::DeviceAppendItem>& items,
+                        const PathRowsOnDevice& rows, const std::vector<int32_t>& len_index);
   // observe_batch's part for a request with device rows in flight: true when f is the path
   // they hold (then committed), false when they were cancelled (f is folded in as usual).
   bool settle_device_path(RequestState& s, const TargetFeedback& f);

@@ -114,6 +114,7 @@ std::unique_ptr<Proposer> make_proposer(const SpecConfig& config, const ModelWei
       options.grow_on_backend = config.grow_on_device;
       options.pick_on_backend = config.pick_on_device;
       options.paths_on_device = config.paths_on_device;
+      options.grow_before_wait = config.grow_before_wait;
       EagleWeights weights = load_eagle_checkpoint(config.head_path, version);
       const std::string map = resolve_token_map(config);
       if (!map.empty())

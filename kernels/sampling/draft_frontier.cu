@@ -13,7 +13,8 @@ __global__ void draft_frontier_load_kernel(DraftFrontierLoadParams p) {
   p.committed_len[row] = p.key_path_base[row] + p.depth - 1;
   int32_t* out = p.key_path + p.key_path_indptr[row];
   const int32_t* path = p.f.path + static_cast<int64_t>(row) * p.max_depth;
-  for (int e = 0; e < p.depth; ++e) out[e] = path[e];
+  const int32_t add = p.path_shift != nullptr ? p.path_shift[row] : 0;
+  for (int e = 0; e < p.depth; ++e) out[e] = path[e] + add;
 }
 
 // One block of k * k threads per tree: thread c's rank is the number of candidates ahead of it
@@ -54,7 +55,32 @@ __global__ void draft_frontier_roots_kernel(DraftFrontierRootsParams p) {
   p.f.scores[i] = p.root_values[from];
 }
 
+__global__ void draft_frontier_shift_kernel(DraftFrontierShiftParams p) {
+  const int g = blockIdx.x;
+  const int rows = p.rows[g];
+  const int shift = max(0, min(rows - p.len[p.len_index[g]], rows - 1));
+  const int row = p.root_rows[g] - shift;
+  for (int r = threadIdx.x; r < p.k; r += blockDim.x) {
+    const int i = g * p.k + r;
+    const int64_t from = static_cast<int64_t>(row) * p.k + r;
+    p.f.ids[i] = p.first_ids[i] = p.root_ids[from];
+    p.f.scores[i] = p.first_scores[i] = p.root_values[from];
+    p.positions0[i] -= shift;
+    p.key_path_base[i] -= shift;
+    p.path_shift[i] = shift;
+  }
+  const float* src = p.root_source + static_cast<int64_t>(row) * p.cols;
+  float* dst = p.roots + static_cast<int64_t>(g) * p.cols;
+  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) dst[c] = src[c];
+}
+
 }  // namespace
+
+cudaError_t launch_draft_frontier_shift(const DraftFrontierShiftParams& p, cudaStream_t stream) {
+  if (p.groups <= 0 || p.k <= 0) return cudaSuccess;
+  draft_frontier_shift_kernel<<<p.groups, 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_draft_frontier_roots(const DraftFrontierRootsParams& p, cudaStream_t stream) {
   if (p.groups <= 0 || p.k <= 0) return cudaSuccess;

@@ -20,7 +20,7 @@ struct DraftFrontier {
 // A step's rows from the frontier at depth `depth` (1-based): token_ids[row] = ids[row] +
 // vocab_offset[ids[row]] (no table: ids[row]); positions[row] = positions0[row] + depth - 1;
 // slots[row] = all_slots[(depth - 1) * rows + row]; committed_len[row] = key_path_base[row] +
-// depth - 1; key_path[key_path_indptr[row] + e] = path[row][e], e < depth.
+// depth - 1; key_path[key_path_indptr[row] + e] = path[row][e] + path_shift[row], e < depth.
 struct DraftFrontierLoadParams {
   DraftFrontier f;
   const int64_t* vocab_offset = nullptr;  // [draft_vocab] or nullptr
@@ -33,7 +33,8 @@ struct DraftFrontierLoadParams {
   const int32_t* key_path_base = nullptr;
   const int32_t* key_path_indptr = nullptr;
   int32_t* key_path = nullptr;
-  int32_t rows = 0;  // G * k
+  const int32_t* path_shift = nullptr;  // [G * k] added to every key path offset, or nullptr
+  int32_t rows = 0;                     // G * k
   int32_t depth = 0;
   int32_t max_depth = 0;
 };
@@ -67,5 +68,30 @@ struct DraftFrontierRootsParams {
   int32_t k = 0;
 };
 cudaError_t launch_draft_frontier_roots(const DraftFrontierRootsParams& p, cudaStream_t stream);
+
+// Backend::draft_frontier_shift: tree g moves back by s = clamp(rows[g] - len[len_index[g]], 0,
+// rows[g] - 1): positions0 and key_path_base of its k rows minus s, their path_shift s; its first
+// frontier (f and `first`, ids then scores [G * k] each) from kept root row root_rows[g] - s; roots
+// row g = that row of root_source [*, cols]. One block per tree.
+struct DraftFrontierShiftParams {
+  DraftFrontier f;
+  int32_t* first_ids = nullptr;
+  float* first_scores = nullptr;
+  const int32_t* root_ids = nullptr;   // [R, k]
+  const float* root_values = nullptr;  // [R, k]
+  const int32_t* root_rows = nullptr;  // [groups]
+  int32_t* positions0 = nullptr;       // [G * k]
+  int32_t* key_path_base = nullptr;    // [G * k]
+  int32_t* path_shift = nullptr;       // [G * k]: s
+  const int32_t* len = nullptr;        // [*]
+  const int32_t* len_index = nullptr;  // [groups]
+  const int32_t* rows = nullptr;       // [groups]
+  const float* root_source = nullptr;  // [*, cols]
+  float* roots = nullptr;              // [groups, cols]
+  int64_t cols = 0;
+  int32_t groups = 0;
+  int32_t k = 0;
+};
+cudaError_t launch_draft_frontier_shift(const DraftFrontierShiftParams& p, cudaStream_t stream);
 
 }  // namespace arbor::kernels

@@ -14,6 +14,7 @@
 #include <map>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/core/error.h"
@@ -694,7 +695,9 @@ TEST(CudaDraftPicks, EagleTreesPickedOnTheDeviceVerifyWithOneWait) {
   LlamaModel model(*backend, w);
   const auto plain = Generator(model, gc).run(reqs);
   std::vector<int64_t> steps;
-  for (auto [pick, paths] : {std::pair{0, -1}, std::pair{1, 0}, std::pair{1, -1}}) {
+  // {pick on the device, paths on the device, next trees grown before the wait}
+  for (auto [pick, paths, early] :
+       {std::tuple{0, -1, 0}, std::tuple{1, 0, 0}, std::tuple{1, -1, 0}, std::tuple{1, -1, -1}}) {
     SpecConfig sc;
     sc.method = SpecMethod::kEagle;
     sc.head_path = testing::test_data_dir() + "/heads/stories260K/eagle";
@@ -703,6 +706,7 @@ TEST(CudaDraftPicks, EagleTreesPickedOnTheDeviceVerifyWithOneWait) {
     sc.top_k = 4;
     sc.pick_on_device = pick;
     sc.paths_on_device = paths;
+    sc.grow_before_wait = early;
     auto proposer = make_proposer(sc, w, make_cuda_backend());
     Generator(model, gc, proposer.get()).run(reqs);  // warm-up: GEMM tuning, recordings
     Generator g(model, gc, proposer.get());
@@ -717,7 +721,8 @@ TEST(CudaDraftPicks, EagleTreesPickedOnTheDeviceVerifyWithOneWait) {
                 static_cast<long long>(d.replays - d0.replays),
                 static_cast<long long>(backend->transfer_stats().syncs));
     const std::string what = std::string(pick ? "picked on the device" : "picked on the host") +
-                             (paths == 0 ? ", paths from the host" : ", paths on the device");
+                             (paths == 0 ? ", paths from the host" : ", paths on the device") +
+                             (early != 0 ? ", grown before the wait" : "");
     for (size_t i = 0; i < reqs.size(); ++i)
       EXPECT_EQ(got[i].tokens, plain[i].tokens) << what << ", request " << i;
     const double per_step = static_cast<double>(x.syncs) / static_cast<double>(g.stats().steps);
@@ -739,10 +744,18 @@ TEST(CudaDraftPicks, EagleTreesPickedOnTheDeviceVerifyWithOneWait) {
       EXPECT_GT(g.stats().device_path_steps, g.stats().steps / 2) << what;
     else
       EXPECT_EQ(g.stats().device_path_steps, 0) << what;
+    const auto& eagle = dynamic_cast<const EagleProposer&>(*proposer);
+    const int64_t early_trees = eagle.trees_grown_before_wait();
+    std::printf("  %lld steps took trees grown before the wait (both runs)\n",
+                static_cast<long long>(early_trees));
+    if (early != 0)
+      EXPECT_GT(early_trees, g.stats().steps / 2) << what;
+    else
+      EXPECT_EQ(early_trees, 0) << what;
     steps.push_back(g.stats().steps);
   }
-  EXPECT_EQ(steps[0], steps[1]) << "the same trees take the same steps";
-  EXPECT_EQ(steps[1], steps[2]) << "the same trees take the same steps";
+  for (size_t i = 1; i < steps.size(); ++i)
+    EXPECT_EQ(steps[0], steps[i]) << "the same trees take the same steps";
 }
 
 // Op-level: one decode step recorded, then replayed with new metadata (next tokens, one more

@@ -16,6 +16,7 @@
 #include "engine/model/llama_model.h"
 #include "engine/runner/engine.h"
 #include "engine/runner/model_bundle.h"
+#include "engine/spec/eagle_proposer.h"
 #include "engine/spec/proposer_factory.h"
 #include "engine/verify/device_verify.h"
 #include "tests/common/golden.h"
@@ -365,10 +366,13 @@ TEST_F(EngineTest, PathsFoldedInOnTheBackendEqualTheHostsFeedback) {
     for (bool adaptive : {false, true}) {
       std::vector<int64_t> counts;
       std::vector<std::vector<int32_t>> sampled_tokens;
-      for (int32_t on_device : {0, 1}) {
-        const bool eagle = method == SpecMethod::kEagle;
+      const bool eagle = method == SpecMethod::kEagle;
+      // 2: EAGLE's next trees also grown before the wait (EagleOptions::grow_before_wait).
+      for (int32_t on_device : {0, 1, 2}) {
+        if (on_device == 2 && !eagle) continue;
         SCOPED_TRACE(std::string(spec_method_name(method)) +
                      (on_device ? ", paths on the backend" : ", paths from the host") +
+                     (on_device == 2 ? ", trees grown before the wait" : "") +
                      (adaptive ? ", adaptive trees" : ""));
         SpecConfig sc;
         sc.method = method;
@@ -378,7 +382,8 @@ TEST_F(EngineTest, PathsFoldedInOnTheBackendEqualTheHostsFeedback) {
         sc.top_k = 3;
         sc.grow_on_device = 1;
         sc.pick_on_device = 1;
-        sc.paths_on_device = on_device;
+        sc.paths_on_device = on_device > 0 ? 1 : 0;
+        sc.grow_before_wait = on_device == 2 ? 1 : 0;
         // Medusa's heads on a backend of their own: their ids stay there (DraftTree::device).
         auto proposer = make_proposer(sc, bundle_->weights, eagle ? nullptr : make_cpu_backend(1));
         const EngineConfig ec = adaptive ? adaptive_12_node_trees() : EngineConfig{};
@@ -395,6 +400,15 @@ TEST_F(EngineTest, PathsFoldedInOnTheBackendEqualTheHostsFeedback) {
           EXPECT_GT(e.stats().device_path_steps, 10);
         else
           EXPECT_EQ(e.stats().device_path_steps, 0);
+        if (eagle) {
+          const int64_t pregrown =
+              dynamic_cast<EagleProposer&>(*proposer).trees_grown_before_wait();
+          if (on_device < 2) {
+            EXPECT_EQ(pregrown, 0);
+          } else if (!adaptive) {
+            EXPECT_GT(pregrown, 10) << "fixed trees repeat their budgets";
+          }
+        }
         counts.push_back(e.stats().decode_tokens);
         counts.push_back(e.stats().steps);
         counts.push_back(e.stats().acceptance.emitted);
@@ -402,10 +416,12 @@ TEST_F(EngineTest, PathsFoldedInOnTheBackendEqualTheHostsFeedback) {
       // (Adaptive trees follow the measured draft cost, which the paths' place moves: their
       // trees may differ, their tokens may not.)
       if (adaptive) continue;
-      EXPECT_EQ(counts[0], counts[3]);
-      EXPECT_EQ(counts[1], counts[4]) << "the same trees take the same steps";
-      EXPECT_EQ(counts[2], counts[5]);
-      EXPECT_EQ(sampled_tokens[0], sampled_tokens[1]) << "the same trees and uniforms";
+      for (size_t run = 1; run < sampled_tokens.size(); ++run) {
+        EXPECT_EQ(counts[0], counts[3 * run]);
+        EXPECT_EQ(counts[1], counts[3 * run + 1]) << "the same trees take the same steps";
+        EXPECT_EQ(counts[2], counts[3 * run + 2]);
+        EXPECT_EQ(sampled_tokens[0], sampled_tokens[run]) << "the same trees and uniforms";
+      }
     }
 }
 

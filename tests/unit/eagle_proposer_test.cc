@@ -520,6 +520,95 @@ TEST(EagleProposer, PathsFoldedInOnTheBackendGiveTheHostsTrees) {
   EXPECT_EQ(kv.num_free_blocks(), kv.num_blocks());
 }
 
+// The next trees grown before the host learns the paths' lengths (grow_before_wait: each tree
+// set up as if its whole reserved path were real, then moved back on the backend by the rows past
+// the path, PathRowsOnDevice::len) are the trees the host's feedback gives: paths of 3 and 1 of
+// 5 reserved rows (the second tree moved back 4 rows, its slots left past them), taken by the
+// next proposal under the same budgets; a proposal under other budgets grows its own, the same
+// as the host's. Every row goes back to the pool.
+TEST(EagleProposer, TreesGrownBeforeTheWaitAreTheHostsNextTrees) {
+  const Fixture f = load("eagle_stories260K");
+  const SyntheticRows rows(f.target->config.hidden_size);
+  const int64_t h = rows.h;
+  EagleOptions o = options_of(f.ref["rounds"][0]["trees"][0]);
+  set_way(&o, 2);
+  o.paths_on_device = 1;
+  o.grow_before_wait = 1;
+  auto p = make(f, o);
+  read_trees_on_host(*p);
+  EagleOptions host_o = o;
+  host_o.paths_on_device = 0;
+  host_o.grow_before_wait = 0;
+  auto want = make(f, host_o);
+  read_trees_on_host(*want);
+  const TreeBudget budget{64, 8};
+  for (Proposer* q : {static_cast<Proposer*>(p.get()), static_cast<Proposer*>(want.get())})
+    for (RequestId r : {1, 2}) {
+      q->begin(r, rows.prompt());
+      q->observe(rows.feedback(r, 0, 10));
+    }
+  const std::vector<std::pair<RequestId, TreeBudget>> ask = {{1, budget}, {2, budget}};
+  p->propose_batch(ask);  // the trees these paths were verified in
+  want->propose_batch(ask);
+  Backend& b = p->draft().backend();
+  const int32_t room = 5;
+  const std::vector<int32_t> len = {3, 1};
+  // A step's paths, request i's from position start[i]; the rows past each path repeat its last.
+  const auto step = [&](const std::vector<int32_t>& start,
+                        const std::vector<std::pair<RequestId, TreeBudget>>& next) {
+    Tensor features = b.persistent(2 * room, h);
+    Tensor next_f = b.persistent(2 * room, 1);
+    Tensor len_f = b.persistent(2, 1);
+    std::vector<float> host_rows(static_cast<size_t>(2 * room * h));
+    std::vector<int32_t> host_next(static_cast<size_t>(2 * room));
+    for (int32_t item = 0; item < 2; ++item)
+      for (int32_t d = 0; d < room; ++d) {
+        const auto i = static_cast<size_t>(item);
+        const int32_t j = start[i] + std::min(d, len[i] - 1);
+        std::copy_n(rows.hidden.begin() + j * h, h, host_rows.begin() + (item * room + d) * h);
+        host_next[static_cast<size_t>(item * room + d)] = rows.tokens[static_cast<size_t>(j + 1)];
+      }
+    b.upload(host_rows.data(), features);
+    b.upload(reinterpret_cast<const float*>(host_next.data()), next_f);
+    b.upload(reinterpret_cast<const float*>(len.data()), len_f);
+    PathRowsOnDevice view;
+    view.rows = features;
+    view.next = Tensor{next_f.data, DType::kI32, 2 * room, 1};
+    view.len = Tensor{len_f.data, DType::kI32, 2, 1};
+    view.offset = {0, room, 2 * room};
+    const std::vector<Proposer::DevicePath> paths = {{1, 0}, {2, 1}};
+    p->observe_paths_on_device(paths, view);
+    const std::vector<TargetFeedback> fbs = {rows.feedback(1, start[0], len[0]),
+                                             rows.feedback(2, start[1], len[1])};
+    p->observe_batch(fbs);
+    want->observe_batch(fbs);
+    const std::vector<DraftTree> got = p->propose_batch(next);
+    const std::vector<DraftTree> host = want->propose_batch(next);
+    for (size_t i = 0; i < next.size(); ++i) {
+      SCOPED_TRACE("request " + std::to_string(next[i].first));
+      const DraftTree a = resolved(got[i], true), w = resolved(host[i], true);
+      ASSERT_GT(w.size(), 1);
+      EXPECT_EQ(a.token, w.token);
+      EXPECT_EQ(a.parent, w.parent);
+    }
+  };
+  step({10, 10}, ask);
+  EXPECT_EQ(p->trees_grown_before_wait(), 1) << "the same requests and budgets";
+  const std::vector<std::pair<RequestId, TreeBudget>> smaller = {{1, TreeBudget{8, 3}},
+                                                                 {2, TreeBudget{8, 3}}};
+  step({13, 11}, smaller);
+  EXPECT_EQ(p->trees_grown_before_wait(), 1) << "other budgets: grown after the wait";
+  const KvCacheManager& kv = p->draft().kv();
+  for (SeqId q : kv.sequence_ids()) {
+    EXPECT_EQ(kv.reserved_len(q), 0);
+    EXPECT_EQ(kv.committed_len(q), want->draft().kv().committed_len(q));
+  }
+  kv.check_invariants();
+  for (RequestId r : {1, 2}) p->end(r);
+  EXPECT_EQ(kv.num_sequences(), 0);
+  EXPECT_EQ(kv.num_free_blocks(), kv.num_blocks());
+}
+
 // A draft cache too full for a path's rows (each tree's depth + 1 reserved): the paths are left
 // to the host's feedback, which folds them in as rows waiting for the next proposal; nothing stays
 // reserved.

@@ -576,10 +576,43 @@ void CpuBackend::draft_frontier_load(int32_t depth, const Tensor& source, const 
     step_.committed_len[r] = step_.key_path_base[r] + depth - 1;
     for (int32_t e = 0; e < depth; ++e)
       step_.key_path[static_cast<size_t>(step_.key_path_indptr[r] + e)] =
-          f.path[r * static_cast<size_t>(f.max_depth) + static_cast<size_t>(e)];
+          f.path[r * static_cast<size_t>(f.max_depth) + static_cast<size_t>(e)] + f.path_shift[r];
     rows[r] = f.parent[r];
   }
   gather_rows(source, rows, in);
+}
+
+void CpuBackend::draft_frontier_shift(const Tensor& len, std::span<const int32_t> len_index,
+                                      std::span<const int32_t> rows, const Tensor& root_source,
+                                      const Tensor& roots) {
+  HostDraftFrontier& f = frontier_;
+  const auto g = static_cast<size_t>(f.groups);
+  bool ok = len_index.size() == g && rows.size() == g && len.dtype == DType::kI32 &&
+            root_source.dtype == DType::kF32 && roots.dtype == DType::kF32 &&
+            roots.rows >= f.groups && roots.cols == root_source.cols &&
+            step_.key_path_base.size() == g * static_cast<size_t>(f.k);
+  std::vector<int32_t> by(g);
+  const auto* lengths = static_cast<const int32_t*>(len.data);
+  for (size_t t = 0; ok && t < g; ++t) {
+    ok = len_index[t] >= 0 && len_index[t] < len.rows && rows[t] >= 1 && t < f.root_rows.size() &&
+         f.root_rows[t] < root_source.rows;
+    if (ok) by[t] = std::clamp(rows[t] - lengths[len_index[t]], 0, rows[t] - 1);
+  }
+  if (!ok)
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_shift: " + std::to_string(len_index.size()) + " trees of " +
+                    std::to_string(f.groups) + ", len " + std::to_string(len.rows) +
+                    " rows, roots " + std::to_string(roots.rows) + " x " +
+                    std::to_string(roots.cols) + " from " + std::to_string(root_source.rows) +
+                    " x " + std::to_string(root_source.cols));
+  f.shift(by);
+  for (size_t t = 0; t < g; ++t) {
+    for (int32_t r = 0; r < f.k; ++r)
+      step_.key_path_base[t * static_cast<size_t>(f.k) + static_cast<size_t>(r)] -= by[t];
+    const auto* src = static_cast<const float*>(root_source.data) +
+                      static_cast<int64_t>(f.root_rows[t] - by[t]) * root_source.cols;
+    std::copy(src, src + roots.cols, static_cast<float*>(roots.data) + t * roots.cols);
+  }
 }
 
 void CpuBackend::draft_frontier_expand(int32_t depth, const Tensor& logits) {

@@ -182,25 +182,31 @@ struct PinnedStaging {
   }
 };
 
-// Host -> device metadata upload into a device buffer of its own, through pinned staging.
+// Host -> device metadata upload into a device buffer of its own, through pinned staging: a few
+// stagings in turn, so that a step set up while the device still runs the steps before it (a
+// draft forward queued before the host's wait, then the next one) does not wait for their
+// copies; the copies into `device` stay in stream order with the kernels that read it.
 struct StagedUpload {
   DeviceBuffer device;
-  PinnedStaging staging;  // after device: its copies are waited for before device is freed
+  // After device: its copies are waited for before device is freed.
+  std::array<PinnedStaging, 3> staging;
+  size_t next = 0;
 
   uint8_t* begin(size_t bytes, const char* what) {
-    uint8_t* host = staging.acquire(bytes, what);
+    uint8_t* host = staging[next].acquire(bytes, what);
     device.ensure(bytes, what);
     return host;
   }
   void commit(size_t bytes, cudaStream_t stream, const char* what) {
-    staging.copy_to(device.ptr, bytes, stream, what);
+    staging[next].copy_to(device.ptr, bytes, stream, what);
+    next = (next + 1) % staging.size();
   }
 };
 
 // upload(): caller memory -> device without waiting for the device: copied into one of a few
 // pinned stagings (round robin), from there on the stream, ordered with the kernels around it.
 struct PinnedRing {
-  std::array<PinnedStaging, 4> slots;
+  std::array<PinnedStaging, 16> slots;
   size_t next = 0;
   void copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, const char* what) {
     PinnedStaging& sl = slots[next];
@@ -392,12 +398,15 @@ struct CudaBackend::State {
   int64_t* fr_slots = nullptr;
   int32_t* fr_first = nullptr;      // the first frontier's ids then scores [n] each (the log's)
   int32_t* fr_root_rows = nullptr;  // begin's root_rows
+  std::vector<int32_t> fr_root_rows_host;
+  DeviceBuffer fr_shift;  // draft_frontier_shift's len_index then rows [G] each
   // draft_frontier_roots: [rows, k] ids then values.
   DeviceBuffer fr_roots;
   int32_t fr_roots_k = 0, fr_roots_rows = 0;
   int32_t* fr_log_ids = nullptr;
   float* fr_log_values = nullptr;
   int32_t* fr_log_chosen = nullptr;  // [max_depth, n] each select's candidates (the trees' log)
+  int32_t* fr_path_shift = nullptr;  // [n] draft_frontier_shift's (zeroed by begin)
   DeviceBuffer fr_trees;      // draft_frontier_trees' [G, 2, stride] and its [G] depths and nodes
   StagedUpload parent_index;  // set_step's parent_source_index
 
@@ -2518,7 +2527,7 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   const size_t head_words = 2 * frontier_words + n + (n % 2);
   s.frontier.epoch = &s.epoch;
   // First frontier, root rows, the selects' choices.
-  const size_t tail_words = 2 * n + static_cast<size_t>(groups) + depth * n;
+  const size_t tail_words = 2 * n + static_cast<size_t>(groups) + depth * n + n;
   s.frontier.ensure((head_words + slot_words + log_words + tail_words) * 4, "draft_frontier_begin");
   auto* base = static_cast<int32_t*>(s.frontier.ptr);
   for (int i = 0; i < 2; ++i) {
@@ -2532,6 +2541,8 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   s.fr_first = s.fr_log_ids + log_words;
   s.fr_root_rows = s.fr_first + 2 * n;
   s.fr_log_chosen = s.fr_root_rows + groups;
+  s.fr_path_shift = s.fr_log_chosen + depth * n;
+  cuda_check(cudaMemsetAsync(s.fr_path_shift, 0, n * 4, s.stream), "draft_frontier_begin");
   // The top-k workspace for these rows, made here: nothing allocates inside a recording.
   s.ensure_top_k_work(static_cast<int64_t>(n), "draft_frontier_begin workspace");
   // The first frontier, the positions and the slots, staged in one upload.
@@ -2546,6 +2557,7 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   std::memcpy(first.data() + head_words, slots.data(), slots.size() * 8);
   s.uploads.copy(s.fr[0].ids, first.data(), first.size() * 4, s.stream, "draft_frontier_begin");
   s.transfers.h2d_bytes += static_cast<int64_t>(first.size() * 4);
+  s.fr_root_rows_host.assign(root_rows.begin(), root_rows.end());
   if (!root_rows.empty()) {  // those trees' first frontiers from the kept root rows
     s.uploads.copy(s.fr_root_rows, root_rows.data(), root_rows.size() * 4, s.stream,
                    "draft_frontier_begin");
@@ -2614,6 +2626,7 @@ void CudaBackend::draft_frontier_load(int32_t depth, const Tensor& source, const
   p.key_path_base = s.d_key_path_base;
   p.key_path_indptr = s.d_key_path_indptr;
   p.key_path = s.d_key_path;
+  p.path_shift = s.fr_path_shift;
   p.rows = n;
   p.depth = depth;
   p.max_depth = s.fr_max_depth;
@@ -2625,6 +2638,61 @@ void CudaBackend::draft_frontier_load(int32_t depth, const Tensor& source, const
   g.num_rows = n;
   g.cols = in.cols;
   cuda_check(kernels::launch_gather_rows(g, s.stream), "draft_frontier_load rows");
+}
+
+void CudaBackend::draft_frontier_shift(const Tensor& len, std::span<const int32_t> len_index,
+                                       std::span<const int32_t> rows, const Tensor& root_source,
+                                       const Tensor& roots) {
+  s_->flush();
+  State& s = *s_;
+  require_step(s.has_step, "draft_frontier_shift");
+  const int32_t groups = s.fr_groups;
+  const auto g = static_cast<size_t>(groups);
+  bool ok = groups > 0 && s.fr_root_rows_host.size() == g && len_index.size() == g &&
+            rows.size() == g && len.dtype == DType::kI32 && root_source.dtype == DType::kF32 &&
+            roots.dtype == DType::kF32 && roots.rows >= groups && roots.cols == root_source.cols &&
+            s.d_key_path_base != nullptr &&
+            s.step.key_path_base.size() == g * static_cast<size_t>(s.fr_k);
+  for (size_t t = 0; ok && t < g; ++t) {
+    const int32_t top = s.fr_root_rows_host[t];
+    ok = len_index[t] >= 0 && len_index[t] < len.rows && rows[t] >= 1 && top - rows[t] + 1 >= 0 &&
+         top < root_source.rows && top < s.fr_roots_rows;
+  }
+  if (!ok)
+    throw_error(ErrorCode::kInvalidArgument,
+                "draft_frontier_shift: " + std::to_string(len_index.size()) + " trees of " +
+                    std::to_string(groups) + " begun with " +
+                    std::to_string(s.fr_root_rows_host.size()) + " kept roots, len " + shape(len) +
+                    ", roots " + shape(roots) + " from " + shape(root_source) +
+                    " (each tree's rows within its kept and source rows)");
+  s.fr_shift.ensure(2 * g * 4, "draft_frontier_shift");
+  std::vector<int32_t> host(len_index.begin(), len_index.end());
+  host.insert(host.end(), rows.begin(), rows.end());
+  auto* index = static_cast<int32_t*>(s.fr_shift.ptr);
+  s.uploads.copy(index, host.data(), host.size() * 4, s.stream, "draft_frontier_shift");
+  s.transfers.h2d_bytes += static_cast<int64_t>(host.size() * 4);
+  const size_t n = g * static_cast<size_t>(s.fr_k);
+  kernels::DraftFrontierShiftParams p;
+  p.f = s.fr[0];
+  p.first_ids = s.fr_first;
+  p.first_scores = reinterpret_cast<float*>(s.fr_first + n);
+  p.root_ids = static_cast<const int32_t*>(s.fr_roots.ptr);
+  p.root_values = reinterpret_cast<const float*>(static_cast<const int32_t*>(s.fr_roots.ptr) +
+                                                 static_cast<size_t>(s.fr_roots_rows) *
+                                                     static_cast<size_t>(s.fr_k));
+  p.root_rows = s.fr_root_rows;
+  p.positions0 = s.fr_positions0;
+  p.key_path_base = const_cast<int32_t*>(s.d_key_path_base);
+  p.path_shift = s.fr_path_shift;
+  p.len = static_cast<const int32_t*>(len.data);
+  p.len_index = index;
+  p.rows = index + g;
+  p.root_source = static_cast<const float*>(root_source.data);
+  p.roots = static_cast<float*>(roots.data);
+  p.cols = roots.cols;
+  p.groups = groups;
+  p.k = s.fr_k;
+  cuda_check(kernels::launch_draft_frontier_shift(p, s.stream), "draft_frontier_shift");
 }
 
 void CudaBackend::draft_frontier_expand(int32_t depth, const Tensor& logits) {
@@ -2931,6 +2999,7 @@ void CudaBackend::sample_trees_impl(const Tensor& logits, const TreeSampleBatch&
     PathRowsOnDevice view;
     view.rows = Tensor{s.path_rows.ptr, DType::kF32, out_offset.back(), rows->source.cols};
     view.next = Tensor{s.path_next.ptr, DType::kI32, out_offset.back(), 1};
+    view.len = Tensor{p.out_len, DType::kI32, items, 1};
     view.offset = out_offset;
     rows->on_device(view);
     cuda_check(cudaEventSynchronize(s.sample_results.done), "sample_trees");

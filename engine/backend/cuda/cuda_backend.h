@@ -176,6 +176,9 @@ class CudaBackend final : public Backend {
                             std::span<const int32_t> root_rows) override;
   void draft_frontier_roots(const Tensor& logits, int32_t k) override;
   void draft_frontier_load(int32_t depth, const Tensor& source, const Tensor& in) override;
+  void draft_frontier_shift(const Tensor& len, std::span<const int32_t> len_index,
+                            std::span<const int32_t> rows, const Tensor& root_source,
+                            const Tensor& roots) override;
   void draft_frontier_expand(int32_t depth, const Tensor& logits) override;
   void device_interval_begin() override;
   void device_interval_end() override;
