@@ -644,7 +644,7 @@ std::vector<TopKRows> EagleDraftModel::grow_trees(std::span<const GrowItem> item
       }
       parents.insert(parents.end(), static_cast<size_t>(k), g);
     }
-    if (on_device > 0)
+    if (on_device > 0 && shift == nullptr)  // (shifted: draft_frontier_shift gathers them)
       b.gather_rows(root_source, device_rows, Tensor{root_out_.data, DType::kF32, on_device, h});
     if (on_device < g_count)
       b.upload(root_rows.data(), Tensor{static_cast<float*>(root_out_.data) + on_device * h,

@@ -50,9 +50,13 @@ __global__ void draft_frontier_select_kernel(DraftFrontierSelectParams p) {
 __global__ void draft_frontier_roots_kernel(DraftFrontierRootsParams p) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= p.groups * p.k) return;
-  const int64_t from = static_cast<int64_t>(p.rows[i / p.k]) * p.k + i % p.k;
-  p.f.ids[i] = p.root_ids[from];
-  p.f.scores[i] = p.root_values[from];
+  if (i < p.root_groups * p.k) {
+    const int64_t from = static_cast<int64_t>(p.rows[i / p.k]) * p.k + i % p.k;
+    p.f.ids[i] = p.root_ids[from];
+    p.f.scores[i] = p.root_values[from];
+  }
+  p.first_ids[i] = p.f.ids[i];
+  p.first_scores[i] = p.f.scores[i];
 }
 
 __global__ void draft_frontier_shift_kernel(DraftFrontierShiftParams p) {

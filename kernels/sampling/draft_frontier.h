@@ -57,14 +57,18 @@ struct DraftFrontierSelectParams {
 };
 cudaError_t launch_draft_frontier_select(const DraftFrontierSelectParams& p, cudaStream_t stream);
 
-// The first frontier of trees g < groups from kept root rows: ids[g k + r] = root_ids[rows[g] k
-// + r], scores likewise from root_values.
+// The first frontier of G trees: for trees g < root_groups from kept root rows, ids[g k + r] =
+// root_ids[rows[g] k + r], scores likewise from root_values; every tree's (those as uploaded)
+// also into first_ids / first_scores (the log's copy).
 struct DraftFrontierRootsParams {
   DraftFrontier f;
+  int32_t* first_ids = nullptr;        // [G * k]
+  float* first_scores = nullptr;       // [G * k]
   const int32_t* root_ids = nullptr;   // [R, k]
   const float* root_values = nullptr;  // [R, k]
-  const int32_t* rows = nullptr;       // [groups]
+  const int32_t* rows = nullptr;       // [root_groups]
   int32_t groups = 0;
+  int32_t root_groups = 0;
   int32_t k = 0;
 };
 cudaError_t launch_draft_frontier_roots(const DraftFrontierRootsParams& p, cudaStream_t stream);

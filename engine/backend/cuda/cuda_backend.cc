@@ -216,6 +216,21 @@ struct PinnedRing {
   }
 };
 
+// The values last uploaded to one device address, so that an upload of the same values there can
+// be skipped (each skipped copy is one operation less on the stream between two step graphs).
+struct UploadCache {
+  const void* dst = nullptr;
+  std::vector<int32_t> values;
+  // True when `v` already lies at `to`; else remembers it (the caller uploads it).
+  bool holds(const void* to, std::span<const int32_t> v) {
+    if (to == dst && std::equal(v.begin(), v.end(), values.begin(), values.end())) return true;
+    dst = to;
+    values.assign(v.begin(), v.end());
+    return false;
+  }
+  void forget() { dst = nullptr; }
+};
+
 // Lays out several host arrays in one buffer (256-byte aligned sections).
 class Packer {
  public:
@@ -406,7 +421,11 @@ struct CudaBackend::State {
   int32_t* fr_log_ids = nullptr;
   float* fr_log_values = nullptr;
   int32_t* fr_log_chosen = nullptr;  // [max_depth, n] each select's candidates (the trees' log)
-  int32_t* fr_path_shift = nullptr;  // [n] draft_frontier_shift's (zeroed by begin)
+  int32_t* fr_path_shift = nullptr;  // [n] draft_frontier_shift's (zeroed by begin's upload)
+  // Small uploads that repeat step after step (kept roots, shift rows, tree sizes): skipped when
+  // the same values already lie at the same address (the frontier's layout unchanged since).
+  UploadCache fr_root_rows_sent, fr_shift_sent, fr_sizes_sent;
+  std::array<int64_t, 4> fr_layout{};  // groups, k, depth, frontier address of the last begin
   DeviceBuffer fr_trees;      // draft_frontier_trees' [G, 2, stride] and its [G] depths and nodes
   StagedUpload parent_index;  // set_step's parent_source_index
 
@@ -2524,10 +2543,11 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   const size_t frontier_words = n * (3 + depth);
   const size_t log_words = 2 * depth * n * static_cast<size_t>(k);
   const size_t slot_words = (2 * depth * n + 1) / 2 * 2;  // 8-byte aligned
-  const size_t head_words = 2 * frontier_words + n + (n % 2);
+  // (then the path shifts [n], zeroed by the same upload)
+  const size_t head_words = 2 * frontier_words + 2 * n;
   s.frontier.epoch = &s.epoch;
   // First frontier, root rows, the selects' choices.
-  const size_t tail_words = 2 * n + static_cast<size_t>(groups) + depth * n + n;
+  const size_t tail_words = 2 * n + static_cast<size_t>(groups) + depth * n;
   s.frontier.ensure((head_words + slot_words + log_words + tail_words) * 4, "draft_frontier_begin");
   auto* base = static_cast<int32_t*>(s.frontier.ptr);
   for (int i = 0; i < 2; ++i) {
@@ -2535,14 +2555,19 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
     s.fr[i] = {f, reinterpret_cast<float*>(f + n), f + 2 * n, f + 3 * n};
   }
   s.fr_positions0 = base + 2 * frontier_words;
+  s.fr_path_shift = s.fr_positions0 + n;
   s.fr_slots = reinterpret_cast<int64_t*>(base + head_words);
   s.fr_log_ids = base + head_words + slot_words;
   s.fr_log_values = reinterpret_cast<float*>(s.fr_log_ids + log_words / 2);
   s.fr_first = s.fr_log_ids + log_words;
   s.fr_root_rows = s.fr_first + 2 * n;
   s.fr_log_chosen = s.fr_root_rows + groups;
-  s.fr_path_shift = s.fr_log_chosen + depth * n;
-  cuda_check(cudaMemsetAsync(s.fr_path_shift, 0, n * 4, s.stream), "draft_frontier_begin");
+  const std::array<int64_t, 4> layout = {groups, k, max_depth,
+                                         reinterpret_cast<int64_t>(s.frontier.ptr)};
+  if (layout != s.fr_layout) {  // the cached regions may hold other data now
+    s.fr_root_rows_sent.forget();
+    s.fr_layout = layout;
+  }
   // The top-k workspace for these rows, made here: nothing allocates inside a recording.
   s.ensure_top_k_work(static_cast<int64_t>(n), "draft_frontier_begin workspace");
   // The first frontier, the positions and the slots, staged in one upload.
@@ -2558,25 +2583,25 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   s.uploads.copy(s.fr[0].ids, first.data(), first.size() * 4, s.stream, "draft_frontier_begin");
   s.transfers.h2d_bytes += static_cast<int64_t>(first.size() * 4);
   s.fr_root_rows_host.assign(root_rows.begin(), root_rows.end());
-  if (!root_rows.empty()) {  // those trees' first frontiers from the kept root rows
+  if (!root_rows.empty() && !s.fr_root_rows_sent.holds(s.fr_root_rows, root_rows)) {
     s.uploads.copy(s.fr_root_rows, root_rows.data(), root_rows.size() * 4, s.stream,
                    "draft_frontier_begin");
     s.transfers.h2d_bytes += static_cast<int64_t>(root_rows.size() * 4);
-    kernels::DraftFrontierRootsParams p;
-    p.f = s.fr[0];
-    p.root_ids = static_cast<const int32_t*>(s.fr_roots.ptr);
-    p.root_values = reinterpret_cast<const float*>(static_cast<const int32_t*>(s.fr_roots.ptr) +
-                                                   static_cast<size_t>(s.fr_roots_rows) *
-                                                       static_cast<size_t>(k));
-    p.rows = s.fr_root_rows;
-    p.groups = static_cast<int32_t>(root_rows.size());
-    p.k = k;
-    cuda_check(kernels::launch_draft_frontier_roots(p, s.stream), "draft_frontier_begin roots");
   }
-  // The first frontier (ids, scores: adjacent) kept for the log.
-  cuda_check(
-      cudaMemcpyAsync(s.fr_first, s.fr[0].ids, 2 * n * 4, cudaMemcpyDeviceToDevice, s.stream),
-      "draft_frontier_begin");
+  // The trees' first frontiers, those with kept root rows from them, all kept for the log too.
+  kernels::DraftFrontierRootsParams p;
+  p.f = s.fr[0];
+  p.first_ids = s.fr_first;
+  p.first_scores = reinterpret_cast<float*>(s.fr_first + n);
+  p.root_ids = static_cast<const int32_t*>(s.fr_roots.ptr);
+  p.root_values = reinterpret_cast<const float*>(static_cast<const int32_t*>(s.fr_roots.ptr) +
+                                                 static_cast<size_t>(s.fr_roots_rows) *
+                                                     static_cast<size_t>(k));
+  p.rows = s.fr_root_rows;
+  p.groups = groups;
+  p.root_groups = static_cast<int32_t>(root_rows.size());
+  p.k = k;
+  cuda_check(kernels::launch_draft_frontier_roots(p, s.stream), "draft_frontier_begin roots");
   s.fr_groups = groups;
   s.fr_k = k;
   s.fr_max_depth = max_depth;
@@ -2669,8 +2694,10 @@ void CudaBackend::draft_frontier_shift(const Tensor& len, std::span<const int32_
   std::vector<int32_t> host(len_index.begin(), len_index.end());
   host.insert(host.end(), rows.begin(), rows.end());
   auto* index = static_cast<int32_t*>(s.fr_shift.ptr);
-  s.uploads.copy(index, host.data(), host.size() * 4, s.stream, "draft_frontier_shift");
-  s.transfers.h2d_bytes += static_cast<int64_t>(host.size() * 4);
+  if (!s.fr_shift_sent.holds(index, host)) {
+    s.uploads.copy(index, host.data(), host.size() * 4, s.stream, "draft_frontier_shift");
+    s.transfers.h2d_bytes += static_cast<int64_t>(host.size() * 4);
+  }
   const size_t n = g * static_cast<size_t>(s.fr_k);
   kernels::DraftFrontierShiftParams p;
   p.f = s.fr[0];
@@ -2791,8 +2818,11 @@ Tensor CudaBackend::draft_frontier_trees(std::span<const int32_t> depth,
   auto* out = static_cast<int32_t*>(s.fr_trees.ptr);
   std::vector<int32_t> sizes(depth.begin(), depth.end());
   sizes.insert(sizes.end(), nodes.begin(), nodes.end());
-  s.uploads.copy(out + out_words, sizes.data(), sizes.size() * 4, s.stream, "draft_frontier_trees");
-  s.transfers.h2d_bytes += static_cast<int64_t>(sizes.size() * 4);
+  if (!s.fr_sizes_sent.holds(out + out_words, sizes)) {
+    s.uploads.copy(out + out_words, sizes.data(), sizes.size() * 4, s.stream,
+                   "draft_frontier_trees");
+    s.transfers.h2d_bytes += static_cast<int64_t>(sizes.size() * 4);
+  }
   kernels::DraftTreeSelectParams p;
   p.first_ids = s.fr_first;
   p.first_scores = reinterpret_cast<const float*>(s.fr_first + g * static_cast<size_t>(s.fr_k));
