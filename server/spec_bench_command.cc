@@ -79,7 +79,8 @@ void add_spec_bench_command(CLI::App& app, SpecBenchOptions* o) {
   c->add_option("--spec-grow-before-wait", o->spec_config.grow_before_wait,
                 "EAGLE with the paths on the device: the next step's trees also grow before "
                 "the host waits (the path's length read on the device), taken when the next "
-                "step's requests and budgets are the same: -1 auto (on a GPU), 0 no, 1 yes")
+                "step's requests and budgets are the same: -1 auto (on a GPU), 0 no (the "
+                "default), 1 yes")
       ->check(CLI::Range(-1, 1))
       ->capture_default_str();
   c->add_option("--spec-max-nodes", o->max_tree_nodes, "Largest tree verified in one step");

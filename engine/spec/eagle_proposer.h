@@ -39,8 +39,10 @@ struct EagleOptions {
   // before the host waits (the path's length read on the device: EagleDraftModel::grow_trees
   // with a PathShift), under the budgets of the trees just verified; the next propose_batch
   // takes them where its requests and budgets are the same, else grows its own: -1 where the
-  // backend is a GPU, 0 never, 1 whenever the backend can.
-  int grow_before_wait = -1;
+  // backend is a GPU, 0 never (the default: on the H200 it measured the same step time, since
+  // the device, not the host, is busy between the draft's graphs; docs/speculation.md), 1
+  // whenever the backend can.
+  int grow_before_wait = 0;
   void validate() const;  // kInvalidArgument naming the field
 };
 

@@ -35,7 +35,7 @@ struct SpecConfig {
                                       // EagleOptions::pick_on_backend: -1 auto, 0, 1)
   int32_t paths_on_device = -1;       // EAGLE, Medusa: verified paths run through the draft
                                       // (heads) before the step's wait (-1 auto, 0, 1)
-  int32_t grow_before_wait = -1;      // EAGLE: with the paths on the device, the next trees
+  int32_t grow_before_wait = 0;       // EAGLE: with the paths on the device, the next trees
                                       // grow before the wait too (EagleOptions'; -1 auto, 0, 1)
   // EAGLE-1/2: a frequency-ranked draft vocabulary (load_token_map's file); "" = the heads'
   // token_map.json when the checkpoint directory has one, "none" = the whole vocabulary.

@@ -671,8 +671,9 @@ INSTANTIATE_TEST_SUITE_P(Drafts, CudaDraftGraphs,
 // greedy tokens equal plain decoding's and those of the trees picked on the host, with the same
 // number of steps; a step waits for the device once in steady state (the host pick: twice). The
 // verified paths run through the draft from the verify step's device results before its wait
-// (EagleOptions::paths_on_device, the default on a GPU) or after it from the host's copy: the
-// same trees, so the same tokens and steps.
+// (EagleOptions::paths_on_device, the default on a GPU) or after it from the host's copy, and the
+// next trees grown before the wait too (EagleOptions::grow_before_wait, -1: on a GPU): the same
+// trees, so the same tokens and steps.
 TEST(CudaDraftPicks, EagleTreesPickedOnTheDeviceVerifyWithOneWait) {
   const ModelWeights& w = weights_of("stories260K");
   std::vector<GenerationRequest> reqs;

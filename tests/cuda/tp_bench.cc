@@ -13,7 +13,7 @@
 //     the speedup that ratio gives at the published acceptance lengths.
 // Usage: tp_bench [--shape 8b|70b] [--tp 1,2] [--batch 1,8,32] [--context 512] [--steps 32]
 //                 [--tree 60] [--eagle3 1:60,8:16] [--pick-on-device -1|0|1]
-//                 [--paths-on-device -1|0|1] [--json out.json]
+//                 [--paths-on-device -1|0|1] [--grow-before-wait -1|0|1] [--json out.json]
 // The draft backend launches into the target's stream (make_cuda_backend_on_stream_of), as
 // arbor serve, generate and spec-bench make it.
 #include <cuda_runtime.h>
@@ -73,6 +73,7 @@ struct Args {
   std::vector<std::pair<int, int>> eagle3;  // (batch, tree tokens)
   int pick = -1;                            // --pick-on-device: EagleOptions::pick_on_backend
   int paths = -1;                           // --paths-on-device: EagleOptions::paths_on_device
+  int early = -1;                           // --grow-before-wait: EagleOptions::grow_before_wait
   std::string json;
 };
 
@@ -120,9 +121,10 @@ struct EngineStepTimes {
 // Median Engine::step time once every request is decoding (`batch` requests of `context` random
 // prompt tokens), with the proposer (EAGLE-3, trees of `tree` tokens) or without.
 // pick: EagleOptions::pick_on_backend (-1: trees picked on the device); paths:
-// EagleOptions::paths_on_device (-1: the accepted paths run through the draft before the wait).
+// EagleOptions::paths_on_device (-1: the accepted paths run through the draft before the wait);
+// early: EagleOptions::grow_before_wait (-1: the next trees grow before the wait too).
 EngineStepTimes engine_steps(LlamaModel& model, const ModelWeights& w, int batch, int context,
-                             int steps, int tree, int pick = -1, int paths = -1) {
+                             int steps, int tree, int pick = -1, int paths = -1, int early = -1) {
   EngineConfig ec;
   ec.block_size = 16;
   ec.max_running = batch;
@@ -140,6 +142,7 @@ EngineStepTimes engine_steps(LlamaModel& model, const ModelWeights& w, int batch
     eo.draft_kv = {ec.num_blocks, 16, false};
     eo.pick_on_backend = pick;
     eo.paths_on_device = paths;
+    eo.grow_before_wait = early;
     CudaBackendOptions o;
     o.random_weights = true;
     proposer = std::make_unique<EagleProposer>(dummy_eagle3(w.config), w, eo,
@@ -330,7 +333,7 @@ int run(const Args& a) {
       for (const auto& [b, t] : a.eagle3) {
         const EngineStepTimes plain = engine_steps(model, w, b, a.context, a.steps, 0);
         const EngineStepTimes spec =
-            engine_steps(model, w, b, a.context, a.steps, t, a.pick, a.paths);
+            engine_steps(model, w, b, a.context, a.steps, t, a.pick, a.paths, a.early);
         const double ratio = spec.step / plain.step;
         std::printf("| %d | %d | %d | %.3f | %.3f | %.2fx | %.3f | %.3f | %.2fx / %.2fx |\n", tp, b,
                     t, plain.step * 1e3, spec.step * 1e3, ratio, spec.draft * 1e3,
@@ -396,6 +399,8 @@ int main(int argc, char** argv) {
       a.pick = std::stoi(next());
     else if (k == "--paths-on-device")
       a.paths = std::stoi(next());
+    else if (k == "--grow-before-wait")
+      a.early = std::stoi(next());
     else if (k == "--json")
       a.json = next();
     else {

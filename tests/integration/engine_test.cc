@@ -332,9 +332,11 @@ TEST_F(EngineTest, EagleTreesPickedOnTheBackendEqualTheHostsPicks) {
 // 1, the path's length committed after the wait; Medusa: every row through the heads, the path's
 // last one read) give the same trees as the paths folded in from the host's copy after it: the same
 // tokens as plain greedy decoding, and with fixed trees the same steps and accepted lengths and the
-// same draws for a sampled request. Requests arrive while others decode, so steps mix trees rooted
-// on the device with backlogs run on the host (a new request's prompt rows); with adaptive trees
-// some steps have no tree (their paths go to the backlog) or trees for some requests only.
+// same draws for a sampled request. So do EAGLE's next trees grown before the wait too
+// (SpecConfig::grow_before_wait), which fixed trees take at most steps. Requests arrive while
+// others decode, so steps mix trees rooted on the device with backlogs run on the host (a new
+// request's prompt rows); with adaptive trees some steps have no tree (their paths go to the
+// backlog) or trees for some requests only.
 TEST_F(EngineTest, PathsFoldedInOnTheBackendEqualTheHostsFeedback) {
   const std::vector<std::string> texts = {"Once upon a time", "The little dog", "Lily went to the",
                                           "One day, a boy", "Tom and his mom"};
