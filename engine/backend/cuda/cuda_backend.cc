@@ -206,7 +206,7 @@ struct StagedUpload {
 // upload(): caller memory -> device without waiting for the device: copied into one of a few
 // pinned stagings (round robin), from there on the stream, ordered with the kernels around it.
 struct PinnedRing {
-  std::array<PinnedStaging, 16> slots;
+  std::array<PinnedStaging, 4> slots;
   size_t next = 0;
   void copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, const char* what) {
     PinnedStaging& sl = slots[next];
