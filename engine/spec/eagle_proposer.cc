@@ -234,7 +234,8 @@ void EagleProposer::observe_paths_on_device(std::span<const DevicePath> paths,
     pregrow = id == ids[i];
     depths = std::max(depths, params.depth);
   }
-  const int32_t extra = std::max(depths, 1) * top_k();
+  depths = std::max(depths, 1);  // (a tree of the root's children alone reads one depth)
+  const int32_t extra = depths * top_k();
   bool appended = false;
   for (int attempt = pregrow ? 0 : 1; attempt < 2 && !appended; ++attempt) {
     for (auto& it : items) it.extra = attempt == 0 ? extra : 0;
@@ -256,7 +257,7 @@ void EagleProposer::observe_paths_on_device(std::span<const DevicePath> paths,
     s.device_position = items[i].position0;
     at += items[i].rows;
   }
-  if (items.front().extra > 0) grow_before_wait(ids, items, rows, len_index);
+  if (items.front().extra > 0) grow_before_wait(ids, items, rows, len_index, depths);
   reader_->wait_for(draft_.backend());
   device_paths_ = std::move(ids);
 }
@@ -271,12 +272,10 @@ bool EagleProposer::grows_before_wait() const {
 void EagleProposer::grow_before_wait(const std::vector<RequestId>& ids,
                                      const std::vector<EagleDraftModel::DeviceAppendItem>& items,
                                      const PathRowsOnDevice& rows,
-                                     const std::vector<int32_t>& len_index) {
-  pregrown_ = Pregrown{};
+                                     const std::vector<int32_t>& len_index, int32_t depths) {
   EagleDraftModel::PathShift shift{rows.len, len_index, {}};
   std::vector<EagleDraftModel::GrowItem> grow;
   Pregrown next;
-  int32_t depths = 0;
   const int32_t k = top_k();
   for (size_t i = 0; i < items.size(); ++i) {
     const DynamicTreeParams& p = last_picked_[i].second;
@@ -289,11 +288,10 @@ void EagleProposer::grow_before_wait(const std::vector<RequestId>& ids,
     next.trees.depth.push_back(p.depth);
     next.trees.nodes.push_back(draft_tree_nodes(k, p.depth, p.total_tokens));
     next.trees.stride = std::max(next.trees.stride, next.trees.nodes.back());
-    depths = std::max(depths, p.depth);
   }
   std::vector<TopKRows> roots;
   draft_.backend().device_interval_begin();
-  draft_.grow_trees(grow, k, std::max(depths, 1), &roots, &next.trees,
+  draft_.grow_trees(grow, k, depths, &roots, &next.trees,
                     /*roots_from_device_append=*/true, &shift);
   draft_.backend().device_interval_end();
   next.ids = ids;
@@ -574,17 +572,11 @@ std::vector<DraftTree> EagleProposer::propose_batch(
     // wait (observe_paths_on_device) are these.
     std::vector<std::pair<RequestId, DynamicTreeParams>> now;
     for (const Candidate& c : cands) now.push_back({requests[c.index].first, params[c.index]});
-    const auto same = [](const DynamicTreeParams& a, const DynamicTreeParams& b) {
-      return a.total_tokens == b.total_tokens && a.depth == b.depth && a.top_k == b.top_k;
-    };
-    bool repeated = pick && now.size() == last_picked_.size();
-    for (size_t i = 0; repeated && i < now.size(); ++i)
-      repeated =
-          now[i].first == last_picked_[i].first && same(now[i].second, last_picked_[i].second);
+    const bool repeated = pick && now == last_picked_;
     bool hit = pick && pregrown && pregrown_.ids.size() == now.size();
     for (size_t i = 0; hit && i < now.size(); ++i)
       hit = cands[i].state->device_row >= 0 && pregrown_.ids[i] == now[i].first &&
-            same(pregrown_.params[i], now[i].second);
+            pregrown_.params[i] == now[i].second;
     if (pick) {
       repeat_rate_ = 0.75 * repeat_rate_ + (repeated ? 0.25 : 0.0);
       last_picked_ = std::move(now);

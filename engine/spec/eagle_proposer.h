@@ -137,10 +137,12 @@ class EagleProposer final : public Proposer {
   double repeat_rate_ = 1.0;
   int64_t pregrown_hits_ = 0;  // steps whose trees grew before the wait (tests read it)
   bool grows_before_wait() const;
-  // Grows the next trees for the rows observe_paths_on_device just reserved (items, of `ids`).
+  // Grows the next trees, `depths` deep, for the rows observe_paths_on_device just reserved
+  // (items, of `ids`) under last_picked_'s parameters.
   void grow_before_wait(const std::vector<RequestId>& ids,
                         const std::vector<EagleDraftModel::DeviceAppendItem>& items,
-                        const PathRowsOnDevice& rows, const std::vector<int32_t>& len_index);
+                        const PathRowsOnDevice& rows, const std::vector<int32_t>& len_index,
+                        int32_t depths);
   // observe_batch's part for a request with device rows in flight: true when f is the path
   // they hold (then committed), false when they were cancelled (f is folded in as usual).
   bool settle_device_path(RequestState& s, const TargetFeedback& f);

@@ -21,6 +21,7 @@ struct DynamicTreeParams {
   int32_t total_tokens = 60;  // tree nodes including the root
   int32_t depth = 5;          // draft steps after the first; the tree is at most depth + 1 deep
   int32_t top_k = 10;         // children tried per node and frontier width
+  bool operator==(const DynamicTreeParams&) const = default;
 };
 
 // A node of the frontier handed to the draft: `parent_row` is its parent's row in the previous

@@ -120,6 +120,20 @@ DraftTree resolved(DraftTree tree, bool picked) {
   return tree;
 }
 
+// Picked trees `got` (of the requests `asked`) equal the host's `want`, each more than a root.
+void expect_same_trees(const std::vector<DraftTree>& got, const std::vector<DraftTree>& want,
+                       const std::vector<std::pair<RequestId, TreeBudget>>& asked) {
+  ASSERT_EQ(got.size(), asked.size());
+  ASSERT_EQ(want.size(), asked.size());
+  for (size_t i = 0; i < asked.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(asked[i].first));
+    const DraftTree a = resolved(got[i], true), w = resolved(want[i], true);
+    ASSERT_GT(w.size(), 1);
+    EXPECT_EQ(a.token, w.token);
+    EXPECT_EQ(a.parent, w.parent);
+  }
+}
+
 TEST_P(EagleReference, DraftLogitsOfEveryCommittedRowMatchPyTorch) {
   const Fixture f = load(GetParam());
   auto p = make(f, options_of(f.ref["rounds"][0]["trees"][0]));
@@ -505,15 +519,7 @@ TEST(EagleProposer, PathsFoldedInOnTheBackendGiveTheHostsTrees) {
   kv.check_invariants();
   const std::vector<std::pair<RequestId, TreeBudget>> ask = {
       {1, TreeBudget{64, 8}}, {2, TreeBudget{64, 8}}, {3, TreeBudget{64, 8}}};
-  const std::vector<DraftTree> got = p->propose_batch(ask);
-  const std::vector<DraftTree> host = want->propose_batch(ask);
-  for (size_t i = 0; i < ask.size(); ++i) {
-    SCOPED_TRACE("request " + std::to_string(ask[i].first));
-    const DraftTree a = resolved(got[i], true), w = resolved(host[i], true);
-    ASSERT_GT(w.size(), 1);
-    EXPECT_EQ(a.token, w.token);
-    EXPECT_EQ(a.parent, w.parent);
-  }
+  expect_same_trees(p->propose_batch(ask), want->propose_batch(ask), ask);
   EXPECT_EQ(lengths(kv), lengths(want->draft().kv()));
   for (RequestId r : {1, 2, 3}) p->end(r);
   EXPECT_EQ(kv.num_sequences(), 0);
@@ -582,15 +588,7 @@ TEST(EagleProposer, TreesGrownBeforeTheWaitAreTheHostsNextTrees) {
                                              rows.feedback(2, start[1], len[1])};
     p->observe_batch(fbs);
     want->observe_batch(fbs);
-    const std::vector<DraftTree> got = p->propose_batch(next);
-    const std::vector<DraftTree> host = want->propose_batch(next);
-    for (size_t i = 0; i < next.size(); ++i) {
-      SCOPED_TRACE("request " + std::to_string(next[i].first));
-      const DraftTree a = resolved(got[i], true), w = resolved(host[i], true);
-      ASSERT_GT(w.size(), 1);
-      EXPECT_EQ(a.token, w.token);
-      EXPECT_EQ(a.parent, w.parent);
-    }
+    expect_same_trees(p->propose_batch(next), want->propose_batch(next), next);
   };
   step({10, 10}, ask);
   EXPECT_EQ(p->trees_grown_before_wait(), 1) << "the same requests and budgets";

@@ -426,6 +426,19 @@ struct CudaBackend::State {
   // the same values already lie at the same address (the frontier's layout unchanged since).
   UploadCache fr_root_rows_sent, fr_shift_sent, fr_sizes_sent;
   std::array<int64_t, 4> fr_layout{};  // groups, k, depth, frontier address of the last begin
+  // The kept roots' top-k (draft_frontier_roots: ids then values, rows of fr_roots_k).
+  const int32_t* fr_root_ids() const { return static_cast<const int32_t*>(fr_roots.ptr); }
+  const float* fr_root_values() const {
+    return reinterpret_cast<const float*>(fr_root_ids() + static_cast<size_t>(fr_roots_rows) *
+                                                              static_cast<size_t>(fr_roots_k));
+  }
+  // uploads.copy of `values` to `dst`, unless `sent` says they already lie there.
+  void upload_unless_held(UploadCache& sent, void* dst, std::span<const int32_t> values,
+                          const char* what) {
+    if (sent.holds(dst, values)) return;
+    uploads.copy(dst, values.data(), values.size() * 4, stream, what);
+    transfers.h2d_bytes += static_cast<int64_t>(values.size() * 4);
+  }
   DeviceBuffer fr_trees;      // draft_frontier_trees' [G, 2, stride] and its [G] depths and nodes
   StagedUpload parent_index;  // set_step's parent_source_index
 
@@ -2583,20 +2596,15 @@ void CudaBackend::draft_frontier_begin(int32_t groups, int32_t k, int32_t max_de
   s.uploads.copy(s.fr[0].ids, first.data(), first.size() * 4, s.stream, "draft_frontier_begin");
   s.transfers.h2d_bytes += static_cast<int64_t>(first.size() * 4);
   s.fr_root_rows_host.assign(root_rows.begin(), root_rows.end());
-  if (!root_rows.empty() && !s.fr_root_rows_sent.holds(s.fr_root_rows, root_rows)) {
-    s.uploads.copy(s.fr_root_rows, root_rows.data(), root_rows.size() * 4, s.stream,
-                   "draft_frontier_begin");
-    s.transfers.h2d_bytes += static_cast<int64_t>(root_rows.size() * 4);
-  }
+  if (!root_rows.empty())
+    s.upload_unless_held(s.fr_root_rows_sent, s.fr_root_rows, root_rows, "draft_frontier_begin");
   // The trees' first frontiers, those with kept root rows from them, all kept for the log too.
   kernels::DraftFrontierRootsParams p;
   p.f = s.fr[0];
   p.first_ids = s.fr_first;
   p.first_scores = reinterpret_cast<float*>(s.fr_first + n);
-  p.root_ids = static_cast<const int32_t*>(s.fr_roots.ptr);
-  p.root_values = reinterpret_cast<const float*>(static_cast<const int32_t*>(s.fr_roots.ptr) +
-                                                 static_cast<size_t>(s.fr_roots_rows) *
-                                                     static_cast<size_t>(k));
+  p.root_ids = s.fr_root_ids();
+  p.root_values = s.fr_root_values();
   p.rows = s.fr_root_rows;
   p.groups = groups;
   p.root_groups = static_cast<int32_t>(root_rows.size());
@@ -2694,19 +2702,14 @@ void CudaBackend::draft_frontier_shift(const Tensor& len, std::span<const int32_
   std::vector<int32_t> host(len_index.begin(), len_index.end());
   host.insert(host.end(), rows.begin(), rows.end());
   auto* index = static_cast<int32_t*>(s.fr_shift.ptr);
-  if (!s.fr_shift_sent.holds(index, host)) {
-    s.uploads.copy(index, host.data(), host.size() * 4, s.stream, "draft_frontier_shift");
-    s.transfers.h2d_bytes += static_cast<int64_t>(host.size() * 4);
-  }
+  s.upload_unless_held(s.fr_shift_sent, index, host, "draft_frontier_shift");
   const size_t n = g * static_cast<size_t>(s.fr_k);
   kernels::DraftFrontierShiftParams p;
   p.f = s.fr[0];
   p.first_ids = s.fr_first;
   p.first_scores = reinterpret_cast<float*>(s.fr_first + n);
-  p.root_ids = static_cast<const int32_t*>(s.fr_roots.ptr);
-  p.root_values = reinterpret_cast<const float*>(static_cast<const int32_t*>(s.fr_roots.ptr) +
-                                                 static_cast<size_t>(s.fr_roots_rows) *
-                                                     static_cast<size_t>(s.fr_k));
+  p.root_ids = s.fr_root_ids();
+  p.root_values = s.fr_root_values();
   p.root_rows = s.fr_root_rows;
   p.positions0 = s.fr_positions0;
   p.key_path_base = const_cast<int32_t*>(s.d_key_path_base);
@@ -2818,11 +2821,7 @@ Tensor CudaBackend::draft_frontier_trees(std::span<const int32_t> depth,
   auto* out = static_cast<int32_t*>(s.fr_trees.ptr);
   std::vector<int32_t> sizes(depth.begin(), depth.end());
   sizes.insert(sizes.end(), nodes.begin(), nodes.end());
-  if (!s.fr_sizes_sent.holds(out + out_words, sizes)) {
-    s.uploads.copy(out + out_words, sizes.data(), sizes.size() * 4, s.stream,
-                   "draft_frontier_trees");
-    s.transfers.h2d_bytes += static_cast<int64_t>(sizes.size() * 4);
-  }
+  s.upload_unless_held(s.fr_sizes_sent, out + out_words, sizes, "draft_frontier_trees");
   kernels::DraftTreeSelectParams p;
   p.first_ids = s.fr_first;
   p.first_scores = reinterpret_cast<const float*>(s.fr_first + g * static_cast<size_t>(s.fr_k));
