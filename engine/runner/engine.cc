@@ -1028,8 +1028,7 @@ void Engine::observe(StepRun* run) {
     sched_.observe_step(static_cast<int32_t>(run->plan.items.size()), run->inputs.num_tokens(),
                         std::max(step_ms - drafted_ms - observe_ms, 1e-3));
   // What the step delivered, drafting included (the policy's trees are checked against it).
-  if (!run->warmup && !run->draft_warmup)
-    sched_.record_step_yield(run->plan, run->emitted, step_ms);
+  sched_.record_step_yield(run->plan, run->emitted, step_ms, run->warmup || run->draft_warmup);
 }
 
 }  // namespace arbor

@@ -40,6 +40,9 @@ class CostModel {
   explicit CostModel(CostModelConfig config = {});
   // Predicted step milliseconds.
   double step_ms(int32_t batch, int32_t tokens) const;
+  // The curve (or the linear prior) alone, without the online correction: fixed in time, so it
+  // compares steps measured at different batches and moments.
+  double prior_ms(int32_t batch, int32_t tokens) const;
   // A step that ran: corrects the prediction near (batch, tokens).
   void observe(int32_t batch, int32_t tokens, double ms);
   // Whether (batch, tokens)'s own bucket has min_obs observations (always true offline).
@@ -48,7 +51,6 @@ class CostModel {
   static int32_t bucket_of(int32_t v);  // floor(log2(v)) bucket (v >= 1)
 
  private:
-  double prior_ms(int32_t batch, int32_t tokens) const;
   struct Bucket {
     double ratio = 1.0;  // measured / prior, EMA
     int32_t count = 0;

@@ -364,9 +364,10 @@ PlannedStep Scheduler::plan_step() {
     const DraftCost dc = draft_cost_.cost();
     std::fprintf(stderr,
                  "tree step: batch %d%s plain %.3f ms, planned %d tokens %.3f ms, draft "
-                 "%.3f + %.3f/level ms; budgets",
+                 "%.3f + %.3f/level ms; yield %.4f / %.4f; budgets",
                  batch, explore ? " (explore)" : "", cost_.step_ms(batch, batch), tokens,
-                 cost_.step_ms(batch, tokens), dc.fixed_ms, dc.per_level_ms);
+                 cost_.step_ms(batch, tokens), dc.fixed_ms, dc.per_level_ms,
+                 yield_.speed(batch, true), yield_.speed(batch, false));
     for (size_t c = 0; c < cands.size(); ++c)
       std::fprintf(stderr, " %d/%d [%.2f %.2f %.2f]", budgets[c].max_nodes, budgets[c].max_depth,
                    cands[c].acceptance->rate(1, budgets[c].max_nodes),
@@ -379,18 +380,24 @@ PlannedStep Scheduler::plan_step() {
   const auto any_tree = [](const std::vector<TreeBudget>& bs) {
     return std::any_of(bs.begin(), bs.end(), [](const TreeBudget& b) { return b.max_nodes > 1; });
   };
-  bool overruled = false;
-  if (!explore && chunks.empty() && config_.tree.adaptive && config_.yield_recheck > 0 &&
-      any_tree(budgets) && yield_.trees_lose(batch, kMinYieldSamples) &&
+  // And the plain side they are judged against is measured again every yield_recheck-th tree
+  // step at a batch (plain_stale), by one step without trees.
+  bool overruled = false, recheck_plain = false;
+  const bool checked = !explore && chunks.empty() && config_.tree.adaptive &&
+                       config_.yield_recheck > 0 && any_tree(budgets);
+  if (checked && yield_.trees_lose(batch, kMinYieldSamples) &&
       overruled_steps_++ % config_.yield_recheck != config_.yield_recheck - 1) {
     overruled = true;
-    std::fill(budgets.begin(), budgets.end(), TreeBudget{1, 0});
+  } else if (checked && yield_.plain_stale(batch, config_.yield_recheck)) {
+    recheck_plain = true;
   }
+  if (overruled || recheck_plain) std::fill(budgets.begin(), budgets.end(), TreeBudget{1, 0});
   plan.yield_batch = chunks.empty() ? batch : 0;
   plan.policy_trees = any_tree(budgets);
-  if (trace_trees() && overruled)
-    std::fprintf(stderr, "tree overruled: batch %d trees %.4f plain %.4f tokens/request/ms\n",
-                 batch, yield_.tokens_per_ms(batch, true), yield_.tokens_per_ms(batch, false));
+  if (trace_trees() && (overruled || recheck_plain))
+    std::fprintf(stderr, "tree %s: batch %d speed with trees %.4f, without %.4f\n",
+                 overruled ? "overruled" : "plain recheck", batch, yield_.speed(batch, true),
+                 yield_.speed(batch, false));
   // What the policy gave the requests admitted speculating, in their first decode steps.
   for (size_t k = 0; k < decodes.size() && !explore; ++k) {
     Req& r = get(decodes[k]);
@@ -594,8 +601,13 @@ void Scheduler::record_uptake(Req& r, int32_t left) {
   r.uptake_batch = 0;
 }
 
-void Scheduler::record_step_yield(const StepPlan& plan, int32_t emitted, double ms) {
-  if (plan.yield_batch > 0) yield_.record(plan.yield_batch, plan.policy_trees, emitted, ms);
+void Scheduler::record_step_yield(const StepPlan& plan, int32_t emitted, double ms, bool warmup) {
+  if (trace_trees())
+    std::fprintf(stderr, "tree yield: batch %d trees %d emitted %d ms %.3f%s\n", plan.yield_batch,
+                 plan.policy_trees ? 1 : 0, emitted, ms, warmup ? " (warm-up)" : "");
+  if (plan.yield_batch > 0 && !warmup)
+    yield_.record(plan.yield_batch, plan.policy_trees, emitted, ms,
+                  cost_.prior_ms(plan.yield_batch, plan.yield_batch));
 }
 
 void Scheduler::record_draft_step(int32_t depth, double ms) {

@@ -46,7 +46,9 @@ struct SchedulerConfig {
   // and ms than steps without at that batch (StepYield, 4 of each measured, or at the nearest
   // smaller batch measured), the policy's trees are overruled (every request decodes plainly)
   // but in every yield_recheck-th such step, which measures them again, and arrivals at such a
-  // load start plain (probes aside). 0: never overruled.
+  // load start plain (probes aside). Where they stand, the plain side is measured again by one
+  // step without trees after yield_recheck tree steps at that batch (4x as many while trees
+  // lead by 25%). 0: never overruled, never re-checked.
   int32_t yield_recheck = 16;
   // Admission look-ahead, tokens: a waiting request is admitted only while the free blocks hold
   // its whole context plus `lookahead` tokens and the next `lookahead` tokens of every running
@@ -138,7 +140,7 @@ class Scheduler {
   void observe_step(int32_t batch, int32_t tokens, double ms) { cost_.observe(batch, tokens, ms); }
   // What a step of `plan` delivered: the tokens its decode items emitted in `ms`, the whole
   // step's wall time (drafting and feedback included; steps that recorded graphs left out).
-  void record_step_yield(const StepPlan& plan, int32_t emitted, double ms);
+  void record_step_yield(const StepPlan& plan, int32_t emitted, double ms, bool warmup = false);
   const StepYield& step_yield() const { return yield_; }
   // Replaces the cost model (e.g. with curves measured at start-up); forgets its observations.
   void set_cost(CostModelConfig cost);

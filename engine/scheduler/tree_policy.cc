@@ -120,22 +120,33 @@ double TreeUptake::share(int32_t batch, int32_t min_samples, double fallback) co
   return m != nullptr ? m->value : fallback;
 }
 
-void StepYield::record(int32_t batch, bool trees, int32_t emitted, double ms) {
-  if (batch <= 0 || emitted <= 0 || !(ms > 0)) return;
-  tokens_per_ms_[trees ? 1 : 0].add(batch, emitted / static_cast<double>(batch) / ms);
+void StepYield::record(int32_t batch, bool trees, int32_t emitted, double ms, double plain_ms) {
+  if (batch <= 0 || emitted <= 0 || !(ms > 0) || !(plain_ms > 0)) return;
+  speed_[trees ? 1 : 0].add(batch, emitted / static_cast<double>(batch) * plain_ms / ms);
+  const auto b = static_cast<size_t>(CostModel::bucket_of(batch));
+  if (trees_since_plain_.size() <= b) trees_since_plain_.resize(b + 1, 0);
+  trees_since_plain_[b] = trees ? trees_since_plain_[b] + 1 : 0;
 }
 
-double StepYield::tokens_per_ms(int32_t batch, bool trees) const {
-  const LatestMean* m = tokens_per_ms_[trees ? 1 : 0].at(batch, 1);
+double StepYield::speed(int32_t batch, bool trees) const {
+  const LatestMean* m = speed_[trees ? 1 : 0].at(batch, 1);
   return m != nullptr ? m->value : -1;
+}
+
+bool StepYield::plain_stale(int32_t batch, int32_t interval) const {
+  const auto b = static_cast<size_t>(CostModel::bucket_of(std::max(batch, 1)));
+  if (interval <= 0 || b >= trees_since_plain_.size()) return false;
+  const double with = speed(batch, true), without = speed(batch, false);
+  const int32_t due = without > 0 && with >= 1.25 * without ? 4 * interval : interval;
+  return trees_since_plain_[b] >= due;
 }
 
 bool StepYield::trees_lose(int32_t batch, int32_t min_samples) const {
   // A batch not measured borrows the nearest smaller one's verdict: verification's cost grows
   // with the batch and acceptance does not, so trees that lose at a batch lose at a larger one.
   for (int32_t b = CostModel::bucket_of(std::max(batch, 1)); b >= 0; --b) {
-    const LatestMean* with = tokens_per_ms_[1].at(int32_t{1} << b, min_samples);
-    const LatestMean* without = tokens_per_ms_[0].at(int32_t{1} << b, min_samples);
+    const LatestMean* with = speed_[1].at(int32_t{1} << b, min_samples);
+    const LatestMean* without = speed_[0].at(int32_t{1} << b, min_samples);
     if (with != nullptr && without != nullptr) return with->value < without->value;
   }
   return false;

@@ -104,24 +104,35 @@ class TreeUptake {
   BatchMeans share_;
 };
 
-// What decode-only steps delivered, per batch (power-of-two buckets): tokens emitted per request
-// per ms of the whole step (drafting and the proposer's feedback included; per request, so
-// that batches of one bucket compare), for steps in which the tree
-// policy gave trees and for steps without a tree (means that weigh the latest 16 most). The
-// policy predicts a tree's worth from acceptance estimates and a cost model, both of which can
-// be wrong (estimates that ran high are the ones that win budgets; a cost curve's shape at a
-// batch it never measured with trees); this is the outcome it is checked against.
+// What decode-only steps delivered, per batch (power-of-two buckets), for steps in which the
+// tree policy gave trees and for steps without a tree: each step's speed against a plain step
+// at its own batch, emitted tokens per request x plain_ms / the whole step's ms (drafting and
+// the proposer's feedback included; plain_ms from the cost curve without its online
+// correction, so that batches of one bucket and steps of different moments compare), as means
+// that weigh the latest 16 most. The policy predicts a tree's worth from acceptance estimates
+// and a cost model, both of which can be wrong (estimates that ran high are the ones that win
+// budgets; a cost curve's shape at a batch it never measured with trees); this is the outcome
+// it is checked against. Both sides must stay current: a plain side measured once, early (the
+// first steps after a burst's prefill run slower), and never again while trees run, would judge
+// every later tree against a stale figure, so the record counts the tree steps since each
+// bucket's last plain step (plain_stale).
 class StepYield {
  public:
-  void record(int32_t batch, bool trees, int32_t emitted, double ms);
-  // Trees at `batch` delivered fewer tokens per request and ms than steps without (each
-  // measured at least min_samples times there, else at the nearest smaller batch that was).
+  void record(int32_t batch, bool trees, int32_t emitted, double ms, double plain_ms);
+  // Trees at `batch` delivered less than steps without (each measured at least min_samples
+  // times there, else at the nearest smaller batch that was).
   bool trees_lose(int32_t batch, int32_t min_samples) const;
-  // Tokens per request and ms at `batch` for steps with (trees) or without trees; -1: none.
-  double tokens_per_ms(int32_t batch, bool trees) const;
+  // Speed at `batch` for steps with (trees) or without trees (1: as fast as the curve's plain
+  // step); -1: none.
+  double speed(int32_t batch, bool trees) const;
+  // Whether `batch`'s plain side is due a new sample: `interval` tree steps recorded there since
+  // its last plain step, or four times that while trees lead plain by 25% or more (a clear
+  // winner is re-checked less often: each check costs one step its tree).
+  bool plain_stale(int32_t batch, int32_t interval) const;
 
  private:
-  BatchMeans tokens_per_ms_[2];  // [trees]
+  BatchMeans speed_[2];                     // [trees]
+  std::vector<int32_t> trees_since_plain_;  // per bucket
 };
 
 struct TreePolicyConfig {

@@ -676,6 +676,19 @@ TEST(SchedulerTicks, OneRequestsFailingTreesDoNotLockTheNextOnesOut) {
   EXPECT_EQ(h.tick(), "C:D8");
 }
 
+// A, alone, accepting chains of 3 under a policy that finds trees nearly free: an 8-node tree
+// every step. Returns yield plans of batch 1 with trees and without.
+std::pair<StepPlan, StepPlan> start_tree_stepping(Harness& h) {
+  h.add("A", 4, /*spec=*/true);
+  EXPECT_EQ(h.tick(), "+A A:P4*");
+  for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["A"], chain_of_3(), 8);
+  EXPECT_EQ(h.tick(), "A:D8");
+  StepPlan with, without;
+  with.yield_batch = without.yield_batch = 1;
+  with.policy_trees = true;
+  return {with, without};
+}
+
 TEST(SchedulerTicks, TreesThatDeliveredLessThanPlainStepsAreOverruled) {
   // The policy's model says trees are nearly free and A's accept chains of 3, so it gives A an
   // 8-node tree every step. What the steps delivered says otherwise: 2 tokens in 10 ms with
@@ -686,13 +699,7 @@ TEST(SchedulerTicks, TreesThatDeliveredLessThanPlainStepsAreOverruled) {
     SchedulerConfig c = weight_bound(64, 4, /*detach_after=*/100);
     c.yield_recheck = recheck;
     Harness h(256, 4, c);
-    h.add("A", 4, /*spec=*/true);
-    EXPECT_EQ(h.tick(), "+A A:P4*");
-    for (int i = 0; i < 40; ++i) h.sched.record_acceptance(h.ids["A"], chain_of_3(), 8);
-    EXPECT_EQ(h.tick(), "A:D8");
-    StepPlan with, without;
-    with.yield_batch = without.yield_batch = 1;
-    with.policy_trees = true;
+    const auto [with, without] = start_tree_stepping(h);
     for (int i = 0; i < 8; ++i) {
       h.sched.record_step_yield(with, 2, tree_ms);
       h.sched.record_step_yield(without, 1, 2.0);
@@ -710,6 +717,46 @@ TEST(SchedulerTicks, TreesThatDeliveredLessThanPlainStepsAreOverruled) {
   SchedulerConfig bad;
   bad.yield_recheck = -1;
   EXPECT_THROW(bad.validate(), Error);
+}
+
+TEST(SchedulerTicks, APlainSideMeasuredLongAgoIsMeasuredAgain) {
+  // A's trees stand (2 tokens in 1.7 ms against 1 in 1 ms without: 1.18x). After
+  // yield_recheck (4) tree steps recorded at its batch since the last plain one, the next step
+  // runs plain to measure that side again; a plain step recorded resets the count. Trees ahead
+  // of plain by 25% or more (2 tokens in 1 ms) are re-checked four times less often.
+  for (const double tree_ms : {1.7, 1.0}) {
+    SCOPED_TRACE(tree_ms);
+    SchedulerConfig c = weight_bound(64, 4, /*detach_after=*/100);
+    c.yield_recheck = 4;
+    Harness h(256, 4, c);
+    const auto [with, without] = start_tree_stepping(h);
+    for (int i = 0; i < 4; ++i) h.sched.record_step_yield(without, 1, 1.0);
+    const int32_t due = tree_ms > 1.2 ? 4 : 16;
+    for (int i = 0; i < due; ++i) {
+      EXPECT_EQ(h.tick(), "A:D8") << i;
+      h.sched.record_step_yield(with, 2, tree_ms);
+    }
+    EXPECT_FALSE(h.sched.step_yield().trees_lose(1, 4));
+    EXPECT_EQ(h.tick(), "A:D1");
+    h.sched.record_step_yield(without, 1, 1.0);
+    EXPECT_EQ(h.tick(), "A:D8");
+  }
+}
+
+TEST(TreePolicy, StepYieldComparesEachStepWithAPlainStepAtItsOwnBatch) {
+  // Plain steps at batch 33 take 1.0 ms, the curve's plain step there; tree steps at batch 63,
+  // whose plain step the curve puts at 1.2 ms, emit 1.1 tokens a request in 1.25 ms. Per request
+  // and ms they deliver less (0.88 against 1.0), but against a plain step at their own batch
+  // they are 6% faster: trees win. Slower trees (1.4 ms) lose.
+  for (const double tree_ms : {1.25, 1.4}) {
+    StepYield y;
+    for (int i = 0; i < 4; ++i) {
+      y.record(33, false, 33, 1.0, 1.0);
+      y.record(63, true, 63 * 11 / 10, tree_ms, 1.2);
+    }
+    EXPECT_EQ(y.trees_lose(40, 4), tree_ms > 1.3) << tree_ms;
+    EXPECT_NEAR(y.speed(40, false), 1.0, 1e-9);
+  }
 }
 
 TEST(SchedulerTicks, ARestoredPolicyStateJudgesAdmissionsAsTheOneItCameFrom) {
