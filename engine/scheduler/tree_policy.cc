@@ -217,10 +217,30 @@ class BudgetSearch {
     return nodes <= 1 ? 0 : budget_depth(nodes, config_.max_tree.max_depth);
   }
   double emitted(size_t i, int32_t nodes) const {
-    return nodes <= 1 ? 1.0 : c_[i].acceptance->expected_emitted(nodes, depth_of(nodes));
+    if (nodes <= 1) return 1.0;
+    // Memoised per candidate and budget: budgets are powers of two or max_nodes, so slot
+    // floor(log2(nodes)) - 1, one more when not a power of two, is below 32.
+    const int32_t log2 = CostModel::bucket_of(nodes);
+    const auto slot = static_cast<size_t>(log2 - 1 + ((nodes & (nodes - 1)) != 0 ? 1 : 0));
+    if (emitted_.empty()) emitted_.assign(c_.size() * kSlots, -1.0);
+    double& e = emitted_[i * kSlots + slot];
+    if (e < 0) e = c_[i].acceptance->expected_emitted(nodes, depth_of(nodes));
+    return e;
   }
   double value(double emitted, int32_t tokens, int32_t depth) const {
-    return emitted / (cost_.step_ms(batch_, padded(tokens)) + draft_.ms(depth));
+    return emitted / (step_ms(tokens) + draft_.ms(depth));
+  }
+  // The cost model's step at `tokens` (padded), looked up once per search: the search weighs
+  // every doubling of every candidate at each step it grows, and at 64 requests the lookups
+  // (an interpolation and a scan of the online buckets each) were most of the planning time.
+  double step_ms(int32_t tokens) const {
+    const auto t = static_cast<size_t>(std::max(tokens, 0));
+    if (step_ms_.empty())
+      step_ms_.assign(static_cast<size_t>(std::max(config_.max_step_tokens, 0)) + 1, -1.0);
+    if (t >= step_ms_.size()) return cost_.step_ms(batch_, padded(tokens));
+    double& ms = step_ms_[t];
+    if (ms < 0) ms = cost_.step_ms(batch_, padded(tokens));
+    return ms;
   }
   // The tokens a step of `tokens` runs as: the bucket when any tree is in it (a step of plain
   // decodes keeps its count).
@@ -289,6 +309,9 @@ class BudgetSearch {
   const CostModel& cost_;
   const DraftCost& draft_;
   const TreePolicyConfig& config_;
+  mutable std::vector<double> step_ms_;  // [tokens] -> ms, -1: not looked up yet
+  static constexpr size_t kSlots = 32;
+  mutable std::vector<double> emitted_;  // [candidate * kSlots + budget slot], -1: not yet
 };
 
 }  // namespace

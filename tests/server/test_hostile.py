@@ -259,11 +259,17 @@ class Hostile(unittest.TestCase):
             self.assertEqual(code, 200, resp)
             return time.monotonic() - t0, resp
 
-        plain, _ = timed({})
+        # The fastest of three runs each way, alternated: a scan that is not linear is slow in
+        # every run, while a burst of load from the tests running beside this one (2 cores in
+        # CI) slows one run by a second or more.
         stops = [("a" * 255 + chr(ord("b") + k)) for k in range(16)]
-        with_stops, resp = timed({"stop": stops})
-        self.assertEqual({c["finish_reason"] for c in resp["choices"]}, {"length"})
-        self.assertEqual(resp["choices"][0]["text"], "a" * 96)
+        plain = with_stops = float("inf")
+        for _ in range(3):
+            plain = min(plain, timed({})[0])
+            t, resp = timed({"stop": stops})
+            with_stops = min(with_stops, t)
+            self.assertEqual({c["finish_reason"] for c in resp["choices"]}, {"length"})
+            self.assertEqual(resp["choices"][0]["text"], "a" * 96)
         self.assertLess(with_stops, 3 * plain + 1.0, (with_stops, plain))
 
     # -- 8. no field silently ignored --------------------------------------------------------
