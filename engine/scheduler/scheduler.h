@@ -47,8 +47,8 @@ struct SchedulerConfig {
   // smaller batch measured), the policy's trees are overruled (every request decodes plainly)
   // but in every yield_recheck-th such step, which measures them again, and arrivals at such a
   // load start plain (probes aside). Where they stand, the plain side is measured again by one
-  // step without trees after yield_recheck tree steps at that batch (4x as many while trees
-  // lead by 25%). 0: never overruled, never re-checked.
+  // step without trees after 4 * yield_recheck tree steps at that batch. 0: never overruled,
+  // never re-checked.
   int32_t yield_recheck = 16;
   // Admission look-ahead, tokens: a waiting request is admitted only while the free blocks hold
   // its whole context plus `lookahead` tokens and the next `lookahead` tokens of every running

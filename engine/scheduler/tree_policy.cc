@@ -136,9 +136,7 @@ double StepYield::speed(int32_t batch, bool trees) const {
 bool StepYield::plain_stale(int32_t batch, int32_t interval) const {
   const auto b = static_cast<size_t>(CostModel::bucket_of(std::max(batch, 1)));
   if (interval <= 0 || b >= trees_since_plain_.size()) return false;
-  const double with = speed(batch, true), without = speed(batch, false);
-  const int32_t due = without > 0 && with >= 1.25 * without ? 4 * interval : interval;
-  return trees_since_plain_[b] >= due;
+  return trees_since_plain_[b] >= interval;
 }
 
 bool StepYield::trees_lose(int32_t batch, int32_t min_samples) const {

@@ -125,9 +125,9 @@ class StepYield {
   // Speed at `batch` for steps with (trees) or without trees (1: as fast as the curve's plain
   // step); -1: none.
   double speed(int32_t batch, bool trees) const;
-  // Whether `batch`'s plain side is due a new sample: `interval` tree steps recorded there since
-  // its last plain step, or four times that while trees lead plain by 25% or more (a clear
-  // winner is re-checked less often: each check costs one step its tree).
+  // Whether `batch`'s plain side is due a new sample: `interval` tree steps recorded there
+  // since its last plain step (a count of steps, not a judgement of timings, which would make a
+  // run's trees depend on its host's load).
   bool plain_stale(int32_t batch, int32_t interval) const;
 
  private:
