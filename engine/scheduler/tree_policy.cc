@@ -233,9 +233,9 @@ class BudgetSearch {
   // (an interpolation and a scan of the online buckets each) were most of the planning time.
   double step_ms(int32_t tokens) const {
     const auto t = static_cast<size_t>(std::max(tokens, 0));
-    if (step_ms_.empty())
-      step_ms_.assign(static_cast<size_t>(std::max(config_.max_step_tokens, 0)) + 1, -1.0);
-    if (t >= step_ms_.size()) return cost_.step_ms(batch_, padded(tokens));
+    // Grown to the counts the search reaches, not sized by max_step_tokens (which may be
+    // thousands): predicted_throughput and a batch-1 plan look up a handful.
+    if (t >= step_ms_.size()) step_ms_.resize(std::max(t + 1, 2 * step_ms_.size()), -1.0);
     double& ms = step_ms_[t];
     if (ms < 0) ms = cost_.step_ms(batch_, padded(tokens));
     return ms;
