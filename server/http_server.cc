@@ -1,11 +1,14 @@
 #include "server/http_server.h"
 
 #include <dirent.h>
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -103,6 +106,48 @@ bool connection_closed(int fd) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
+// Waits until the peer's TCP has acknowledged every byte written to `fd` (SIOCOUTQ: bytes sent
+// or queued but not acknowledged), until `stopping`, or for at most `limit`. A written response
+// is only in this process's socket buffers: a process that exits then (in a container, whose
+// network namespace goes with it) loses what the client had not yet received. Polls with
+// growing sleeps, from 50 us (a loopback or LAN acknowledgement) to 5 ms.
+void wait_acknowledged(int fd, const std::atomic<bool>& stopping, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  auto sleep = std::chrono::microseconds(50);
+  while (!stopping.load()) {
+    int unacked = 0;
+    if (ioctl(fd, SIOCOUTQ, &unacked) != 0 || unacked <= 0) return;
+    if (std::chrono::steady_clock::now() >= until) return;
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::microseconds(5000));
+  }
+}
+
+// A generation the HTTP server accepted, counted (HttpServer::responses_in_flight_) until its
+// response is written and acknowledged by the client's TCP (wait_acknowledged): the drain waits
+// for the count to reach zero. Held by the httplib::Response (its content provider's releaser),
+// so it ends after the last byte is written, on the connection's thread, its socket still open.
+class InFlight {
+ public:
+  InFlight(std::atomic<int64_t>* count, const std::atomic<bool>* stopping, int fd)
+      : count_(count), stopping_(stopping), fd_(fd) {
+    (*count_)++;
+  }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  ~InFlight() {
+    if (fd_ >= 0) wait_acknowledged(fd_, *stopping_, kAcknowledgeLimit);
+    (*count_)--;
+  }
+
+ private:
+  // httplib's write timeout: as long as a blocked write of the response could have waited.
+  static constexpr std::chrono::milliseconds kAcknowledgeLimit{30000};
+  std::atomic<int64_t>* count_;
+  const std::atomic<bool>* stopping_;
+  int fd_;
+};
+
 const char* reason_label(int status) {
   switch (status) {
     case 400:
@@ -143,6 +188,7 @@ bool HttpServer::wait_responses_sent(std::chrono::steady_clock::time_point deadl
 
 void HttpServer::stop() {
   if (!impl_) return;
+  stopping_ = true;
   impl_->svr.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
@@ -265,15 +311,10 @@ void HttpServer::start() {
         send_error(res, a);
         return;
       }
-      // Counted until its response is sent (the drain waits for it: wait_responses_sent).
-      struct InFlight {
-        explicit InFlight(std::atomic<int64_t>* c) : count(c) { (*count)++; }
-        InFlight(const InFlight&) = delete;
-        InFlight& operator=(const InFlight&) = delete;
-        ~InFlight() { (*count)--; }
-        std::atomic<int64_t>* count;
-      };
-      auto in_flight = std::make_shared<InFlight>(&responses_in_flight_);
+      // Counted until its response is sent and acknowledged (the drain waits for it:
+      // wait_responses_sent).
+      const int fd = connection_fd(req);
+      auto in_flight = std::make_shared<InFlight>(&responses_in_flight_, &stopping_, fd);
       const std::string id = m.new_id(chat ? "chatcmpl-" : "cmpl-");
       const int64_t created = static_cast<int64_t>(std::time(nullptr));
       const std::string model = m.info.id;
@@ -325,7 +366,6 @@ void HttpServer::start() {
       // answers 500 with an error body (a status cannot change once sent). A client that
       // closes its connection meanwhile cancels the request.
       std::vector<ChoiceState> state(static_cast<size_t>(stream->num_choices()));
-      const int fd = connection_fd(req);
       StreamUpdate u;
       while (true) {
         if (!stream->next(&u, keepalive)) {
@@ -348,8 +388,16 @@ void HttpServer::start() {
         send_error(res, ApiError(500, u.error, "internal_error"));
         return;
       }
-      res.set_content(dump_json(completion_response(*p, id, created, model, state, u.usage, *tok)),
-                      "application/json");
+      // Through a provider whose releaser holds in_flight: the count ends after the body is
+      // written, not when this handler returns.
+      auto body = std::make_shared<const std::string>(
+          dump_json(completion_response(*p, id, created, model, state, u.usage, *tok)));
+      res.set_content_provider(
+          body->size(), "application/json",
+          [body](size_t offset, size_t length, httplib::DataSink& sink) {
+            return sink.write(body->data() + offset, length);
+          },
+          [in_flight](bool) {});
     };
   };
   svr.Post("/v1/completions", generate(false));

@@ -36,9 +36,10 @@ class HttpServer {
   // Binds (throws arbor::Error naming host:port when it cannot) and serves on a thread.
   void start();
   void set_draining() { draining_ = true; }
-  // Waits (until `deadline`) for every accepted generation's response to be sent: the engine
-  // may have finished a request while its stream is still being written to a slow client, and
-  // the listener (with /health answering 503) stays open meanwhile. False when time ran out.
+  // Waits (until `deadline`) for every accepted generation's response to be sent and its bytes
+  // acknowledged by the client's TCP: the engine may have finished a request while its stream
+  // is still being written to (or read by) a slow client, and the listener (with /health
+  // answering 503) stays open meanwhile. False when time ran out.
   bool wait_responses_sent(std::chrono::steady_clock::time_point deadline) const;
   void stop();
   int port() const { return port_; }
@@ -48,6 +49,7 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
   int port_ = 0;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> stopping_{false};            // stop(): acknowledgement waits give up
   std::atomic<int64_t> responses_in_flight_{0};  // generations accepted, response not yet sent
 };
 

@@ -429,6 +429,68 @@ class Operations(unittest.TestCase):
         if code_during is not None:
             self.assertEqual(code_during, 503)
 
+    def _stream_unread(self, port):
+        """A streamed completion on a socket with a 4 KiB receive buffer whose client reads
+        only the first bytes: the rest waits in the server's send buffer, unacknowledged."""
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", port))
+        body = json.dumps({"prompt": "Once", "max_tokens": 200, "n": 2, "stream": True,
+                           "ignore_eos": True})
+        s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                   f"\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+        return s, s.recv(512)
+
+    def _wait_engine_idle(self, srv):
+        """Until the draining engine runs nothing (its responses then only wait to be read)."""
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            self.assertEqual(raw(srv.port, "GET", "/health")[0], 503)
+            if srv.metrics()["arbor_running_sequences"] == 0:
+                return
+            time.sleep(0.05)
+        self.fail("the engine kept running sequences")
+
+    def test_sigterm_waits_until_the_client_has_the_stream(self):
+        """The drain ends once the clients' TCP has acknowledged the responses' bytes, not once
+        the server has written them into its own socket buffers: a process that exits then (in
+        a container, with its network namespace) loses what the clients had not received yet
+        (seen in the image test: a stream's last chunks lost through podman's NAT)."""
+        srv = ArborServer([], grpc=False).start()
+        s, head = self._stream_unread(srv.port)
+        self.assertTrue(head.startswith(b"HTTP/1.1 200"), head)
+        srv.proc.send_signal(signal.SIGTERM)
+        self._wait_engine_idle(srv)
+        time.sleep(1.0)
+        self.assertIsNone(srv.proc.poll(), "the server exited with the stream still unread: "
+                          + srv.output())
+        self.assertEqual(raw(srv.port, "GET", "/health")[0], 503)  # still draining
+        data = head
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        self.assertEqual(srv.proc.wait(60), 0, srv.output())
+        text = data.decode()
+        self.assertTrue(text.endswith("data: [DONE]\n\n\r\n0\r\n\r\n"), text[-200:])
+        events = [json.loads(line[len("data: "):]) for line in text.split("\n")
+                  if line.startswith("data: {")]
+        finish = {c["index"]: c["finish_reason"] for e in events for c in e["choices"]
+                  if c["finish_reason"]}
+        self.assertEqual(finish, {0: "length", 1: "length"})
+
+    def test_drain_deadline_bounds_a_client_that_never_reads(self):
+        srv = ArborServer(["--drain-timeout", "2"], grpc=False).start()
+        s, head = self._stream_unread(srv.port)
+        self.assertTrue(head.startswith(b"HTTP/1.1 200"), head)
+        t0 = time.time()
+        srv.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(srv.proc.wait(30), 0, srv.output())
+        self.assertLess(time.time() - t0, 10)
+        s.close()
+
     def test_config_file_and_bad_values(self):
         import subprocess
         import tempfile
