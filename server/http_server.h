@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP front end (cpp-httplib): /v1/completions, /v1/chat/completions
 // (JSON or SSE streaming), /v1/models, /health, /metrics, /tokenize. Optional bearer API key,
-// body size and nesting limits, OpenAI-style error bodies, a listen backlog of 1024. A client
+// body size and nesting limits, OpenAI-style error bodies, a listen backlog of 1024, TCP_NODELAY
+// (no Nagle stall between a response's writes on a kept-alive connection). A client
 // that disconnects cancels its request: streams notice on the next write (SSE keep-alive
 // comments are sent while waiting); a non-streamed request watches its connection while it
 // waits for the whole result, so an engine failure answers 500 with an error body.
