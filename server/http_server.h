@@ -42,6 +42,7 @@ class HttpServer {
   // is still being written to (or read by) a slow client, and the listener (with /health
   // answering 503) stays open meanwhile. False when time ran out.
   bool wait_responses_sent(std::chrono::steady_clock::time_point deadline) const;
+  int64_t responses_in_flight() const { return responses_in_flight_.load(); }
   void stop();
   int port() const { return port_; }
 

@@ -280,7 +280,11 @@ int run_serve() {
       drain_deadline - std::chrono::steady_clock::now()));
   // The engine is done; the responses may still be on their way to slow clients: the listener
   // (and /health's 503) stays until they are sent.
-  http.wait_responses_sent(drain_deadline);
+  if (!http.wait_responses_sent(drain_deadline))
+    spdlog::warn(
+        "drain deadline ({:.0f} s) reached with {} HTTP response(s) not yet received by their "
+        "clients; closing their connections",
+        cfg.drain_timeout_s, http.responses_in_flight());
   http.stop();
 #ifdef ARBOR_WITH_GRPC
   if (grpc) grpc->shutdown();

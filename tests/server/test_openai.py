@@ -513,6 +513,8 @@ class Operations(unittest.TestCase):
         self.assertEqual(srv.proc.wait(30), 0, srv.output())
         self.assertLess(time.time() - t0, 10)
         s.close()
+        self.assertIn("drain deadline (2 s) reached with 1 HTTP response(s) not yet received",
+                      srv.output())
 
     def test_config_file_and_bad_values(self):
         import subprocess
