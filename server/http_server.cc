@@ -184,7 +184,7 @@ HttpServer::~HttpServer() {
   stop();
 }
 
-bool HttpServer::wait_responses_sent(std::chrono::steady_clock::time_point deadline) const {
+bool HttpServer::wait_responses_delivered(std::chrono::steady_clock::time_point deadline) const {
   while (responses_in_flight_.load() > 0) {
     if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -318,7 +318,7 @@ void HttpServer::start() {
         return;
       }
       // Counted until its response is sent and acknowledged (the drain waits for it:
-      // wait_responses_sent).
+      // wait_responses_delivered).
       const int fd = connection_fd(req);
       auto in_flight = std::make_shared<InFlight>(&responses_in_flight_, &stopping_, fd);
       const std::string id = m.new_id(chat ? "chatcmpl-" : "cmpl-");

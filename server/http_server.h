@@ -41,7 +41,7 @@ class HttpServer {
   // acknowledged by the client's TCP: the engine may have finished a request while its stream
   // is still being written to (or read by) a slow client, and the listener (with /health
   // answering 503) stays open meanwhile. False when time ran out.
-  bool wait_responses_sent(std::chrono::steady_clock::time_point deadline) const;
+  bool wait_responses_delivered(std::chrono::steady_clock::time_point deadline) const;
   int64_t responses_in_flight() const { return responses_in_flight_.load(); }
   void stop();
   int port() const { return port_; }
@@ -52,7 +52,7 @@ class HttpServer {
   int port_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopping_{false};            // stop(): acknowledgement waits give up
-  std::atomic<int64_t> responses_in_flight_{0};  // generations accepted, response not yet sent
+  std::atomic<int64_t> responses_in_flight_{0};  // generations accepted, not yet acknowledged
 };
 
 }  // namespace arbor

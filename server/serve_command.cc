@@ -279,8 +279,8 @@ int run_serve() {
   service.drain(std::chrono::duration_cast<std::chrono::milliseconds>(
       drain_deadline - std::chrono::steady_clock::now()));
   // The engine is done; the responses may still be on their way to slow clients: the listener
-  // (and /health's 503) stays until they are sent.
-  if (!http.wait_responses_sent(drain_deadline))
+  // (and /health's 503) stays until their clients have acknowledged them.
+  if (!http.wait_responses_delivered(drain_deadline))
     spdlog::warn(
         "drain deadline ({:.0f} s) reached with {} HTTP response(s) not yet received by their "
         "clients; closing their connections",
